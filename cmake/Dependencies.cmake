@@ -1,0 +1,56 @@
+# Finds every dependency of DESIGN.md and exposes it as one imported target:
+#   mt_torch (libtorch), mt_mpi (OpenMPI), mt_nccl (NCCL, empty when absent),
+#   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest.
+
+find_package(nlohmann_json REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
+
+# ---- libtorch -------------------------------------------------------------
+# CMAKE_PREFIX_PATH points at torch's share/cmake (scripts/setup.sh passes it).
+# On CPU machines we link libtorch_cpu + libc10 directly: the PyPI wheel's
+# TorchConfig would pull libtorch_cuda and its cuDNN/NCCL/nvshmem wheels, which
+# a CPU build never loads. GPU machines (MESHTRAIN_CUDA=ON) use TorchConfig.
+add_library(mt_torch INTERFACE)
+if(MESHTRAIN_CUDA)
+  find_package(Torch REQUIRED)
+  target_link_libraries(mt_torch INTERFACE ${TORCH_LIBRARIES})
+  target_compile_definitions(mt_torch INTERFACE MESHTRAIN_CUDA=1)
+else()
+  find_path(MT_TORCH_CONFIG_DIR TorchConfig.cmake PATH_SUFFIXES Torch REQUIRED)
+  get_filename_component(MT_TORCH_ROOT "${MT_TORCH_CONFIG_DIR}/../../.." ABSOLUTE)
+  find_library(MT_TORCH_CPU torch_cpu PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
+  find_library(MT_C10 c10 PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
+  target_include_directories(mt_torch SYSTEM INTERFACE
+    ${MT_TORCH_ROOT}/include ${MT_TORCH_ROOT}/include/torch/csrc/api/include)
+  target_link_libraries(mt_torch INTERFACE ${MT_TORCH_CPU} ${MT_C10})
+  target_compile_definitions(mt_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=1)
+  # libtorch_cpu needs libcudart/libcupti at load time even on CPU; setup.sh
+  # installs them as wheels next to torch (nvidia/cu13/lib).
+  get_filename_component(MT_SITE "${MT_TORCH_ROOT}/.." ABSOLUTE)
+  set(MT_TORCH_RPATH "${MT_TORCH_ROOT}/lib;${MT_SITE}/nvidia/cu13/lib;/usr/local/cuda/lib")
+  target_link_options(mt_torch INTERFACE "-Wl,-rpath,${MT_TORCH_ROOT}/lib:${MT_SITE}/nvidia/cu13/lib:/usr/local/cuda/lib"
+    "-Wl,-rpath-link,${MT_SITE}/nvidia/cu13/lib:/usr/local/cuda/lib")
+  message(STATUS "libtorch (CPU link): ${MT_TORCH_ROOT}")
+endif()
+
+# ---- MPI ------------------------------------------------------------------
+add_library(mt_mpi INTERFACE)
+target_link_libraries(mt_mpi INTERFACE MPI::MPI_C)
+
+# ---- NCCL: compiled in when nccl.h is found --------------------------------
+add_library(mt_nccl INTERFACE)
+find_path(MT_NCCL_INCLUDE nccl.h HINTS /usr/local/cuda/include ENV CUDA_HOME PATH_SUFFIXES include)
+find_library(MT_NCCL_LIB nccl HINTS /usr/local/cuda/lib /usr/local/cuda/lib64 ENV CUDA_HOME PATH_SUFFIXES lib lib64)
+find_library(MT_CUDART_LIB cudart HINTS /usr/local/cuda/lib /usr/local/cuda/lib64 ENV CUDA_HOME PATH_SUFFIXES lib lib64)
+if(MT_NCCL_INCLUDE AND MT_NCCL_LIB AND MT_CUDART_LIB)
+  message(STATUS "NCCL: ${MT_NCCL_LIB}")
+  target_include_directories(mt_nccl SYSTEM INTERFACE ${MT_NCCL_INCLUDE})
+  target_link_libraries(mt_nccl INTERFACE ${MT_NCCL_LIB} ${MT_CUDART_LIB})
+  target_compile_definitions(mt_nccl INTERFACE MESHTRAIN_HAVE_NCCL=1)
+  get_filename_component(MT_NCCL_DIR ${MT_NCCL_LIB} DIRECTORY)
+  target_link_options(mt_nccl INTERFACE "-Wl,-rpath,${MT_NCCL_DIR}")
+else()
+  message(STATUS "NCCL: not found, GPU collectives disabled")
+endif()

@@ -1,0 +1,115 @@
+#pragma once
+// The run's configuration: plain structs in the Jaxformer layout (DESIGN.md,
+// "Config"). No tensors here. load.h fills them from JSON + CLI overrides;
+// validate() rejects impossible combinations before any work, naming the key.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+struct ModelConfig {
+  int64_t model_dimension = 64;
+  int64_t vocab_size = 512;
+  int64_t n_head = 4;
+  int64_t blocks = 1;            // the model has blocks * layers_per_block layers
+  int64_t layers_per_block = 2;
+  int64_t T = 32;                // context length; must equal data_config.T
+  int64_t latent_dim = 0;        // MLA: shared down-projection width
+  int64_t dhR = 0;               // MLA: decoupled rope dims per head (0: no rope in MLA)
+  double dropout_rate = 0.0;
+  std::string model_dtype = "float32";  // float32 | bfloat16 (autocast on CUDA; fp32 on CPU)
+  int64_t k = 2;                 // MoE: experts per token
+  int64_t n_experts = 0;         // MoE: routed experts
+  int64_t n_shared = 0;          // MoE: always-on shared experts
+  double capacity_factor = 1.25; // MoE: tokens per expert <= cf * tokens * k / n_experts
+  std::string attention = "mha"; // mha | mla
+  std::string ffn = "dense";     // dense | moe
+  bool tie_embeddings = true;
+  int64_t mlp_hidden = 0;        // 0: 4 * model_dimension (dense); expert hidden for MoE
+  std::string router_score = "softmax";  // softmax | sigmoid
+  double router_z_loss = 0.0;
+  double rope_theta = 10000.0;
+  bool mla_last_layer_no_rope = true;    // Jaxformer: dhR = 0 in each block's last layer
+  double init_std = 0.02;
+
+  int64_t n_layers() const { return blocks * layers_per_block; }
+  int64_t head_dim() const { return model_dimension / n_head; }
+  int64_t hidden_dim() const { return mlp_hidden > 0 ? mlp_hidden : 4 * model_dimension; }
+};
+
+struct DataConfig {
+  std::string data_dir = "data/fortunes";
+  std::string train_folder_name = "train";
+  std::string val_folder_name = "val";
+  int64_t T = 32;
+  int64_t train_batch_size = 8;  // sequences per accumulation round, over all dp ranks
+  int64_t val_batch_size = 8;
+  int64_t micro_batch_size = 0;  // pipeline microbatch; 0: the whole dp share
+};
+
+struct LrConfig {
+  double max_lr = 1e-3;
+  double min_lr = 0.0;        // lr at step 0 (start of warmup)
+  double end_lr = 1e-4;       // lr after the cosine decay
+  int64_t warmup_steps = 10;
+  int64_t end_steps = 100;    // steps of cosine decay after warmup
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+struct DeviceConfig {
+  std::array<int64_t, 3> n_device_axis{1, 1, 1};  // dp, pp, tp
+  std::string device = "auto";                    // auto | cpu | cuda
+  int64_t dp() const { return n_device_axis[0]; }
+  int64_t pp() const { return n_device_axis[1]; }
+  int64_t tp() const { return n_device_axis[2]; }
+  int64_t world() const { return dp() * pp() * tp(); }
+};
+
+struct InferenceConfig {
+  std::string prompt = "hello world";
+  int64_t batch_size = 1;
+  int64_t top_k = 50;
+  double temperature = 1.0;
+  int64_t max_tokens = 32;
+  bool use_cache = true;
+  int64_t n_devices = 1;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  LrConfig lr;
+  DeviceConfig device;
+  InferenceConfig inference;
+
+  std::string output_dir = "runs";
+  std::string name = "run";
+  int64_t training_steps = 100;
+  int64_t grad_step = 1;          // gradient accumulation rounds per optimizer step
+  double alpha = 0.0;             // MoE aux-loss weight
+  int64_t checkpoint_steps = 50;  // evaluate + checkpoint every N steps
+  int64_t eval_steps = 4;         // validation batches per evaluation
+  uint64_t seed = 0;
+  double grad_clip_norm = 1.0;    // 0: no clipping
+
+  // meshtrain extensions (not in Jaxformer's file)
+  std::string pipeline_schedule = "1f1b";      // gpipe | 1f1b
+  bool sequence_parallel = false;
+  int64_t zero_stage = 0;
+  std::string activation_checkpointing = "none";  // none | full | selective
+  int64_t max_to_keep = 3;
+  std::string nan_policy = "skip";             // skip | stop
+  int64_t log_every = 1;
+  int64_t sample_every = 0;                    // print a sample every N steps (0: at the end only)
+  int64_t torch_threads = 1;                   // intra-op threads per rank on CPU
+
+  // Where the run lives: output_dir/name.
+  std::string run_dir() const;
+};
+
+}  // namespace meshtrain

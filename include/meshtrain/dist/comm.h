@@ -1,0 +1,59 @@
+#pragma once
+// Communicator: the collectives meshtrain needs, on tensors. The MPI backend
+// serves CPU tensors, the NCCL backend CUDA tensors (on the current stream).
+// MPI and NCCL headers never appear here: backends live in src/dist/*.cpp.
+//
+// Byte accounting (for tests that compare traffic with theory): each call adds
+// the payload this rank hands to the collective, in bytes:
+//   all_reduce: t.nbytes()          all_gather: output nbytes (size * input)
+//   reduce_scatter: input nbytes    broadcast: t.nbytes()
+//   send / recv: t.nbytes()         all_to_all: input nbytes   barrier: 0
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace meshtrain {
+
+enum class ReduceOp { Sum, Max, Min };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "mpi" | "nccl"
+
+  // In place; every rank ends with the reduction of all ranks' t.
+  virtual void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  // Concatenation of every rank's t along dim, in rank order.
+  virtual at::Tensor all_gather(const at::Tensor& t, int64_t dim = 0) = 0;
+  // Sum over ranks, then this rank keeps chunk rank() of `dim` (size must divide it).
+  virtual at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim = 0) = 0;
+  virtual void broadcast(at::Tensor& t, int root) = 0;
+  virtual void send(const at::Tensor& t, int dst, int tag = 0) = 0;
+  virtual void recv(at::Tensor& t, int src, int tag = 0) = 0;
+  // dim 0 of t is split in size() equal chunks; chunk j goes to rank j; the
+  // result stacks the chunks received from ranks 0..size-1 along dim 0.
+  virtual at::Tensor all_to_all(const at::Tensor& t) = 0;
+  virtual void barrier() = 0;
+
+  int64_t bytes_moved() const { return bytes_total_; }
+  const std::map<std::string, int64_t>& bytes_by_op() const { return bytes_by_op_; }
+  void reset_bytes() { bytes_total_ = 0; bytes_by_op_.clear(); }
+
+ protected:
+  void count(const char* op, int64_t bytes) {
+    bytes_total_ += bytes;
+    bytes_by_op_[op] += bytes;
+  }
+
+ private:
+  int64_t bytes_total_ = 0;
+  std::map<std::string, int64_t> bytes_by_op_;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,60 @@
+#pragma once
+// Mesh: world ranks <-> (dp, pp, tp) coordinates and one communicator per axis.
+// Rank order: tp fastest, then dp, then pp (tp peers share a host):
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+#include <array>
+#include <memory>
+
+#include "meshtrain/dist/comm.h"
+#include "meshtrain/dist/runtime.h"
+
+namespace meshtrain {
+
+enum class Backend { Mpi, Nccl };
+
+struct MeshShape {
+  int dp = 1, pp = 1, tp = 1;
+  int world() const { return dp * pp * tp; }
+};
+
+struct MeshCoord {
+  int dp = 0, pp = 0, tp = 0;
+};
+
+MeshCoord coord_of(const MeshShape& shape, int rank);
+int rank_of(const MeshShape& shape, const MeshCoord& c);
+
+class Mesh {
+ public:
+  // Checks shape.world() == runtime.size() (error names n_device_axis), then
+  // splits the world into per-axis communicators of the given backend.
+  Mesh(const Runtime& runtime, MeshShape shape, Backend backend = Backend::Mpi);
+  ~Mesh();
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoord& coord() const { return coord_; }
+  int rank() const { return rank_; }
+
+  Communicator& world() { return *world_; }
+  Communicator& dp() { return *dp_; }
+  Communicator& pp() { return *pp_; }
+  Communicator& tp() { return *tp_; }
+  // Host-side (MPI, CPU tensors) world communicator for control messages such
+  // as "stop requested" or a checksum, whatever the backend of the others.
+  Communicator& cpu_world() { return *cpu_world_; }
+
+  bool is_first_stage() const { return coord_.pp == 0; }
+  bool is_last_stage() const { return coord_.pp == shape_.pp - 1; }
+
+  // Total bytes moved by the four axis communicators (for traffic tests).
+  int64_t bytes_moved() const;
+  void reset_bytes();
+
+ private:
+  MeshShape shape_;
+  MeshCoord coord_;
+  int rank_ = 0;
+  std::unique_ptr<Communicator> world_, dp_, pp_, tp_, cpu_world_;
+};
+
+}  // namespace meshtrain

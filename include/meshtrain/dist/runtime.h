@@ -1,0 +1,33 @@
+#pragma once
+// Runtime: the process's MPI world. Created once by main (MPI_Init_thread) and
+// passed down; works as a single process without mpirun. Not a singleton.
+#include <memory>
+#include <string>
+
+#include "meshtrain/dist/comm.h"
+
+namespace meshtrain {
+
+class Runtime {
+ public:
+  Runtime(int* argc, char*** argv);
+  ~Runtime();  // MPI_Finalize
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::string hostname() const;
+
+  // Aborts every rank of the world (after an error on one of them).
+  [[noreturn]] void abort(int code) const;
+
+  // A CPU (MPI) communicator over the whole world.
+  std::unique_ptr<Communicator> world() const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace meshtrain

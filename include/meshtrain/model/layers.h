@@ -1,0 +1,114 @@
+#pragma once
+// Building blocks of the model and the LayerFactory seam between the model
+// (single-device math, this folder) and tensor parallelism (parallel/).
+//
+// The model never asks "am I sharded?". It creates its linear/embedding/head
+// layers through a LayerFactory and wraps hand-written tensor-parallel regions
+// (MoE experts) with enter_tp/exit_tp. The default factory here is the
+// single-device one; parallel/tensor_parallel.h provides the sharded one.
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+// Parameter init that does not depend on the mesh: `name` (the parameter's
+// global name, e.g. "layers.3.attn.wq") is drawn from N(0, std) over its
+// global shape with a generator seeded by (seed, name). Shards are slices.
+at::Tensor init_normal(uint64_t seed, const std::string& name, at::IntArrayRef global_shape, double std);
+uint64_t param_seed(uint64_t seed, const std::string& name);
+
+// A linear map y = x W^T, W stored [out_local, in_local].
+class Linear : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+};
+
+// Token embedding: tokens [B, T] int64 -> [B, T, d] (or the sequence shard).
+class Embedding : public torch::nn::Module {
+ public:
+  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  virtual at::Tensor weight() const = 0;  // local [vocab_local, d]
+};
+
+// Output head + loss. Vocabulary may be sharded and padded; padded entries are
+// never predicted, sampled, or counted.
+class LMHead : public torch::nn::Module {
+ public:
+  // Per-token cross-entropy [B, T] (fp32) for targets [B, T] (h is the last
+  // hidden state, already normed). The full logits are never gathered under tp.
+  virtual at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets) = 0;
+  // Full-vocabulary logits [B, T, vocab_size] for sampling (padding removed).
+  virtual at::Tensor logits(const at::Tensor& h) = 0;
+};
+
+class LayerFactory {
+ public:
+  virtual ~LayerFactory() = default;
+
+  uint64_t seed() const { return seed_; }
+  void set_seed(uint64_t s) { seed_ = s; }
+  virtual int64_t tp_size() const { return 1; }
+  virtual int64_t tp_rank() const { return 0; }
+
+  // Output features split over tp; input is the full (replicated) activation.
+  virtual std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std);
+  // Input features split over tp; output summed over tp.
+  virtual std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std);
+  // Not split (small MLA down-projections, the shared rope key, the router).
+  virtual std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std);
+  virtual std::shared_ptr<Embedding> embedding(const std::string& name, int64_t vocab, int64_t d, double std);
+  // tied: the embedding whose weight the head reuses (nullptr: own weight `name`).
+  virtual std::shared_ptr<LMHead> head(const std::string& name, int64_t d, int64_t vocab, double std,
+                                       std::shared_ptr<Embedding> tied);
+
+  // Raw pieces for hand-written tp regions (MoE experts):
+  // the local shard of a parameter drawn over global_shape, split along
+  // split_dim over tp (-1: replicated).
+  virtual at::Tensor param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim, double std);
+  // Region entry (fwd identity, bwd all-reduce; under sequence parallelism:
+  // all-gather along dim 1 fwd, reduce-scatter bwd) and exit (the mirror).
+  virtual at::Tensor enter_tp(const at::Tensor& x) { return x; }
+  virtual at::Tensor exit_tp(const at::Tensor& x) { return x; }
+  // Replicated compute on the full sequence (e.g. the MoE router under sequence
+  // parallelism): all-gather fwd / keep own chunk bwd; identity otherwise.
+  virtual at::Tensor gather_sequence(const at::Tensor& x) { return x; }
+  // The mirror: keep own sequence chunk fwd / all-gather bwd; identity otherwise.
+  virtual at::Tensor scatter_sequence(const at::Tensor& x) { return x; }
+  // Names of parameters whose gradients must be summed over tp after backward
+  // (norm weights under sequence parallelism); filled by the factory users.
+  virtual bool sequence_parallel() const { return false; }
+
+ private:
+  uint64_t seed_ = 0;
+};
+
+// y = x W^T with W [out, in] drawn over its global shape.
+class PlainLinear : public Linear {
+ public:
+  explicit PlainLinear(at::Tensor w) : weight_(register_parameter("weight", std::move(w))) {}
+  at::Tensor forward(const at::Tensor& x) override;
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  at::Tensor weight_;
+};
+
+class RMSNorm : public torch::nn::Module {
+ public:
+  explicit RMSNorm(int64_t d, double eps = 1e-6);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  at::Tensor weight_;
+  double eps_;
+};
+
+// Rotary embedding tables for positions [offset, offset + T) of `dim` dims
+// (even), applied to x [B, H, T, dim].
+at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta);
+
+}  // namespace meshtrain

@@ -1,0 +1,93 @@
+#pragma once
+// The decoder-only transformer, written once for one device. A pipeline stage
+// builds only its range of layers (plus the embedding on the first stage and
+// the final norm + head on the last); tensor parallelism enters through the
+// LayerFactory. Forward is split into embed / forward_layers / token_losses so
+// the pipeline can run the pieces a stage owns.
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/model/layers.h"
+
+namespace meshtrain {
+
+struct StageRange {
+  int64_t first_layer = 0;
+  int64_t end_layer = -1;  // exclusive; -1: all layers
+  bool has_embedding = true;
+  bool has_head = true;
+};
+
+// What the layers of one forward add up besides the hidden state.
+struct ForwardAux {
+  at::Tensor aux_loss;                    // scalar: sum over MoE layers of E*sum(f_i*P_i), mean over sequences
+  at::Tensor z_loss;                      // scalar: router z-loss, same reduction
+  std::vector<at::Tensor> expert_tokens;  // per MoE layer [E]: token-assignments routed (detached, before capacity)
+  at::Tensor dropped;                     // scalar: token-assignments dropped by capacity (detached)
+  at::Tensor assigned;                    // scalar: token-assignments made (detached)
+  void add_aux(const at::Tensor& a);
+  void add_z(const at::Tensor& z);
+};
+
+// Per-layer cache for incremental decoding. MHA stores k and v per head;
+// MLA stores only the latent and the shared rope key (that is the point of MLA).
+struct LayerCache {
+  at::Tensor a;  // MHA: k [B, H, t, hd]; MLA: latent [B, t, latent_dim]
+  at::Tensor b;  // MHA: v [B, H, t, hd]; MLA: rope key [B, t, dhR] (undefined when dhR = 0)
+};
+struct KVCache {
+  std::vector<LayerCache> layers;  // one per layer of this stage
+  int64_t length = 0;              // tokens already cached
+  int64_t bytes() const;
+};
+
+class Block;  // one transformer layer (defined in src/model)
+
+class Transformer : public torch::nn::Module {
+ public:
+  Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRange range = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  const StageRange& range() const { return range_; }
+
+  // tokens [B, T] int64 -> h [B, T, d] (first stage only).
+  at::Tensor embed(const at::Tensor& tokens);
+  // Runs this stage's layers. aux may be nullptr. With `cache`, the input is the
+  // next tokens' hidden states at positions cache->length.. and the cache grows.
+  at::Tensor forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr);
+  // Final norm + head: per-token losses [B, T] fp32 (last stage only).
+  at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets);
+  // Final norm + head: full-vocabulary logits [B, T, vocab_size] (last stage only).
+  at::Tensor logits(const at::Tensor& h);
+
+  // Whole model on one stage: mean loss over all tokens (+ aux in `aux`).
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, ForwardAux* aux = nullptr);
+
+  // The embedding / head when this stage owns them (nullptr otherwise); the
+  // pipeline keeps tied copies in sync through these.
+  std::shared_ptr<Embedding> embedding() const { return embedding_; }
+  std::shared_ptr<LMHead> head() const { return head_; }
+  int64_t n_local_layers() const { return static_cast<int64_t>(blocks_.size()); }
+
+ private:
+  ModelConfig cfg_;
+  StageRange range_;
+  std::shared_ptr<Embedding> embedding_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<RMSNorm> final_norm_;
+  std::shared_ptr<LMHead> head_;
+};
+
+// Parameter counts of the full (unsharded) model for a config: total, and
+// active per token (MoE: k routed + shared experts instead of all).
+struct ParamCount {
+  int64_t total = 0;
+  int64_t active = 0;
+  int64_t embedding = 0;  // token embedding (+ untied head)
+};
+ParamCount count_params(const ModelConfig& cfg);
+
+}  // namespace meshtrain

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs everything meshtrain needs on a fresh Debian 12 machine, idempotently:
+# apt packages (compiler, OpenMPI, nlohmann-json, spdlog, CLI11, GoogleTest,
+# ccache, the fortunes corpus) and libtorch 2.11.0 from PyPI into .deps/venv
+# (git-ignored). Prints nothing when everything is already there.
+# Env: MESHTRAIN_TORCH_PREFIX=<dir with TorchConfig.cmake> uses an existing
+# PyTorch (GPU machines: python3 -c 'import torch;print(torch.utils.cmake_prefix_path)').
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEPS="$ROOT/.deps"
+TORCH_VERSION=2.11.0
+
+apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
+          libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
+          libgtest-dev fortunes fortunes-min shellcheck)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+mkdir -p "$DEPS"
+if [ -n "${MESHTRAIN_TORCH_PREFIX:-}" ]; then
+  echo "$MESHTRAIN_TORCH_PREFIX" > "$DEPS/torch_prefix"
+  exit 0
+fi
+
+PY="$DEPS/venv/bin/python"
+site() { "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+if [ ! -x "$PY" ]; then
+  python3 -m venv "$DEPS/venv"
+fi
+SITE="$(site)"
+if [ ! -f "$SITE/torch/share/cmake/Torch/TorchConfig.cmake" ] ||
+   ! grep -q "__version__ = '$TORCH_VERSION" "$SITE/torch/version.py" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION (libtorch) into .deps/venv"
+  # --no-deps: the CPU build links libtorch_cpu only, which needs just the CUDA
+  # runtime and CUPTI libraries at load time (below), not cuDNN/NCCL/triton.
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps "torch==$TORCH_VERSION"
+fi
+if [ ! -e "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || [ ! -e "$SITE/nvidia/cu13/lib/libcupti.so.13" ]; then
+  echo "setup: installing the CUDA runtime + CUPTI wheels that libtorch_cpu loads"
+  "$PY" -m pip install -q --disable-pip-version-check "cuda-toolkit[cudart,cupti]==13.0.2"
+fi
+echo "$SITE/torch/share/cmake" > "$DEPS/torch_prefix"
