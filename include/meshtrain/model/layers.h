@@ -9,6 +9,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,9 +46,27 @@ class LMHead : public torch::nn::Module {
   virtual at::Tensor logits(const at::Tensor& h) = 0;
 };
 
+// How one parameter is laid out: its global shape, the dim split over tp
+// (-1: replicated), and the name it is saved under (checkpoints, init). The
+// global name differs from the module path only for the tied head copy on the
+// last pipeline stage, which is saved (and initialised) as "embed.weight".
+struct ParamLayout {
+  std::vector<int64_t> global_shape;
+  int64_t split_dim = -1;
+  std::string global_name;
+  bool tied_copy = false;  // a replica of another stage's parameter: never saved twice
+};
+
 class LayerFactory {
  public:
   virtual ~LayerFactory() = default;
+
+  // Every parameter created through this factory, keyed by its path in
+  // Transformer::named_parameters() (e.g. "layers.0.attn.wq.weight").
+  // Linear/Embedding/LMHead weights created for `name` have path name + ".weight";
+  // param(name, ...) has path `name` (its caller registers it there).
+  const std::map<std::string, ParamLayout>& layouts() const { return layouts_; }
+  void record_layout(const std::string& path, ParamLayout layout) { layouts_[path] = std::move(layout); }
 
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }
@@ -84,6 +103,7 @@ class LayerFactory {
 
  private:
   uint64_t seed_ = 0;
+  std::map<std::string, ParamLayout> layouts_;
 };
 
 // y = x W^T with W [out, in] drawn over its global shape.
