@@ -1,0 +1,55 @@
+#pragma once
+// TensorBoard event files without TensorFlow or protobuf: the file is a TFRecord
+// stream of hand-encoded `Event` messages, so a plain C++ binary can write scalars
+// that `tensorboard --logdir` reads. The reader exists so tests (and users
+// debugging a run) can check every checksum and see what was written.
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+// CRC-32C (Castagnoli), the checksum TFRecord uses; `masked_crc32c` is the
+// rotated-and-offset form stored in the file (a CRC of data that itself holds
+// CRCs is weak, hence the mask).
+uint32_t crc32c(const void* data, size_t n);
+uint32_t masked_crc32c(const void* data, size_t n);
+
+// Appends scalar events to `dir/events.out.tfevents.<unix time>.<hostname>`.
+// Not thread-safe; one writer per run directory (rank 0).
+class TensorBoardWriter {
+ public:
+  explicit TensorBoardWriter(const std::string& dir);
+  ~TensorBoardWriter();
+  TensorBoardWriter(const TensorBoardWriter&) = delete;
+  TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
+
+  void add_scalar(const std::string& tag, double value, int64_t step);
+  void flush();
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_record(const std::string& data);
+
+  std::string path_;
+  std::ofstream out_;
+};
+
+struct TbScalar {
+  std::string tag;
+  int64_t step = 0;
+  float value = 0;  // TensorBoard's simple_value is a float
+  double wall_time = 0;
+};
+
+// The payloads of every record in a TFRecord file, in order; throws naming the
+// file and record index when a length or data checksum does not match or the
+// file ends inside a record.
+std::vector<std::string> read_tfrecords(const std::string& file);
+
+// The scalar summaries of an event file, in file order.
+std::vector<TbScalar> read_tensorboard_scalars(const std::string& file);
+
+}  // namespace meshtrain
