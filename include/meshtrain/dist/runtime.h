@@ -28,6 +28,7 @@ class Runtime {
  private:
   int rank_ = 0;
   int size_ = 1;
+  bool owns_mpi_ = false;  // finalize only an MPI that this Runtime initialised
 };
 
 }  // namespace meshtrain

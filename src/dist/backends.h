@@ -1,0 +1,24 @@
+#pragma once
+// Private to src/dist: how Runtime and Mesh build concrete communicators.
+// Deliberately free of mpi.h/nccl.h so only the backend .cpp files see them;
+// the MPI handle stays inside mpi_comm.cpp and is reached through the parent.
+#include <memory>
+
+#include "meshtrain/dist/comm.h"
+
+namespace meshtrain {
+
+// A private duplicate of MPI_COMM_WORLD (errors returned, not fatal), so our
+// traffic never matches messages of other libraries on the world communicator.
+std::unique_ptr<Communicator> mpi_world_communicator();
+
+// MPI_Comm_split of `parent` (which must be an MPI communicator): ranks with the
+// same color form a group, ordered by key.
+std::unique_ptr<Communicator> mpi_split(const Communicator& parent, int color, int key);
+
+// An NCCL communicator over the same group as `bootstrap` (an MPI communicator
+// used only to broadcast the unique id), on the current CUDA device. Throws
+// "built without NCCL" when meshtrain was compiled without nccl.h.
+std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap);
+
+}  // namespace meshtrain

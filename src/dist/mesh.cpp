@@ -1,0 +1,85 @@
+// Mesh: (dp, pp, tp) coordinates and per-axis communicators; see meshtrain/dist/mesh.h.
+#include "meshtrain/dist/mesh.h"
+
+#include <torch/torch.h>
+
+#include "backends.h"
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+namespace {
+
+std::string describe(const MeshShape& s) {
+  return detail::concat("n_device_axis [dp,pp,tp]=[", s.dp, ",", s.pp, ",", s.tp, "]");
+}
+
+void check_shape(const MeshShape& s) {
+  MT_CHECK(s.dp >= 1 && s.pp >= 1 && s.tp >= 1, describe(s), ": every axis must be at least 1");
+}
+
+}  // namespace
+
+MeshCoord coord_of(const MeshShape& shape, int rank) {
+  check_shape(shape);
+  MT_CHECK(rank >= 0 && rank < shape.world(), "coord_of: rank ", rank, " is outside ", describe(shape),
+           " (", shape.world(), " ranks)");
+  MeshCoord c;
+  c.tp = rank % shape.tp;
+  c.dp = (rank / shape.tp) % shape.dp;
+  c.pp = rank / (shape.tp * shape.dp);
+  return c;
+}
+
+int rank_of(const MeshShape& shape, const MeshCoord& c) {
+  check_shape(shape);
+  MT_CHECK(c.dp >= 0 && c.dp < shape.dp && c.pp >= 0 && c.pp < shape.pp && c.tp >= 0 && c.tp < shape.tp,
+           "rank_of: coord (dp=", c.dp, ", pp=", c.pp, ", tp=", c.tp, ") is outside ", describe(shape));
+  return (c.pp * shape.dp + c.dp) * shape.tp + c.tp;
+}
+
+Mesh::Mesh(const Runtime& runtime, MeshShape shape, Backend backend) : shape_(shape) {
+  check_shape(shape_);
+  MT_CHECK(shape_.world() == runtime.size(), describe(shape_), " needs ", shape_.world(),
+           " ranks but the world has ", runtime.size(), " (mpirun -np ", runtime.size(),
+           "); set n_device_axis so that dp*pp*tp equals the number of processes");
+  rank_ = runtime.rank();
+  coord_ = coord_of(shape_, rank_);
+
+  cpu_world_ = runtime.world();
+  // Key = the axis coordinate, so rank() within each axis equals the coordinate.
+  auto dp = mpi_split(*cpu_world_, coord_.pp * shape_.tp + coord_.tp, coord_.dp);
+  auto pp = mpi_split(*cpu_world_, coord_.dp * shape_.tp + coord_.tp, coord_.pp);
+  auto tp = mpi_split(*cpu_world_, coord_.pp * shape_.dp + coord_.dp, coord_.tp);
+
+  if (backend == Backend::Mpi) {
+    world_ = runtime.world();
+    dp_ = std::move(dp);
+    pp_ = std::move(pp);
+    tp_ = std::move(tp);
+  } else {
+    // Every rank creates the four NCCL communicators in the same order; each
+    // init only waits for the members of its own group, so this cannot deadlock.
+    world_ = nccl_communicator(*cpu_world_);
+    dp_ = nccl_communicator(*dp);
+    pp_ = nccl_communicator(*pp);
+    tp_ = nccl_communicator(*tp);
+  }
+  // Setup traffic (unique-id broadcasts) is not training traffic.
+  cpu_world_->reset_bytes();
+}
+
+Mesh::~Mesh() = default;
+
+int64_t Mesh::bytes_moved() const {
+  return world_->bytes_moved() + dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved();
+}
+
+void Mesh::reset_bytes() {
+  world_->reset_bytes();
+  dp_->reset_bytes();
+  pp_->reset_bytes();
+  tp_->reset_bytes();
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,234 @@
+// MPI backend of Communicator: CPU tensors over an MPI communicator.
+// C bindings only: OpenMPI's deprecated C++ bindings need libmpi_cxx, which we do not link.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <climits>
+#include <string>
+
+#include "backends.h"
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+namespace {
+
+int world_rank() {
+  int r = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// With MPI_ERRORS_RETURN set on our communicators every failure comes back as a
+// code; turning it into an exception lets main abort all ranks cleanly.
+void check_mpi(int rc, const char* op, int rank, int size) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  MT_FAIL("mpi ", op, " failed on rank ", rank, " of ", size, " (world rank ", world_rank(),
+          "): ", std::string(text, len));
+}
+
+// MPI counts are int; a tensor of 2 GiB or more in one call needs splitting,
+// which nothing in meshtrain does on CPU yet, so say so instead of overflowing.
+int to_count(int64_t n, const char* op) {
+  MT_CHECK(n <= INT_MAX, "mpi ", op, ": ", n, " elements/bytes exceed MPI's int count; split the tensor");
+  return static_cast<int>(n);
+}
+
+// Reductions of 16-bit floats and bools go through a wider dtype because MPI
+// has no half/bfloat16 arithmetic and no sum on C bools.
+at::ScalarType reduce_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+    case at::kBFloat16: return at::kFloat;
+    case at::kBool: return at::kInt;
+    default: return t;
+  }
+}
+
+MPI_Datatype mpi_dtype(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kInt: return MPI_INT32_T;
+    case at::kLong: return MPI_INT64_T;
+    case at::kShort: return MPI_INT16_T;
+    case at::kChar: return MPI_INT8_T;
+    case at::kByte: return MPI_UINT8_T;
+    default: MT_FAIL("mpi ", op, ": dtype ", t, " cannot be reduced");
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* op) {
+  MT_CHECK(t.dim() > 0, "mpi ", op, ": needs a tensor with at least one dim, got a scalar");
+  const int64_t d = dim < 0 ? dim + t.dim() : dim;
+  MT_CHECK(d >= 0 && d < t.dim(), "mpi ", op, ": dim ", dim, " out of range for shape ", t.sizes());
+  return d;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed in the destructor).
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  MPI_Comm handle() const { return comm_; }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void all_reduce(at::Tensor& t, ReduceOp op) override {
+    check_cpu(t, "all_reduce");
+    at::Tensor w = t.to(reduce_dtype(t.scalar_type())).contiguous();
+    ok(MPI_Allreduce(MPI_IN_PLACE, w.data_ptr(), to_count(w.numel(), "all_reduce"),
+                     mpi_dtype(w.scalar_type(), "all_reduce"), mpi_op(op), comm_),
+       "all_reduce");
+    if (!w.is_same(t)) t.copy_(w);
+    count("all_reduce", t.nbytes());
+  }
+
+  at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
+    check_cpu(t, "all_gather");
+    const int64_t d = norm_dim(t, dim, "all_gather");
+    at::Tensor x = t.contiguous();
+    std::vector<int64_t> stacked{size_};
+    stacked.insert(stacked.end(), x.sizes().begin(), x.sizes().end());
+    at::Tensor out = at::empty(stacked, x.options());
+    const int n = to_count(x.nbytes(), "all_gather");
+    ok(MPI_Allgather(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_gather");
+    count("all_gather", out.nbytes());
+    return merge_leading(out, d);
+  }
+
+  at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) override {
+    check_cpu(t, "reduce_scatter");
+    const int64_t d = norm_dim(t, dim, "reduce_scatter");
+    MT_CHECK(t.size(d) % size_ == 0, "mpi reduce_scatter: dim ", d, " of shape ", t.sizes(),
+             " is not divisible by the group size ", size_);
+    // MPI scatters contiguous blocks in rank order, so move the chunk index of
+    // `dim` to the front; each block is then exactly that rank's chunk.
+    at::Tensor x = t.to(reduce_dtype(t.scalar_type()))
+                       .unflatten(d, {size_, t.size(d) / size_})
+                       .movedim(d, 0)
+                       .contiguous();
+    at::Tensor out = at::empty(x.sizes().slice(1), x.options());
+    ok(MPI_Reduce_scatter_block(x.data_ptr(), out.data_ptr(), to_count(out.numel(), "reduce_scatter"),
+                                mpi_dtype(x.scalar_type(), "reduce_scatter"), MPI_SUM, comm_),
+       "reduce_scatter");
+    count("reduce_scatter", t.nbytes());
+    return out.to(t.scalar_type());
+  }
+
+  void broadcast(at::Tensor& t, int root) override {
+    check_cpu(t, "broadcast");
+    check_peer(root, "broadcast", "root");
+    at::Tensor w = t.contiguous();
+    ok(MPI_Bcast(w.data_ptr(), to_count(w.nbytes(), "broadcast"), MPI_BYTE, root, comm_), "broadcast");
+    if (!w.is_same(t)) t.copy_(w);
+    count("broadcast", t.nbytes());
+  }
+
+  void send(const at::Tensor& t, int dst, int tag) override {
+    check_cpu(t, "send");
+    check_peer(dst, "send", "dst");
+    at::Tensor x = t.contiguous();
+    ok(MPI_Send(x.data_ptr(), to_count(x.nbytes(), "send"), MPI_BYTE, dst, tag, comm_), "send");
+    count("send", t.nbytes());
+  }
+
+  void recv(at::Tensor& t, int src, int tag) override {
+    check_cpu(t, "recv");
+    check_peer(src, "recv", "src");
+    at::Tensor w = t.contiguous();
+    MPI_Status status;
+    ok(MPI_Recv(w.data_ptr(), to_count(w.nbytes(), "recv"), MPI_BYTE, src, tag, comm_, &status), "recv");
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    MT_CHECK(got == static_cast<int64_t>(w.nbytes()), "mpi recv on rank ", rank_, " from rank ", src,
+             " (tag ", tag, "): expected ", w.nbytes(), " bytes for shape ", t.sizes(), " ", t.scalar_type(),
+             " but got ", got, " (sender and receiver disagree on shape or dtype)");
+    if (!w.is_same(t)) t.copy_(w);
+    count("recv", t.nbytes());
+  }
+
+  at::Tensor all_to_all(const at::Tensor& t) override {
+    check_cpu(t, "all_to_all");
+    MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "mpi all_to_all: dim 0 of shape ", t.sizes(),
+             " is not divisible by the group size ", size_);
+    at::Tensor x = t.contiguous();
+    at::Tensor out = at::empty_like(x);
+    const int n = to_count(x.nbytes() / size_, "all_to_all");
+    ok(MPI_Alltoall(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_to_all");
+    count("all_to_all", t.nbytes());
+    return out;
+  }
+
+  void barrier() override {
+    ok(MPI_Barrier(comm_), "barrier");
+    count("barrier", 0);
+  }
+
+ private:
+  void ok(int rc, const char* op) const { check_mpi(rc, op, rank_, size_); }
+
+  void check_cpu(const at::Tensor& t, const char* op) const {
+    MT_CHECK(t.defined(), "mpi ", op, " on rank ", rank_, ": undefined tensor");
+    MT_CHECK(t.device().is_cpu(), "mpi ", op, " on rank ", rank_, ": tensor is on ", t.device(),
+             "; the MPI backend serves CPU tensors (use the NCCL backend for CUDA)");
+  }
+
+  void check_peer(int peer, const char* op, const char* what) const {
+    MT_CHECK(peer >= 0 && peer < size_, "mpi ", op, " on rank ", rank_, ": ", what, " ", peer,
+             " is outside the group of size ", size_);
+  }
+
+  // [size, s0, .., s_d, ..] -> concatenation along d of the size blocks.
+  static at::Tensor merge_leading(const at::Tensor& stacked, int64_t d) {
+    return stacked.movedim(0, d).flatten(d, d + 1).contiguous();
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> mpi_world_communicator() {
+  MPI_Comm dup = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "comm_dup(world)", world_rank(), -1);
+  return std::make_unique<MpiCommunicator>(dup);
+}
+
+std::unique_ptr<Communicator> mpi_split(const Communicator& parent, int color, int key) {
+  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&parent);
+  MT_ASSERT(mpi != nullptr, "mpi_split needs an MPI parent, got backend ", parent.backend());
+  MPI_Comm out = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(mpi->handle(), color, key, &out), "comm_split", parent.rank(), parent.size());
+  return std::make_unique<MpiCommunicator>(out);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,233 @@
+// NCCL backend of Communicator: CUDA tensors on the current stream. Compiled
+// only when nccl.h was found; otherwise nccl_communicator() explains why not.
+#include <torch/torch.h>
+
+#include "backends.h"
+#include "meshtrain/core/check.h"
+
+#ifdef MESHTRAIN_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <vector>
+#ifdef MESHTRAIN_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace meshtrain {
+namespace {
+
+ncclDataType_t nccl_dtype(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kChar: return ncclInt8;
+    case at::kByte:
+    case at::kBool: return ncclUint8;
+    default: MT_FAIL("nccl ", op, ": dtype ", t, " is not supported");
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* op) {
+  MT_CHECK(t.dim() > 0, "nccl ", op, ": needs a tensor with at least one dim, got a scalar");
+  const int64_t d = dim < 0 ? dim + t.dim() : dim;
+  MT_CHECK(d >= 0 && d < t.dim(), "nccl ", op, ": dim ", dim, " out of range for shape ", t.sizes());
+  return d;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(Communicator& bootstrap) : rank_(bootstrap.rank()), size_(bootstrap.size()) {
+    int dev = 0;
+    MT_CHECK(cudaGetDevice(&dev) == cudaSuccess, "nccl init on rank ", rank_, ": no usable CUDA device");
+    device_ = dev;
+    // The id travels as bytes over the group's MPI communicator (CPU tensor).
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank_ == 0) ok(ncclGetUniqueId(&id), "get_unique_id");
+    at::Tensor buf = at::empty({static_cast<int64_t>(sizeof id)}, at::kByte);
+    std::memcpy(buf.data_ptr(), &id, sizeof id);
+    bootstrap.broadcast(buf, 0);
+    std::memcpy(&id, buf.data_ptr(), sizeof id);
+    ok(ncclCommInitRank(&comm_, size_, id, rank_), "comm_init_rank");
+  }
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  void all_reduce(at::Tensor& t, ReduceOp op) override {
+    check_cuda(t, "all_reduce");
+    at::Tensor w = t.contiguous();
+    ok(ncclAllReduce(w.data_ptr(), w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "all_reduce"),
+                     nccl_op(op), comm_, stream(w)),
+       "all_reduce");
+    if (!w.is_same(t)) t.copy_(w);
+    count("all_reduce", t.nbytes());
+  }
+
+  at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
+    check_cuda(t, "all_gather");
+    const int64_t d = norm_dim(t, dim, "all_gather");
+    at::Tensor x = t.contiguous();
+    std::vector<int64_t> stacked{size_};
+    stacked.insert(stacked.end(), x.sizes().begin(), x.sizes().end());
+    at::Tensor out = at::empty(stacked, x.options());
+    ok(ncclAllGather(x.data_ptr(), out.data_ptr(), x.numel(), nccl_dtype(x.scalar_type(), "all_gather"), comm_,
+                     stream(x)),
+       "all_gather");
+    count("all_gather", out.nbytes());
+    return out.movedim(0, d).flatten(d, d + 1).contiguous();
+  }
+
+  at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) override {
+    check_cuda(t, "reduce_scatter");
+    const int64_t d = norm_dim(t, dim, "reduce_scatter");
+    MT_CHECK(t.size(d) % size_ == 0, "nccl reduce_scatter: dim ", d, " of shape ", t.sizes(),
+             " is not divisible by the group size ", size_);
+    // NCCL scatters contiguous blocks in rank order: put the chunk index first.
+    at::Tensor x = t.unflatten(d, {size_, t.size(d) / size_}).movedim(d, 0).contiguous();
+    at::Tensor out = at::empty(x.sizes().slice(1), x.options());
+    ok(ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), nccl_dtype(x.scalar_type(), "reduce_scatter"),
+                         ncclSum, comm_, stream(x)),
+       "reduce_scatter");
+    count("reduce_scatter", t.nbytes());
+    return out;
+  }
+
+  void broadcast(at::Tensor& t, int root) override {
+    check_cuda(t, "broadcast");
+    check_peer(root, "broadcast", "root");
+    at::Tensor w = t.contiguous();
+    ok(ncclBroadcast(w.data_ptr(), w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "broadcast"), root, comm_,
+                     stream(w)),
+       "broadcast");
+    if (!w.is_same(t)) t.copy_(w);
+    count("broadcast", t.nbytes());
+  }
+
+  // NCCL has no tags: messages between a pair arrive in the order they were
+  // posted, which is how the pipeline schedules use them anyway.
+  void send(const at::Tensor& t, int dst, int /*tag*/) override {
+    check_cuda(t, "send");
+    check_peer(dst, "send", "dst");
+    at::Tensor x = t.contiguous();
+    ok(ncclSend(x.data_ptr(), x.numel(), nccl_dtype(x.scalar_type(), "send"), dst, comm_, stream(x)), "send");
+    count("send", t.nbytes());
+  }
+
+  void recv(at::Tensor& t, int src, int /*tag*/) override {
+    check_cuda(t, "recv");
+    check_peer(src, "recv", "src");
+    at::Tensor w = t.contiguous();
+    ok(ncclRecv(w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "recv"), src, comm_, stream(w)), "recv");
+    if (!w.is_same(t)) t.copy_(w);
+    count("recv", t.nbytes());
+  }
+
+  at::Tensor all_to_all(const at::Tensor& t) override {
+    check_cuda(t, "all_to_all");
+    MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "nccl all_to_all: dim 0 of shape ", t.sizes(),
+             " is not divisible by the group size ", size_);
+    at::Tensor x = t.contiguous();
+    at::Tensor out = at::empty_like(x);
+    const auto type = nccl_dtype(x.scalar_type(), "all_to_all");
+    const int64_t chunk = x.numel() / size_;
+    const int64_t chunk_bytes = static_cast<int64_t>(x.nbytes()) / size_;
+    auto* src = static_cast<char*>(x.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    cudaStream_t s = stream(x);
+    ok(ncclGroupStart(), "all_to_all(group_start)");
+    for (int peer = 0; peer < size_; ++peer) {
+      ok(ncclSend(src + peer * chunk_bytes, chunk, type, peer, comm_, s), "all_to_all(send)");
+      ok(ncclRecv(dst + peer * chunk_bytes, chunk, type, peer, comm_, s), "all_to_all(recv)");
+    }
+    ok(ncclGroupEnd(), "all_to_all(group_end)");
+    count("all_to_all", t.nbytes());
+    return out;
+  }
+
+  void barrier() override {
+    at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
+    ok(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream(one)), "barrier");
+    const cudaError_t rc = cudaStreamSynchronize(stream(one));
+    MT_CHECK(rc == cudaSuccess, "nccl barrier on rank ", rank_, ": ", cudaGetErrorString(rc));
+    count("barrier", 0);
+  }
+
+ private:
+  void ok(ncclResult_t rc, const char* op) const {
+    if (rc == ncclSuccess) return;
+    MT_FAIL("nccl ", op, " failed on rank ", rank_, " of ", size_, ": ", ncclGetErrorString(rc),
+            rc == ncclSystemError || rc == ncclRemoteError ? " (see NCCL_DEBUG=WARN for details)" : "");
+  }
+
+  void check_cuda(const at::Tensor& t, const char* op) const {
+    MT_CHECK(t.defined(), "nccl ", op, " on rank ", rank_, ": undefined tensor");
+    MT_CHECK(t.device().is_cuda(), "nccl ", op, " on rank ", rank_, ": tensor is on ", t.device(),
+             "; the NCCL backend serves CUDA tensors (use cpu_world() for CPU tensors)");
+  }
+
+  void check_peer(int peer, const char* op, const char* what) const {
+    MT_CHECK(peer >= 0 && peer < size_, "nccl ", op, " on rank ", rank_, ": ", what, " ", peer,
+             " is outside the group of size ", size_);
+  }
+
+  // Work runs on torch's current stream so it orders with the kernels that
+  // produced and will consume the tensor, and the caching allocator's reuse of
+  // temporaries stays safe.
+  static cudaStream_t stream(const at::Tensor& t) {
+#ifdef MESHTRAIN_CUDA
+    return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+    (void)t;
+    return nullptr;
+#endif
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap) {
+  return std::make_unique<NcclCommunicator>(bootstrap);
+}
+
+}  // namespace meshtrain
+
+#else  // !MESHTRAIN_HAVE_NCCL
+
+namespace meshtrain {
+
+std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap) {
+  MT_FAIL("nccl backend requested on rank ", bootstrap.rank(),
+          " but meshtrain was built without NCCL (nccl.h not found at configure time); "
+          "use the mpi backend or rebuild on a machine with CUDA and NCCL");
+}
+
+}  // namespace meshtrain
+
+#endif
