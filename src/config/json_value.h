@@ -1,0 +1,28 @@
+#pragma once
+// Strict JSON -> C++ value conversion for config keys: the error names the key,
+// the type it needs and what the file holds. No silent coercion: 1.5 is not an
+// integer, "true" is not a boolean.
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain::schema {
+
+// "number (1.5)", "string (\"4\")", "boolean (true)": what a user wrote.
+std::string describe(const nlohmann::json& v);
+
+void read_value(const nlohmann::json& v, const std::string& path, int64_t& out);
+void read_value(const nlohmann::json& v, const std::string& path, uint64_t& out);
+void read_value(const nlohmann::json& v, const std::string& path, double& out);
+void read_value(const nlohmann::json& v, const std::string& path, bool& out);
+void read_value(const nlohmann::json& v, const std::string& path, std::string& out);
+void read_value(const nlohmann::json& v, const std::string& path, std::array<int64_t, 3>& out);
+
+// "section.key", or "key" at the top level.
+inline std::string key_path(const std::string& section, const std::string& key) {
+  return section.empty() ? key : section + "." + key;
+}
+
+}  // namespace meshtrain::schema

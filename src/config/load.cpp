@@ -1,0 +1,105 @@
+// The config file and its `--set` overrides -> a validated Config.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "keys.h"
+#include "meshtrain/config/load.h"
+#include "meshtrain/core/check.h"
+#include "schema.h"
+
+namespace meshtrain {
+
+using nlohmann::json;
+
+namespace {
+
+// Default values of every key, cloud-only ones included: tells apply_override
+// which keys exist and which take strings.
+json schema_defaults() {
+  json j = to_json(Config{});
+  j["data_config"]["bucket_name"] = "";
+  j["data_config"]["process_path"] = "";
+  j["wandb"] = false;
+  return j;
+}
+
+std::string read_file(const std::string& path) {
+  MT_CHECK(std::filesystem::exists(path), "config file '", path, "' does not exist");
+  std::ifstream in(path);
+  MT_CHECK(in.good(), "config file '", path, "' cannot be opened for reading");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+json parse_file(const std::string& path, const std::string& text) {
+  try {
+    // Comments are allowed: configs are hand-edited and benefit from a note.
+    return json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    // e.byte counts from 1 and points at the character that broke the parse.
+    size_t end = std::min(e.byte == 0 ? 0 : e.byte - 1, text.size());
+    size_t line = 1, column = 1;
+    for (size_t i = 0; i < end; ++i) {
+      if (text[i] == '\n') ++line, column = 1;
+      else ++column;
+    }
+    std::string reason = e.what();
+    auto colon = reason.find(": ");
+    if (colon != std::string::npos) reason = reason.substr(colon + 2);
+    MT_FAIL("config file '", path, "' is not valid JSON: line ", line, ", column ", column, ": ", reason);
+  }
+}
+
+}  // namespace
+
+void apply_override(json& j, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  MT_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+           "': expected key=value, e.g. --set model_config.n_head=4");
+  std::string path = assignment.substr(0, eq);
+  std::string text = assignment.substr(eq + 1);
+
+  auto dot = path.find('.');
+  std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
+  std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+  MT_CHECK(!schema::is_section(path), "--set '", assignment, "': '", path,
+           "' is a section; set one of its keys, e.g. --set ", path, ".<key>=value");
+  const auto known = schema::known_paths();
+  MT_CHECK(known.count(path), "--set '", assignment, "': unknown config key '", path, "'",
+           schema::suggestion(section, key, known));
+
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json defaults = schema_defaults();
+  const json& expected = section.empty() ? defaults.at(key) : defaults.at(section).at(key);
+  // `--set name=123` means the name "123", and `--set prompt=` the empty prompt.
+  if (value.is_discarded() || (expected.is_string() && !value.is_string())) value = text;
+
+  MT_CHECK(j.is_object(), "--set '", assignment, "': the config is not a JSON object");
+  json* scope = &j;
+  if (!section.empty()) {
+    scope = &j[section];  // creates the section when the file has none
+    if (scope->is_null()) *scope = json::object();
+    MT_CHECK(scope->is_object(), "--set '", assignment, "': config section '", section,
+             "' is not an object");
+  }
+  (*scope)[key] = value;
+}
+
+LoadedConfig load_config(const std::string& path, const std::vector<std::string>& sets) {
+  LoadedConfig loaded;
+  loaded.json = parse_file(path, read_file(path));
+  for (const auto& s : sets) apply_override(loaded.json, s);
+  try {
+    loaded.config = config_from_json(loaded.json, &loaded.warnings);
+    validate(loaded.config);
+  } catch (const Error& e) {
+    // Name the file: with several configs around, the key alone is ambiguous.
+    throw Error("config file '" + path + "': " + e.what());
+  }
+  return loaded;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,168 @@
+// Static checks that run before any work: a bad value or an impossible mesh
+// fails here with the key's name instead of deep inside a collective.
+#include <initializer_list>
+
+#include "meshtrain/config/load.h"
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+namespace {
+
+void at_least(int64_t v, int64_t lo, const char* key) {
+  MT_CHECK(v >= lo, key, " must be >= ", lo, ", got ", v);
+}
+
+void non_negative(double v, const char* key) { MT_CHECK(v >= 0, key, " must be >= 0, got ", v); }
+
+void in_unit_interval(double v, const char* key) {
+  MT_CHECK(v >= 0 && v < 1, key, " must be in [0, 1), got ", v);
+}
+
+void one_of(const std::string& v, std::initializer_list<const char*> allowed, const char* key) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == a) return;
+    list += list.empty() ? a : std::string(", ") + a;
+  }
+  MT_FAIL(key, " must be one of {", list, "}, got '", v, "'");
+}
+
+void not_empty(const std::string& v, const char* key) { MT_CHECK(!v.empty(), key, " must not be empty"); }
+
+void validate_model(const ModelConfig& m, const DataConfig& d) {
+  at_least(m.model_dimension, 1, "model_config.model_dimension");
+  at_least(m.vocab_size, 1, "model_config.vocab_size");
+  at_least(m.n_head, 1, "model_config.n_head");
+  at_least(m.blocks, 1, "model_config.blocks");
+  at_least(m.layers_per_block, 1, "model_config.layers_per_block");
+  at_least(m.T, 1, "model_config.T");
+  at_least(m.latent_dim, 0, "model_config.latent_dim");
+  at_least(m.dhR, 0, "model_config.dhR");
+  at_least(m.mlp_hidden, 0, "model_config.mlp_hidden");
+  MT_CHECK(m.model_dimension % m.n_head == 0, "model_config.model_dimension (", m.model_dimension,
+           ") must be divisible by model_config.n_head (", m.n_head, ")");
+  MT_CHECK(m.head_dim() % 2 == 0, "model_config.model_dimension / model_config.n_head = ", m.head_dim(),
+           " (the head dim) must be even: RoPE rotates pairs of dims");
+  MT_CHECK(m.T == d.T, "model_config.T (", m.T, ") must equal data_config.T (", d.T, ")");
+  in_unit_interval(m.dropout_rate, "model_config.dropout_rate");
+  one_of(m.model_dtype, {"float32", "bfloat16"}, "model_config.model_dtype");
+  one_of(m.attention, {"mha", "mla"}, "model_config.attention");
+  one_of(m.ffn, {"dense", "moe"}, "model_config.ffn");
+  one_of(m.router_score, {"softmax", "sigmoid"}, "model_config.router_score");
+  non_negative(m.router_z_loss, "model_config.router_z_loss");
+  MT_CHECK(m.rope_theta > 0, "model_config.rope_theta must be > 0, got ", m.rope_theta);
+  MT_CHECK(m.init_std > 0, "model_config.init_std must be > 0, got ", m.init_std);
+
+  if (m.attention == "mla") {
+    MT_CHECK(m.latent_dim > 0, "model_config.latent_dim must be > 0 with attention 'mla', got ", m.latent_dim);
+    MT_CHECK(m.dhR % 2 == 0, "model_config.dhR must be even with attention 'mla' (RoPE rotates pairs), got ",
+             m.dhR);
+  }
+  if (m.ffn == "moe") {
+    MT_CHECK(m.n_experts >= 1, "model_config.n_experts must be >= 1 with ffn 'moe', got ", m.n_experts);
+    MT_CHECK(m.k >= 1 && m.k <= m.n_experts, "model_config.k must be in [1, model_config.n_experts = ",
+             m.n_experts, "], got ", m.k);
+    at_least(m.n_shared, 0, "model_config.n_shared");
+    MT_CHECK(m.capacity_factor > 0, "model_config.capacity_factor must be > 0, got ", m.capacity_factor);
+  }
+}
+
+void validate_data(const DataConfig& d) {
+  not_empty(d.data_dir, "data_config.data_dir");
+  not_empty(d.train_folder_name, "data_config.train_folder_name");
+  not_empty(d.val_folder_name, "data_config.val_folder_name");
+  at_least(d.T, 1, "data_config.T");
+  at_least(d.train_batch_size, 1, "data_config.train_batch_size");
+  at_least(d.val_batch_size, 1, "data_config.val_batch_size");
+  at_least(d.micro_batch_size, 0, "data_config.micro_batch_size");
+}
+
+void validate_lr(const LrConfig& l) {
+  non_negative(l.max_lr, "lr.max_lr");
+  non_negative(l.min_lr, "lr.min_lr");
+  non_negative(l.end_lr, "lr.end_lr");
+  MT_CHECK(l.min_lr <= l.max_lr, "lr.min_lr (", l.min_lr, ") must be <= lr.max_lr (", l.max_lr, ")");
+  MT_CHECK(l.end_lr <= l.max_lr, "lr.end_lr (", l.end_lr, ") must be <= lr.max_lr (", l.max_lr, ")");
+  at_least(l.warmup_steps, 0, "lr.warmup_steps");
+  at_least(l.end_steps, 0, "lr.end_steps");
+  in_unit_interval(l.beta1, "lr.beta1");
+  in_unit_interval(l.beta2, "lr.beta2");
+  MT_CHECK(l.eps > 0, "lr.eps must be > 0, got ", l.eps);
+  non_negative(l.weight_decay, "lr.weight_decay");
+}
+
+// How the model and the batches split over dp x pp x tp.
+void validate_mesh(const Config& c) {
+  const auto& a = c.device.n_device_axis;
+  MT_CHECK(a[0] >= 1 && a[1] >= 1 && a[2] >= 1, "device_config.n_device_axis entries [dp, pp, tp] must be >= 1, got [",
+           a[0], ", ", a[1], ", ", a[2], "]");
+  one_of(c.device.device, {"auto", "cpu", "cuda"}, "device_config.device");
+  const int64_t dp = c.device.dp(), pp = c.device.pp(), tp = c.device.tp();
+  const auto& d = c.data;
+  const auto& m = c.model;
+  MT_CHECK(d.train_batch_size % dp == 0, "data_config.train_batch_size (", d.train_batch_size,
+           ") must be divisible by dp = ", dp, " (device_config.n_device_axis[0])");
+  MT_CHECK(d.val_batch_size % dp == 0, "data_config.val_batch_size (", d.val_batch_size,
+           ") must be divisible by dp = ", dp, " (device_config.n_device_axis[0])");
+  if (d.micro_batch_size > 0) {
+    const int64_t share = d.train_batch_size / dp;
+    MT_CHECK(share % d.micro_batch_size == 0, "data_config.micro_batch_size (", d.micro_batch_size,
+             ") must divide the per-dp-rank batch data_config.train_batch_size / dp = ", d.train_batch_size, " / ",
+             dp, " = ", share);
+  }
+  MT_CHECK(m.n_head % tp == 0, "model_config.n_head (", m.n_head, ") must be divisible by tp = ", tp,
+           " (device_config.n_device_axis[2])");
+  // Column-parallel MLP/expert layers split the hidden units over tp.
+  MT_CHECK(m.hidden_dim() % tp == 0, "model_config.mlp_hidden: the MLP hidden size ", m.hidden_dim(),
+           " must be divisible by tp = ", tp, " (device_config.n_device_axis[2])");
+  MT_CHECK(pp <= m.n_layers(), "device_config.n_device_axis: pp=", pp, " exceeds the model's ", m.n_layers(),
+           " layers (model_config.blocks * model_config.layers_per_block): every stage needs a layer");
+  if (c.sequence_parallel)
+    MT_CHECK(m.T % tp == 0, "sequence_parallel needs model_config.T (", m.T, ") divisible by tp = ", tp);
+}
+
+void validate_run(const Config& c) {
+  not_empty(c.name, "name");
+  not_empty(c.output_dir, "output_dir");
+  at_least(c.training_steps, 0, "training_steps");
+  at_least(c.grad_step, 1, "grad_step");
+  at_least(c.checkpoint_steps, 1, "checkpoint_steps");
+  at_least(c.eval_steps, 0, "eval_steps");
+  at_least(c.max_to_keep, 1, "max_to_keep");
+  at_least(c.log_every, 1, "log_every");
+  at_least(c.sample_every, 0, "sample_every");
+  at_least(c.torch_threads, 1, "torch_threads");
+  non_negative(c.grad_clip_norm, "grad_clip_norm");
+  non_negative(c.alpha, "alpha");
+  one_of(c.pipeline_schedule, {"gpipe", "1f1b"}, "pipeline_schedule");
+  MT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage must be 0 or 1, got ", c.zero_stage);
+  one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
+  one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");
+
+  const auto& i = c.inference;
+  at_least(i.batch_size, 1, "inference_config.batch_size");
+  at_least(i.top_k, 0, "inference_config.top_k");
+  non_negative(i.temperature, "inference_config.temperature");
+  at_least(i.max_tokens, 0, "inference_config.max_tokens");
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  // Value ranges first, so the combination checks below never divide by zero.
+  validate_model(c.model, c.data);
+  validate_data(c.data);
+  validate_lr(c.lr);
+  validate_run(c);
+  validate_mesh(c);
+}
+
+void validate_world(const Config& c, int world_size) {
+  const auto& a = c.device.n_device_axis;
+  MT_CHECK(c.device.world() == world_size, "device_config.n_device_axis [dp, pp, tp] = [", a[0], ", ", a[1], ", ",
+           a[2], "] = ", c.device.world(), " ranks but mpirun started ", world_size,
+           " (run mpirun -np ", c.device.world(), " or change n_device_axis)");
+}
+
+}  // namespace meshtrain

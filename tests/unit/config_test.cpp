@@ -1,0 +1,450 @@
+// Config loading: every key parsed, every kind of bad input refused with the
+// key named, --set overrides, the JSON round trip, and the shipped configs.
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <gtest/gtest.h>
+
+#include "meshtrain/config/load.h"
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string source_path(const std::string& rel) { return std::string(MT_SOURCE_DIR) + "/" + rel; }
+const char* kSharedMoe1b = "/work/shared/jaxformer-moe1b.json";
+
+// Runs fn, expects a meshtrain::Error whose message holds every one of parts.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return;
+  }
+  ADD_FAILURE() << "no error thrown; expected one mentioning '" << parts.front() << "'";
+}
+
+json tiny_json() {
+  std::ifstream in(source_path("configs/tiny.json"));
+  return json::parse(in);
+}
+
+// tiny.json with the overrides, converted and validated.
+Config with(const std::vector<std::string>& sets) {
+  json j = tiny_json();
+  for (const auto& s : sets) apply_override(j, s);
+  Config c = config_from_json(j);
+  validate(c);
+  return c;
+}
+
+void expect_refused(const std::vector<std::string>& sets, const std::vector<std::string>& parts) {
+  SCOPED_TRACE(sets.back());
+  expect_error([&] { with(sets); }, parts);
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A value of the same JSON type as v, different from it.
+json changed_value(const json& v) {
+  if (v.is_boolean()) return !v.get<bool>();
+  if (v.is_number_unsigned()) return v.get<uint64_t>() + 7;
+  if (v.is_number_integer()) return v.get<int64_t>() + 3;
+  if (v.is_number_float()) return v.get<double>() + 0.5;
+  if (v.is_string()) return v.get<std::string>() + "_x";
+  ADD_FAILURE() << "unexpected leaf " << v.dump();
+  return v;
+}
+
+TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
+  const json flat = to_json(Config{}).flatten();
+  EXPECT_GE(flat.size(), 60u);
+  // Change one key at a time: if it were not read, or shared a member with
+  // another key, the converted config would differ from the JSON it came from.
+  for (const auto& [pointer, value] : flat.items()) {
+    SCOPED_TRACE(pointer);
+    json changed = flat;
+    changed[pointer] = changed_value(value);
+    json expected = changed.unflatten();
+    EXPECT_EQ(to_json(config_from_json(expected)), expected);
+  }
+  for (const auto& section : {"model_config", "data_config", "lr", "device_config", "inference_config"})
+    EXPECT_TRUE(to_json(Config{}).at(section).is_object()) << section;
+}
+
+TEST(ConfigJson, RoundTripKeepsEveryValue) {
+  Config c = load_config(source_path("configs/tiny-moe-mla.json")).config;
+  c.seed = 1234567890123ull;
+  c.lr.max_lr = 1.0 / 3.0;
+  c.device.n_device_axis = {2, 1, 2};
+  c.inference.prompt = "line\n\"quoted\"";
+  Config back = config_from_json(to_json(c));
+  EXPECT_EQ(to_json(back), to_json(c));
+  EXPECT_EQ(back.seed, c.seed);
+  EXPECT_EQ(back.lr.max_lr, c.lr.max_lr);
+  EXPECT_EQ(back.device.n_device_axis, c.device.n_device_axis);
+  EXPECT_EQ(back.inference.prompt, c.inference.prompt);
+  EXPECT_EQ(back.model.attention, "mla");
+  // Through text too, as a checkpoint stores it.
+  EXPECT_EQ(to_json(config_from_json(json::parse(to_json(c).dump(2)))), to_json(c));
+}
+
+TEST(ConfigJson, MissingKeysKeepDefaults) {
+  Config c = config_from_json(json::parse(R"({"model_config": {"n_head": 8}})"));
+  Config d;
+  EXPECT_EQ(c.model.n_head, 8);
+  EXPECT_EQ(c.model.model_dimension, d.model.model_dimension);
+  EXPECT_EQ(c.lr.max_lr, d.lr.max_lr);
+  EXPECT_EQ(c.model.attention, "mha");
+  EXPECT_EQ(c.model.ffn, "dense");
+  EXPECT_EQ(to_json(config_from_json(json::object())), to_json(d));
+  validate(d);
+}
+
+TEST(ConfigFiles, ShippedConfigsLoadWithoutWarnings) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(source_path("configs"))) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().string());
+    LoadedConfig lc = load_config(entry.path().string());
+    EXPECT_TRUE(lc.warnings.empty()) << lc.warnings.front();
+    ++n;
+  }
+  EXPECT_GE(n, 4);
+}
+
+TEST(ConfigFiles, TinyValues) {
+  Config c = load_config(source_path("configs/tiny.json")).config;
+  EXPECT_EQ(c.model.model_dimension, 64);
+  EXPECT_EQ(c.model.n_head, 4);
+  EXPECT_EQ(c.model.n_layers(), 4);
+  EXPECT_EQ(c.model.T, 32);
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.attention, "mha");
+  EXPECT_EQ(c.model.ffn, "dense");
+  EXPECT_EQ(c.data.train_batch_size, 16);
+  EXPECT_EQ(c.data.micro_batch_size, 4);
+  EXPECT_DOUBLE_EQ(c.lr.max_lr, 3e-3);
+  EXPECT_DOUBLE_EQ(c.lr.end_lr, 3e-4);
+  EXPECT_EQ(c.lr.warmup_steps, 10);
+  EXPECT_EQ(c.training_steps, 200);
+  EXPECT_EQ(c.checkpoint_steps, 50);
+  EXPECT_EQ(c.data.data_dir, "data/fortunes");
+  EXPECT_EQ(c.run_dir(), "runs/tiny");
+  EXPECT_EQ(c.model.model_dtype, "float32");
+}
+
+TEST(ConfigFiles, TinyMoeMlaValues) {
+  Config c = load_config(source_path("configs/tiny-moe-mla.json")).config;
+  EXPECT_EQ(c.model.attention, "mla");
+  EXPECT_EQ(c.model.latent_dim, 32);
+  EXPECT_EQ(c.model.dhR, 8);
+  EXPECT_EQ(c.model.ffn, "moe");
+  EXPECT_EQ(c.model.n_experts, 4);
+  EXPECT_EQ(c.model.k, 2);
+  EXPECT_EQ(c.model.n_shared, 1);
+  EXPECT_DOUBLE_EQ(c.model.capacity_factor, 1.5);
+  EXPECT_EQ(c.model.mlp_hidden, 64);
+  EXPECT_DOUBLE_EQ(c.alpha, 0.01);
+  EXPECT_EQ(c.name, "tiny-moe-mla");
+}
+
+TEST(ConfigFiles, Gpt2Values) {
+  Config c = load_config(source_path("configs/gpt2-124m.json")).config;
+  EXPECT_EQ(c.model.n_layers(), 12);
+  EXPECT_EQ(c.model.model_dimension, 768);
+  EXPECT_EQ(c.model.n_head, 12);
+  EXPECT_EQ(c.model.T, 1024);
+  EXPECT_EQ(c.model.vocab_size, 50304);
+  EXPECT_EQ(c.model.model_dtype, "bfloat16");
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.data.train_batch_size, 32);
+  EXPECT_EQ(c.lr.warmup_steps, 700);
+  EXPECT_EQ(c.lr.end_steps, 19000);
+  EXPECT_DOUBLE_EQ(c.lr.weight_decay, 0.1);
+}
+
+void expect_moe1b_values(const Config& c) {
+  EXPECT_EQ(c.model.model_dimension, 768);
+  EXPECT_EQ(c.model.vocab_size, 100277);
+  EXPECT_EQ(c.model.n_head, 12);
+  EXPECT_EQ(c.model.blocks, 8);
+  EXPECT_EQ(c.model.layers_per_block, 6);
+  EXPECT_EQ(c.model.T, 1024);
+  EXPECT_EQ(c.data.T, 1024);
+  EXPECT_EQ(c.model.latent_dim, 128);
+  EXPECT_EQ(c.model.dhR, 128);
+  EXPECT_EQ(c.model.k, 2);
+  EXPECT_EQ(c.model.n_experts, 16);
+  EXPECT_EQ(c.model.n_shared, 2);
+  EXPECT_DOUBLE_EQ(c.model.capacity_factor, 1.5);
+  EXPECT_DOUBLE_EQ(c.model.dropout_rate, 0.2);
+  EXPECT_EQ(c.model.model_dtype, "bfloat16");
+  EXPECT_EQ(c.device.n_device_axis, (std::array<int64_t, 3>{8, 2, 2}));
+  EXPECT_EQ(c.device.world(), 32);
+  EXPECT_EQ(c.data.train_batch_size, 32);
+  EXPECT_EQ(c.data.val_batch_size, 16);
+  EXPECT_EQ(c.data.micro_batch_size, 4);
+  EXPECT_DOUBLE_EQ(c.lr.max_lr, 6e-4);
+  EXPECT_DOUBLE_EQ(c.lr.min_lr, 0.0);
+  EXPECT_DOUBLE_EQ(c.lr.end_lr, 6e-5);
+  EXPECT_EQ(c.lr.warmup_steps, 5000);
+  EXPECT_EQ(c.lr.end_steps, 75000);
+  EXPECT_DOUBLE_EQ(c.grad_clip_norm, 1.0);
+  EXPECT_DOUBLE_EQ(c.alpha, 1e-4);
+  EXPECT_EQ(c.training_steps, 100000);
+  EXPECT_EQ(c.checkpoint_steps, 75);
+  EXPECT_EQ(c.eval_steps, 10);
+  EXPECT_EQ(c.name, "moe1B");
+  EXPECT_EQ(c.inference.top_k, 10000);
+  EXPECT_EQ(c.inference.max_tokens, 10);
+  validate_world(c, 32);
+}
+
+TEST(ConfigFiles, Moe1bLocalValues) {
+  Config c = load_config(source_path("configs/moe1b.json")).config;
+  expect_moe1b_values(c);
+  EXPECT_EQ(c.model.attention, "mla");
+  EXPECT_EQ(c.model.ffn, "moe");
+  EXPECT_EQ(c.output_dir, "runs");
+  EXPECT_EQ(c.data.data_dir, "data/fortunes");
+}
+
+TEST(ConfigFiles, JaxformerMoe1bLoadsUnchangedWithWarnings) {
+  if (!fs::exists(kSharedMoe1b)) GTEST_SKIP() << kSharedMoe1b << " is absent; nothing to compare against";
+  LoadedConfig lc = load_config(kSharedMoe1b);
+  expect_moe1b_values(lc.config);
+  // The file has no attention/ffn keys: the defaults stay, moe1b.json sets them.
+  EXPECT_EQ(lc.config.model.attention, "mha");
+  EXPECT_EQ(lc.config.model.ffn, "dense");
+  EXPECT_EQ(lc.config.output_dir, "runs/");
+  EXPECT_EQ(lc.config.run_dir(), "runs/moe1B");
+  EXPECT_EQ(lc.json.at("wandb"), true);  // the json is the file as written
+  std::string all;
+  for (const auto& w : lc.warnings) all += w + "\n";
+  EXPECT_EQ(lc.warnings.size(), 5u) << all;
+  for (const char* part : {"data_config.bucket_name", "data_config.data_dir", "data_config.process_path", "wandb",
+                           "metrics.jsonl", "TensorBoard", "inference_config.n_devices", "gs://results_jaxformer/",
+                           "'runs/'"})
+    EXPECT_NE(all.find(part), std::string::npos) << part << " not in:\n" << all;
+}
+
+TEST(ConfigErrors, UnknownKeys) {
+  json j = tiny_json();
+  j["model_config"]["n_heads"] = 4;
+  expect_error([&] { config_from_json(j); },
+               {"unknown config key 'model_config.n_heads'", "did you mean 'model_config.n_head'"});
+  j = tiny_json();
+  j["T"] = 32;  // right key, wrong section
+  expect_error([&] { config_from_json(j); }, {"unknown config key 'T'", "did you mean '", ".T'"});
+  j = tiny_json();
+  j["lr"]["zzz_unrelated"] = 1;
+  expect_error([&] { config_from_json(j); }, {"unknown config key 'lr.zzz_unrelated'"});
+  j = tiny_json();
+  j["model_config"] = 5;
+  expect_error([&] { config_from_json(j); }, {"model_config", "object", "number"});
+  expect_error([&] { config_from_json(json::array()); }, {"JSON object"});
+}
+
+TEST(ConfigErrors, WrongTypesNameKeyExpectedAndFound) {
+  json j = tiny_json();
+  j["model_config"]["n_head"] = "4";
+  expect_error([&] { config_from_json(j); }, {"model_config.n_head", "integer", "string"});
+  j = tiny_json();
+  j["inference_config"]["use_cache"] = 1;
+  expect_error([&] { config_from_json(j); }, {"inference_config.use_cache", "boolean", "number"});
+  j = tiny_json();
+  j["name"] = 7;
+  expect_error([&] { config_from_json(j); }, {"'name'", "string", "number"});
+  j = tiny_json();
+  j["lr"]["max_lr"] = "0.1";
+  expect_error([&] { config_from_json(j); }, {"lr.max_lr", "number", "string"});
+  j = tiny_json();
+  j["device_config"]["n_device_axis"] = {1, 2};
+  expect_error([&] { config_from_json(j); }, {"device_config.n_device_axis", "3 integers"});
+  j = tiny_json();
+  j["device_config"]["n_device_axis"] = {1, 2, "x"};
+  expect_error([&] { config_from_json(j); }, {"device_config.n_device_axis[2]", "string"});
+  j = tiny_json();
+  j["wandb"] = "yes";
+  expect_error([&] { config_from_json(j); }, {"wandb", "boolean", "string"});
+  j = tiny_json();
+  j["seed"] = nullptr;
+  expect_error([&] { config_from_json(j); }, {"seed", "null"});
+}
+
+TEST(ConfigErrors, IntegersMustBeIntegral) {
+  json j = tiny_json();
+  j["model_config"]["n_head"] = 1.5;
+  expect_error([&] { config_from_json(j); }, {"model_config.n_head", "integer", "1.5"});
+  j["model_config"]["n_head"] = 4.0;  // a whole number written as a float is fine
+  EXPECT_EQ(config_from_json(j).model.n_head, 4);
+  j = tiny_json();
+  j["seed"] = -1;
+  expect_error([&] { config_from_json(j); }, {"seed", "non-negative integer"});
+  j = tiny_json();
+  j["device_config"]["n_device_axis"] = {1, 1.5, 1};
+  expect_error([&] { config_from_json(j); }, {"n_device_axis[1]"});
+  j = tiny_json();
+  j["training_steps"] = 1e30;
+  expect_error([&] { config_from_json(j); }, {"training_steps", "integer"});
+}
+
+TEST(ConfigErrors, BadEnums) {
+  expect_refused({"model_config.attention=gqa"}, {"model_config.attention", "mha, mla", "gqa"});
+  expect_refused({"model_config.ffn=sparse"}, {"model_config.ffn", "dense, moe"});
+  expect_refused({"model_config.model_dtype=float16"}, {"model_config.model_dtype", "float32, bfloat16"});
+  expect_refused({"model_config.router_score=relu"}, {"model_config.router_score"});
+  expect_refused({"pipeline_schedule=zb"}, {"pipeline_schedule", "gpipe, 1f1b"});
+  expect_refused({"activation_checkpointing=some"}, {"activation_checkpointing"});
+  expect_refused({"nan_policy=ignore"}, {"nan_policy"});
+  expect_refused({"zero_stage=2"}, {"zero_stage"});
+  expect_refused({"device_config.device=tpu"}, {"device_config.device"});
+}
+
+TEST(ConfigErrors, BadValues) {
+  expect_refused({"model_config.model_dimension=0"}, {"model_config.model_dimension", ">= 1"});
+  expect_refused({"model_config.n_head=3"}, {"model_config.model_dimension", "model_config.n_head", "divisible"});
+  expect_refused({"model_config.n_head=64"}, {"head dim", "even"});
+  expect_refused({"model_config.dropout_rate=1.0"}, {"model_config.dropout_rate", "[0, 1)"});
+  expect_refused({"lr.min_lr=0.1"}, {"lr.min_lr", "lr.max_lr"});
+  expect_refused({"lr.end_lr=0.1"}, {"lr.end_lr", "lr.max_lr"});
+  expect_refused({"lr.warmup_steps=-1"}, {"lr.warmup_steps"});
+  expect_refused({"lr.beta2=1"}, {"lr.beta2"});
+  expect_refused({"grad_step=0"}, {"grad_step", ">= 1"});
+  expect_refused({"checkpoint_steps=0"}, {"checkpoint_steps"});
+  expect_refused({"max_to_keep=0"}, {"max_to_keep"});
+  expect_refused({"grad_clip_norm=-1"}, {"grad_clip_norm"});
+  expect_refused({"training_steps=-1"}, {"training_steps"});
+  expect_refused({"inference_config.batch_size=0"}, {"inference_config.batch_size"});
+  expect_refused({"inference_config.temperature=-0.5"}, {"inference_config.temperature"});
+  expect_refused({"inference_config.top_k=-1"}, {"inference_config.top_k"});
+  expect_refused({"device_config.n_device_axis=[1,0,1]"}, {"device_config.n_device_axis", ">= 1"});
+}
+
+TEST(ConfigErrors, BadCombinations) {
+  expect_refused({"data_config.T=64"}, {"model_config.T (32)", "data_config.T (64)"});
+  expect_refused({"device_config.n_device_axis=[1,1,3]", "model_config.mlp_hidden=96"},
+                 {"model_config.n_head (4)", "tp = 3"});
+  expect_refused({"device_config.n_device_axis=[3,1,1]"}, {"data_config.train_batch_size (16)", "dp = 3"});
+  expect_refused({"device_config.n_device_axis=[2,1,1]", "data_config.val_batch_size=3"},
+                 {"data_config.val_batch_size (3)", "dp = 2"});
+  expect_refused({"device_config.n_device_axis=[4,1,1]", "data_config.micro_batch_size=3"},
+                 {"data_config.micro_batch_size (3)", "16 / 4 = 4"});
+  expect_refused({"device_config.n_device_axis=[1,5,1]"}, {"n_device_axis: pp=5 exceeds", "4 layers"});
+  expect_refused({"device_config.n_device_axis=[1,1,2]", "sequence_parallel=true", "model_config.T=31",
+                  "data_config.T=31"},
+                 {"sequence_parallel", "model_config.T (31)", "tp = 2"});
+  expect_refused({"model_config.attention=mla"}, {"model_config.latent_dim", "mla"});
+  expect_refused({"model_config.attention=mla", "model_config.latent_dim=16", "model_config.dhR=3"},
+                 {"model_config.dhR", "even"});
+  expect_refused({"model_config.ffn=moe"}, {"model_config.n_experts", "moe"});
+  expect_refused({"model_config.ffn=moe", "model_config.n_experts=2", "model_config.k=3"},
+                 {"model_config.k", "n_experts = 2"});
+  expect_refused({"model_config.ffn=moe", "model_config.n_experts=2", "model_config.capacity_factor=0"},
+                 {"model_config.capacity_factor"});
+  // And the good combinations pass.
+  with({"device_config.n_device_axis=[2,2,2]"});
+  with({"device_config.n_device_axis=[4,1,1]", "data_config.micro_batch_size=2"});
+  with({"device_config.n_device_axis=[1,1,2]", "sequence_parallel=true"});
+}
+
+TEST(ConfigErrors, WorldSizeMustMatchMesh) {
+  Config c = with({"device_config.n_device_axis=[2,1,2]"});
+  validate_world(c, 4);
+  expect_error([&] { validate_world(c, 8); }, {"[2, 1, 2] = 4 ranks", "mpirun started 8"});
+}
+
+TEST(ConfigOverrides, SetsNestedArraysStringsAndTopLevel) {
+  json j = tiny_json();
+  apply_override(j, "model_config.n_head=8");
+  apply_override(j, "device_config.n_device_axis=[2,1,2]");
+  apply_override(j, "model_config.model_dtype=bfloat16");
+  apply_override(j, "lr.max_lr=1e-3");
+  apply_override(j, "inference_config.use_cache=false");
+  apply_override(j, "name=123");  // a string key takes the text, not the number
+  apply_override(j, "inference_config.prompt=a b=c");
+  apply_override(j, "seed=42");
+  Config c = config_from_json(j);
+  EXPECT_EQ(c.model.n_head, 8);
+  EXPECT_EQ(c.device.n_device_axis, (std::array<int64_t, 3>{2, 1, 2}));
+  EXPECT_EQ(c.model.model_dtype, "bfloat16");
+  EXPECT_DOUBLE_EQ(c.lr.max_lr, 1e-3);
+  EXPECT_FALSE(c.inference.use_cache);
+  EXPECT_EQ(c.name, "123");
+  EXPECT_EQ(c.inference.prompt, "a b=c");
+  EXPECT_EQ(c.seed, 42u);
+}
+
+TEST(ConfigOverrides, CreatesAbsentSection) {
+  json j = json::object();
+  apply_override(j, "lr.warmup_steps=5");
+  EXPECT_EQ(config_from_json(j).lr.warmup_steps, 5);
+}
+
+TEST(ConfigOverrides, RefusesUnknownKeysAndBadSyntax) {
+  json j = tiny_json();
+  expect_error([&] { apply_override(j, "model_config.n_heads=4"); },
+               {"unknown config key 'model_config.n_heads'", "model_config.n_head"});
+  expect_error([&] { apply_override(j, "model_config.n_head.x=4"); }, {"model_config.n_head.x"});
+  expect_error([&] { apply_override(j, "lr=4"); }, {"'lr' is a section"});
+  expect_error([&] { apply_override(j, "model_config.n_head"); }, {"key=value"});
+  // A value of the wrong type is caught when converting, naming the key.
+  apply_override(j, "model_config.n_head=four");
+  expect_error([&] { config_from_json(j); }, {"model_config.n_head", "integer", "four"});
+}
+
+TEST(ConfigLoad, OverridesAppliedThenValidated) {
+  LoadedConfig lc = load_config(source_path("configs/tiny.json"), {"model_config.n_head=8", "seed=9"});
+  EXPECT_EQ(lc.config.model.n_head, 8);
+  EXPECT_EQ(lc.config.seed, 9u);
+  EXPECT_EQ(lc.json["model_config"]["n_head"], 8);
+  expect_error([&] { load_config(source_path("configs/tiny.json"), {"device_config.n_device_axis=[1,1,3]"}); },
+               {"configs/tiny.json", "model_config.n_head (4)", "tp = 3"});
+}
+
+TEST(ConfigLoad, FileErrorsNameTheFile) {
+  expect_error([] { load_config("/nonexistent/cfg.json"); }, {"/nonexistent/cfg.json", "does not exist"});
+  std::string bad = write_temp("bad_config.json", "{\n  \"name\": \"x\",\n  \"seed\": ,\n}\n");
+  expect_error([&] { load_config(bad); }, {bad, "not valid JSON", "line 3", "column 11"});
+  std::string commented = write_temp("commented.json", "{\n  // a note\n  \"name\": \"c\"\n}\n");
+  EXPECT_EQ(load_config(commented).config.name, "c");
+}
+
+TEST(ConfigLoad, CloudOutputDirMapsToLocalRuns) {
+  json j = tiny_json();
+  j["output_dir"] = "gs://bucket/x";
+  std::vector<std::string> warnings;
+  Config c = config_from_json(j, &warnings);
+  EXPECT_EQ(c.output_dir, "runs/");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("gs://bucket/x"), std::string::npos);
+  EXPECT_NE(warnings[0].find("'runs/'"), std::string::npos);
+  j["data_config"]["bucket_name"] = "b";
+  warnings.clear();
+  config_from_json(j, &warnings);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("data is read from local data_config.data_dir"), std::string::npos);
+}
+
+TEST(ConfigFeatures, UnsupportedFeaturesListsNonDefaultKeys) {
+  Config c = with({"model_config.attention=mla", "model_config.latent_dim=16", "zero_stage=1"});
+  auto msgs = unsupported_features(c, {"model_config.attention", "zero_stage", "sequence_parallel"});
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[0], "not supported yet: model_config.attention = \"mla\"");
+  EXPECT_EQ(msgs[1], "not supported yet: zero_stage = 1");
+  EXPECT_TRUE(unsupported_features(Config{}, {"model_config.attention", "zero_stage"}).empty());
+}
+
+}  // namespace
+}  // namespace meshtrain
