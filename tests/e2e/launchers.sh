@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The three launchers as a user meets them: shellcheck-clean, --help, clear
+# errors, and the exact commands they would send for a two-host run. Nothing
+# here needs ssh, tmux, SLURM or a second machine: dry runs and stand-in
+# ssh/tmux/mpirun programs on PATH record what would have been run.
+# Usage: bash tests/e2e/launchers.sh BINARY SRC_DIR WORK_DIR
+set -uo pipefail
+
+BINARY="${1:?usage: launchers.sh BINARY SRC_DIR WORK_DIR}"
+SRC="${2:?usage: launchers.sh BINARY SRC_DIR WORK_DIR}"
+WORK="${3:?usage: launchers.sh BINARY SRC_DIR WORK_DIR}"
+rm -rf "$WORK"
+mkdir -p "$WORK/bin"
+MPI="$SRC/scripts/launch-mpirun.sh"
+SSH="$SRC/scripts/launch-ssh-tmux.sh"
+SLURM="$SRC/scripts/launch-slurm.sbatch"
+
+passed=0 failed=0
+ok() { passed=$((passed + 1)); echo "ok   - $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL - $1"; [ -n "${2:-}" ] && printf '%s\n' "$2" | sed 's/^/       | /'; }
+
+# expect_has NAME OUTPUT PATTERN...: every extended regex matches OUTPUT.
+expect_has() {
+  local name="$1" out="$2" p
+  shift 2
+  for p in "$@"; do
+    grep -Eq -- "$p" <<<"$out" || { bad "$name: no match for /$p/" "$out"; return; }
+  done
+  ok "$name"
+}
+expect_lacks() {
+  local name="$1" out="$2" p="$3"
+  if grep -Eq -- "$p" <<<"$out"; then bad "$name: unexpected /$p/" "$out"; else ok "$name"; fi
+}
+# expect_fail NAME PATTERN CMD...: CMD exits non-zero and says PATTERN on stderr.
+expect_fail() {
+  local name="$1" p="$2" out rc
+  shift 2
+  out="$("$@" 2>&1 >/dev/null)"
+  rc=$?
+  if ((rc == 0)); then bad "$name: exit status 0"; return; fi
+  grep -Eq -e "$p" <<<"$out" || { bad "$name: message lacks /$p/" "$out"; return; }
+  ok "$name"
+}
+
+cd "$WORK" || exit 1
+printf '# two nodes\nnode-a slots=4\n\nnode-b\n' >hosts.txt
+echo '{}' >run.json
+
+# --- static checks ---------------------------------------------------------
+if command -v shellcheck >/dev/null; then
+  for s in "$MPI" "$SSH" "$SLURM"; do
+    if out="$(shellcheck "$s" 2>&1)"; then ok "shellcheck $(basename "$s")"; else bad "shellcheck $(basename "$s")" "$out"; fi
+  done
+else
+  bad "shellcheck not installed (scripts/setup.sh installs it)"
+fi
+for s in "$MPI" "$SSH" "$SLURM"; do
+  if out="$(bash "$s" --help 2>&1)" && grep -q Usage <<<"$out"; then
+    ok "--help $(basename "$s")"
+  else
+    bad "--help $(basename "$s")" "$out"
+  fi
+done
+
+# --- launch-mpirun.sh --------------------------------------------------------
+expect_fail "mpirun: missing --hostfile" '--hostfile' bash "$MPI" --ranks-per-host 4 --config run.json
+expect_fail "mpirun: missing --ranks-per-host" '--ranks-per-host' bash "$MPI" --hostfile hosts.txt --config run.json
+expect_fail "mpirun: missing --config" '--config' bash "$MPI" --hostfile hosts.txt --ranks-per-host 4
+expect_fail "mpirun: value missing" '--config needs a value' bash "$MPI" --hostfile hosts.txt --config
+expect_fail "mpirun: unknown argument" "unknown argument '--bogus'" bash "$MPI" --bogus
+expect_fail "mpirun: bad rank count" 'positive integer' bash "$MPI" --hostfile hosts.txt --ranks-per-host x --config run.json
+
+out="$(env -u NCCL_SOCKET_IFNAME bash "$MPI" --hostfile hosts.txt --ranks-per-host 4 --config run.json \
+  --binary "$BINARY" --log-dir "$WORK/logs" --dry-run -- --n_device_axis 2 2 2 --name two 2>&1)"
+expect_has "mpirun: dry run command" "$out" \
+  '^mpirun -np 8 ' '--hostfile hosts.txt' '--map-by ppr:4:node' '-x NCCL_DEBUG=WARN' '-x OMP_NUM_THREADS=1' \
+  "--output-filename $WORK/logs" "$BINARY train --config run.json --n_device_axis 2 2 2 --name two"
+expect_lacks "mpirun: no NCCL_SOCKET_IFNAME unless set" "$out" 'NCCL_SOCKET_IFNAME'
+if [ "$(id -u)" -eq 0 ]; then
+  expect_has "mpirun: root gets --allow-run-as-root" "$out" '--allow-run-as-root'
+fi
+expect_lacks "mpirun: dry run creates no log dir" "$(ls)" '^logs$'
+out="$(NCCL_SOCKET_IFNAME=eth0 bash "$MPI" --hostfile hosts.txt --ranks-per-host 1 --config run.json --dry-run 2>&1)"
+expect_has "mpirun: NCCL_SOCKET_IFNAME forwarded" "$out" '^mpirun -np 2 ' '-x NCCL_SOCKET_IFNAME=eth0'
+
+# --- launch-ssh-tmux.sh --------------------------------------------------------
+expect_fail "ssh-tmux: missing hosts" '--hosts' bash "$SSH" --repo r --config run.json
+expect_fail "ssh-tmux: missing --repo" '--repo' bash "$SSH" --hosts a,b --config run.json
+expect_fail "ssh-tmux: missing --config" '--config' bash "$SSH" --hosts a,b --repo r
+expect_fail "ssh-tmux: unknown argument" "unknown argument '--nope'" bash "$SSH" --nope
+expect_fail "ssh-tmux: missing hostfile" 'does not exist' bash "$SSH" --hostfile nowhere.txt --repo r --config run.json
+
+ssh_args=(--repo https://example.org/meshtrain.git --ref v1.2 --workdir /opt/mt --session mtrun
+  --config configs/tiny.json --ranks-per-host 4)
+out="$(bash "$SSH" --hostfile hosts.txt "${ssh_args[@]}" --dry-run -- --n_device_axis 2 2 2 2>&1)"
+for h in node-a node-b; do
+  expect_has "ssh-tmux: $h prepares" "$out" \
+    "^$h: tmux kill-session -t mtrun" "^$h: tmux new-session -d -s mtrun" \
+    "^$h: tmux send-keys -t mtrun:0 .*git clone https://example.org/meshtrain.git /opt/mt" \
+    "^$h: .*git fetch .*git reset --hard v1.2" "^$h: .*scripts/setup.sh && scripts/build.sh meshtrain"
+done
+n_mpirun="$(grep -c 'mpirun ' <<<"$out")"
+if [ "$n_mpirun" = 1 ]; then ok "ssh-tmux: exactly one mpirun"; else bad "ssh-tmux: $n_mpirun mpirun lines" "$out"; fi
+# shellcheck disable=SC2016  # $h is literal text in the typed command
+expect_has "ssh-tmux: first host runs mpirun over both" "$out" \
+  '^node-a: .*mpirun --host node-a:4,node-b:4 -np 8 ' \
+  '^node-a: .*build/meshtrain train --config configs/tiny.json --n_device_axis 2 2 2' \
+  '^node-a: .*ssh -o BatchMode=yes \$h test -e /tmp/meshtrain-ready-mtrun'
+out2="$(bash "$SSH" --hosts node-a,node-b "${ssh_args[@]}" --dry-run -- --n_device_axis 2 2 2 2>&1)"
+if [ "$out" = "$out2" ]; then ok "ssh-tmux: --hosts equals --hostfile"; else bad "ssh-tmux: --hosts differs from --hostfile" "$out2"; fi
+out="$(bash "$SSH" --hosts node-a,node-b --session mtrun --kill --dry-run 2>&1)"
+expect_has "ssh-tmux: --kill" "$out" '^node-a: tmux kill-session -t mtrun' '^node-b: tmux kill-session -t mtrun'
+expect_lacks "ssh-tmux: --kill starts nothing" "$out" 'new-session|mpirun'
+out="$(bash "$SSH" --attach node-b --session mtrun --user alice --dry-run 2>&1)"
+expect_has "ssh-tmux: --attach" "$out" '^node-b: ssh -t alice@node-b tmux attach -t mtrun$'
+
+# The real path, with stand-ins: ssh runs the script locally, tmux records the
+# keys it would type, and the typed lines must be valid shell.
+cat >"$WORK/bin/ssh" <<'STUB'
+#!/usr/bin/env bash
+while [ "${1:-}" = -o ]; do shift 2; done
+host="$1"; shift
+[ "$host" = broken ] && { echo "ssh: connect to host broken: refused" >&2; exit 255; }
+HOST="$host" "$@"
+STUB
+cat >"$WORK/bin/tmux" <<'STUB'
+#!/usr/bin/env bash
+echo "$HOST tmux $*" >>"$STUB_LOG"
+[ "$1" = send-keys ] && printf '%s\n' "$4" >>"$STUB_LOG.$HOST.typed"
+exit 0
+STUB
+chmod +x "$WORK/bin/ssh" "$WORK/bin/tmux"
+export STUB_LOG="$WORK/tmux.log"
+out="$(PATH="$WORK/bin:$PATH" bash "$SSH" --hosts node-a,node-b "${ssh_args[@]}" -- --name "it's" 2>&1)"
+rc=$?
+log="$(cat "$STUB_LOG" 2>/dev/null)"
+if ((rc == 0)); then ok "ssh-tmux: launch exits 0"; else bad "ssh-tmux: launch exit $rc" "$out"; fi
+expect_has "ssh-tmux: both sessions created" "$log" '^node-a tmux new-session -d -s mtrun' '^node-b tmux new-session -d -s mtrun'
+for h in node-a node-b; do
+  if out="$(bash -n "$STUB_LOG.$h.typed" 2>&1)"; then ok "ssh-tmux: typed lines on $h parse"; else bad "ssh-tmux: typed lines on $h" "$out"; fi
+done
+expect_has "ssh-tmux: argument quoting survives" "$(cat "$STUB_LOG.node-a.typed")" "--name 'it'\\\\''s'"
+out="$(PATH="$WORK/bin:$PATH" bash "$SSH" --hosts node-a,broken "${ssh_args[@]}" 2>&1)"
+rc=$?
+if ((rc != 0)) && grep -q 'ssh to broken failed' <<<"$out"; then
+  ok "ssh-tmux: unreachable host fails the launch"
+else
+  bad "ssh-tmux: unreachable host (exit $rc)" "$out"
+fi
+
+# --- launch-slurm.sbatch -----------------------------------------------------
+sb="$(cat "$SLURM")"
+expect_has "slurm: #SBATCH lines and auto-resume usage" "$sb" '^#SBATCH --nodes=' '^#SBATCH --ntasks-per-node=' \
+  '^#SBATCH --gpus-per-node=' '^#SBATCH --time=' '^#SBATCH --signal=B:TERM@120' 'sbatch --array=1-N%1 scripts/launch-slurm.sbatch CONFIG'
+expect_fail "slurm: missing CONFIG" 'CONFIG' env MESHTRAIN_DRY_RUN=1 bash "$SLURM"
+expect_fail "slurm: missing config file" 'does not exist' env MESHTRAIN_DRY_RUN=1 bash "$SLURM" nowhere.json
+expect_fail "slurm: unknown option" "unknown argument '--x'" env MESHTRAIN_DRY_RUN=1 bash "$SLURM" --x
+out="$(MESHTRAIN_DRY_RUN=1 SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json --seed 3 2>&1)"
+expect_has "slurm: dry run prints the launch line" "$out" \
+  '^(srun --mpi=pmix|mpirun -np) .*build/meshtrain train --config run.json --seed 3'
+out="$(MESHTRAIN_DRY_RUN=1 MESHTRAIN_LAUNCHER=srun SLURM_JOB_NUM_NODES=2 SLURM_NTASKS_PER_NODE='4(x2)' \
+  SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json 2>&1)"
+expect_has "slurm: srun over the allocation" "$out" \
+  '^srun --mpi=pmix --kill-on-bad-exit=1 --nodes=2 --ntasks=8 --ntasks-per-node=4 build/meshtrain train --config run.json'
+out="$(MESHTRAIN_DRY_RUN=1 MESHTRAIN_LAUNCHER=mpirun SLURM_JOB_NUM_NODES=2 SLURM_NTASKS_PER_NODE=4 \
+  SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json 2>&1)"
+expect_has "slurm: mpirun fallback" "$out" '^mpirun -np 8 --map-by ppr:4:node .*build/meshtrain train --config run.json'
+
+# SIGTERM before the time limit reaches the ranks, and the job waits for them.
+mkdir -p "$WORK/fake"
+cat >"$WORK/fake/mpirun" <<'STUB'
+#!/usr/bin/env bash
+trap 'echo term >"$TERM_SEEN"; sleep 0.3; exit 0' TERM
+echo started >"$TERM_SEEN.started"
+while :; do sleep 0.1; done
+STUB
+chmod +x "$WORK/fake/mpirun"
+export TERM_SEEN="$WORK/term_seen"
+PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" \
+  SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1 &
+job=$!
+for _ in $(seq 50); do [ -e "$TERM_SEEN.started" ] && break; sleep 0.1; done
+kill -TERM "$job"
+wait "$job"
+rc=$?
+if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = term ]; then
+  ok "slurm: SIGTERM forwarded to the ranks"
+else
+  bad "slurm: SIGTERM forwarding (exit $rc)" "$(cat "$WORK/slurm.out")"
+fi
+
+echo "$passed passed, $failed failed"
+((failed == 0))
