@@ -5,6 +5,8 @@
 //   and the top-level keys (output_dir, name, seed, ...).
 // Unknown keys and wrong types are errors naming the full key path; Jaxformer's
 // cloud-only keys are accepted with a warning that names what replaces them.
+// Jaxformer's moe1B file has no attention/ffn keys, so as written it loads as
+// mha/dense (the struct defaults); configs/moe1b.json sets "mla" and "moe".
 #include <string>
 #include <vector>
 
