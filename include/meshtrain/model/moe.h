@@ -17,16 +17,23 @@
 
 namespace meshtrain {
 
-// Routing decision for a set of sequences, exposed for tests.
+// Routing decision for a set of sequences, exposed for tests. Rows are tokens in
+// [B, T] order (row = b * T + t); column j of expert/gate/keep is the token's
+// (j+1)-th choice, best score first.
 struct Routing {
   at::Tensor expert;   // [N, k] int64 chosen experts per token (N = B*T)
   at::Tensor gate;     // [N, k] combine weights (normalised over the k chosen)
-  at::Tensor keep;     // [N, k] bool: assignment within capacity
+  at::Tensor keep;     // [N, k] bool: assignment within capacity (all true in eval)
   at::Tensor probs;    // [N, E] router probabilities (for the aux loss)
   at::Tensor logits;   // [N, E] router logits (for the z-loss)
 };
 
-// Route tokens x [B, T, d] with router logits [B, T, E].
+// Route tokens with router logits [B, T, E]. Scores are computed in fp32.
+// Capacity C = ceil(capacity_factor * T * k / E) per expert and sequence
+// (capacity_factor <= 0: unbounded). Assignments claim capacity in position-major
+// order within a sequence: token 0's 1st, 2nd, .. choice, then token 1's, ...
+// so an expert's overflow drops the latest tokens of the sequence. Nothing is
+// dropped when training is false (eval, generation).
 Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training);
 // Aux loss E * sum_i f_i * P_i per sequence, averaged over the B sequences.
 at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n_experts, int64_t k);
@@ -35,17 +42,28 @@ class MoE : public torch::nn::Module {
  public:
   // prefix: global parameter name prefix, e.g. "layers.3.moe".
   MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
-  // x [B, T, d] (or the sequence shard under sequence parallelism).
+  // x [B, T, d] (or the sequence shard under sequence parallelism). Returns the
+  // FFN output in the layout of x; dropped assignments contribute nothing. With
+  // aux: adds the load-balancing loss, the (unweighted) z-loss when
+  // router_z_loss > 0, expert loads and dropped/assigned counts.
   at::Tensor forward(const at::Tensor& x, ForwardAux* aux);
+
+  const std::shared_ptr<Linear>& router() const { return router_; }
+  const at::Tensor& w_in() const { return w_in_; }
+  const at::Tensor& w_out() const { return w_out_; }
 
  private:
   ModelConfig cfg_;
   LayerFactory* factory_;
   std::shared_ptr<Linear> router_;
   // Routed experts are GELU MLPs like the dense one: w_in [E, h_local, d],
-  // w_out [E, d, h_local] (hidden units split over tp).
+  // w_out [E, d, h_local] (hidden units split over tp), registered on the
+  // child module "experts" so their names mirror the global ones.
+  std::shared_ptr<torch::nn::Module> experts_;
   at::Tensor w_in_, w_out_;
-  // The n_shared experts fused into one MLP of n_shared * hidden units.
+  // The n_shared experts fused into one MLP of n_shared * hidden units (child
+  // module "shared" with "w_in"/"w_out"); null when n_shared == 0.
+  std::shared_ptr<torch::nn::Module> shared_;
   std::shared_ptr<Linear> shared_in_, shared_out_;
 };
 

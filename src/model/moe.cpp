@@ -1,0 +1,162 @@
+// MoE: route -> dispatch -> compute experts -> combine (see moe.h).
+#include "meshtrain/model/moe.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training) {
+  MT_CHECK(router_logits.dim() == 3, "MoE router logits must be [B, T, E], got ", router_logits.sizes());
+  const int64_t B = router_logits.size(0), T = router_logits.size(1), E = router_logits.size(2);
+  const int64_t k = cfg.k;
+  MT_CHECK(E == cfg.n_experts, "MoE router logits have ", E, " experts but model_config.n_experts is ",
+           cfg.n_experts);
+  MT_CHECK(k >= 1 && k <= E, "model_config.k must be in [1, n_experts=", E, "], got ", k);
+  MT_CHECK(cfg.router_score == "softmax" || cfg.router_score == "sigmoid",
+           "model_config.router_score must be softmax or sigmoid, got '", cfg.router_score, "'");
+  const int64_t N = B * T;
+
+  Routing r;
+  // fp32 even under bf16 autocast: top-k on rounded scores flips choices
+  // between otherwise identical runs, and the aux loss needs accurate P.
+  r.logits = router_logits.to(at::kFloat).reshape({N, E});
+  r.probs = cfg.router_score == "softmax" ? at::softmax(r.logits, -1) : at::sigmoid(r.logits);
+  auto [top, idx] = at::topk(r.probs, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true);
+  r.expert = idx;
+  // Sigmoid scores can underflow to 0 for very negative logits; the clamp only
+  // guards that corner (softmax's top-1 is always >= 1/E).
+  r.gate = top / top.sum(-1, /*keepdim=*/true).clamp_min(1e-20);
+
+  if (!training || cfg.capacity_factor <= 0) {
+    r.keep = at::ones({N, k}, idx.options().dtype(at::kBool));
+    return r;
+  }
+  const auto capacity = static_cast<int64_t>(std::ceil(cfg.capacity_factor * static_cast<double>(T * k) /
+                                                       static_cast<double>(E)));
+  // Flattening [T, k] per sequence gives the position-major priority order;
+  // a running count per expert along it is each assignment's 1-based slot.
+  auto onehot = at::one_hot(idx.reshape({B, T * k}), E);  // [B, T*k, E]
+  auto slot = (onehot.cumsum(1) * onehot).sum(-1);        // [B, T*k]
+  r.keep = (slot <= capacity).reshape({N, k});
+  return r;
+}
+
+at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n_experts, int64_t k) {
+  MT_CHECK(r.expert.size(0) == B * T && r.expert.size(1) == k, "routing has shape ", r.expert.sizes(),
+           ", expected [", B * T, ", ", k, "]");
+  // f counts assignments before capacity: a saturated expert must still be
+  // pushed away from, not look balanced because its overflow was dropped.
+  auto f = at::one_hot(r.expert.reshape({B, T * k}), n_experts).to(at::kFloat).sum(1) /
+           static_cast<double>(T * k);                                // [B, E], no grad
+  auto P = r.probs.reshape({B, T, n_experts}).mean(1);                // [B, E]
+  return (static_cast<double>(n_experts) * (f * P).sum(-1)).mean();  // mean over sequences
+}
+
+MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
+    : cfg_(cfg), factory_(&factory) {
+  MT_CHECK(cfg.n_experts >= 1, "ffn=moe needs model_config.n_experts >= 1, got ", cfg.n_experts);
+  MT_CHECK(cfg.k >= 1 && cfg.k <= cfg.n_experts, "model_config.k must be in [1, n_experts=", cfg.n_experts,
+           "], got ", cfg.k);
+  MT_CHECK(cfg.n_shared >= 0, "model_config.n_shared must be >= 0, got ", cfg.n_shared);
+  const int64_t d = cfg.model_dimension, E = cfg.n_experts, h = cfg.hidden_dim();
+  const double std = cfg.init_std;
+  // Out projections scaled by depth (GPT-2) so the residual stream's variance
+  // does not grow with the number of layers.
+  const double std_out = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers()));
+
+  router_ = register_module("router", factory.replicated(prefix + ".router", d, E, std));
+  experts_ = register_module("experts", std::make_shared<torch::nn::Module>());
+  w_in_ = experts_->register_parameter("w_in", factory.param(prefix + ".experts.w_in", {E, h, d}, 1, std));
+  w_out_ = experts_->register_parameter("w_out",
+                                        factory.param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
+  if (cfg.n_shared > 0) {
+    shared_ = register_module("shared", std::make_shared<torch::nn::Module>());
+    shared_in_ = shared_->register_module("w_in", factory.column(prefix + ".shared.w_in", d, cfg.n_shared * h, std));
+    shared_out_ =
+        shared_->register_module("w_out", factory.row(prefix + ".shared.w_out", cfg.n_shared * h, d, std_out));
+  }
+}
+
+at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
+  MT_CHECK(x.dim() == 3 && x.size(2) == cfg_.model_dimension, "MoE input must be [B, T, ",
+           cfg_.model_dimension, "], got ", x.sizes());
+  const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension;
+
+  // Route: the router is replicated and sees whole sequences (gathered under
+  // sequence parallelism), so capacity and the aux loss are per full sequence
+  // and every tp rank makes the same decisions.
+  const at::Tensor xr = factory_->gather_sequence(x);
+  const int64_t B = xr.size(0), T = xr.size(1), N = B * T;
+  const Routing r = route(router_->forward(xr), cfg_, is_training());
+
+  // Expert region, hidden units split over tp. Assumption: enter_tp yields the
+  // same full [B, T, d] tensor as gather_sequence (both all-gather the sequence
+  // along dim 1 in rank order under sequence parallelism; both are x otherwise),
+  // so routing rows index xe's rows directly.
+  const at::Tensor xe = factory_->enter_tp(x);
+  MT_ASSERT(xe.sizes() == xr.sizes(), "enter_tp and gather_sequence disagree on the MoE input layout");
+  const at::Tensor xflat = xe.reshape({N, d});
+  // Each tp rank's expert output is a partial sum over its hidden units, so
+  // d loss / d gate is partial too. Passing the gates through the region entry
+  // sums that gradient over tp (so the replicated router stays in sync); under
+  // sequence parallelism the entry gathers dim 1, hence own chunk first.
+  const at::Tensor gate =
+      factory_->enter_tp(factory_->scatter_sequence(r.gate.reshape({B, T, k}))).reshape({N * k});
+
+  // Dispatch: kept (token, expert) assignments, grouped by expert.
+  const at::Tensor kept = r.keep.reshape({N * k}).nonzero().squeeze(1);  // assignment ids a = token*k + j
+  const at::Tensor kept_expert = r.expert.reshape({N * k}).index_select(0, kept);
+  const at::Tensor order = std::get<1>(kept_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const at::Tensor assignment = kept.index_select(0, order);
+  const at::Tensor token = assignment.div(k, "floor");
+  const at::Tensor counts = at::bincount(kept_expert, {}, E).cpu();  // one host sync per layer
+  const auto* count = counts.data_ptr<int64_t>();
+
+  // Compute: one matmul pair per expert on its contiguous slice.
+  at::Tensor routed;
+  if (assignment.numel() > 0) {
+    const at::Tensor xin = xflat.index_select(0, token);  // [M, d]
+    std::vector<at::Tensor> outs;
+    outs.reserve(static_cast<size_t>(E));
+    int64_t offset = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (count[e] == 0) continue;
+      const at::Tensor hid = at::gelu(xin.narrow(0, offset, count[e]).matmul(w_in_[e].t()), "tanh");
+      outs.push_back(hid.matmul(w_out_[e].t()));
+      offset += count[e];
+    }
+    at::Tensor out = at::cat(outs, 0);
+    // Combine: gates scale each tp rank's partial output before exit_tp sums
+    // them, which is exact because the combine is linear.
+    out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
+    routed = at::zeros({N, d}, out.options()).index_add(0, token, out);
+  } else {
+    routed = at::zeros({N, d}, xe.options());
+  }
+  at::Tensor y = factory_->exit_tp(routed.reshape({B, T, d}));
+
+  // Shared experts go through the factory's own column/row layers, which
+  // carry their tp collectives like the dense MLP's do, so they are added
+  // outside the hand-written region.
+  if (shared_in_) y = y + shared_out_->forward(at::gelu(shared_in_->forward(x), "tanh"));
+
+  if (aux != nullptr) {
+    aux->add_aux(load_balancing_loss(r, B, T, E, k));
+    if (cfg_.router_z_loss > 0) {
+      // Unweighted, like aux_loss: the trainer applies router_z_loss (and alpha).
+      aux->add_z(at::logsumexp(r.logits, -1).pow(2).mean());
+    }
+    aux->expert_tokens.push_back(at::bincount(r.expert.reshape({N * k}), {}, E).to(at::kFloat).detach());
+    const at::Tensor dropped = (~r.keep).sum().to(at::kFloat).detach();
+    const at::Tensor assigned = at::full({}, static_cast<double>(N * k), dropped.options());
+    aux->dropped = aux->dropped.defined() ? aux->dropped + dropped : dropped;
+    aux->assigned = aux->assigned.defined() ? aux->assigned + assigned : assigned;
+  }
+  return y;
+}
+
+}  // namespace meshtrain
