@@ -1,1 +1,173 @@
-int main() { return 0; }
+// meshtrain: the command line, and nothing else. Each subcommand parses its
+// flags, loads and validates the config, then hands over to the library:
+//   train / eval / generate -> train/trainer.h (the loop, evaluation, sampling)
+//   prepare-data            -> data/prepare.h (corpus -> tokenizer + shards)
+//   checkpoint ...          -> ckpt/checkpoint.h (inspect, export)
+// Errors are exceptions; here they become one log line and a non-zero exit,
+// and with several ranks an MPI_Abort so no rank waits forever.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/config/load.h"
+#include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
+#include "meshtrain/data/prepare.h"
+#include "meshtrain/dist/runtime.h"
+#include "meshtrain/train/trainer.h"
+
+namespace {
+
+using namespace meshtrain;
+
+// Flags shared by every subcommand that takes --config (DESIGN.md, "Command line").
+struct ConfigFlags {
+  std::string config;
+  std::vector<std::string> sets;
+  std::vector<int64_t> n_device_axis;
+  std::string name, output_dir;
+  int64_t train_batch_size = -1, checkpoint_steps = -1, eval_steps = -1, training_steps = -1, seed = -1;
+
+  void add_to(CLI::App* app) {
+    app->add_option("--config", config, "JSON config file")->required()->check(CLI::ExistingFile);
+    app->add_option("--set", sets, "override a config key: --set model_config.n_head=4 (repeatable)");
+    app->add_option("--n_device_axis", n_device_axis, "mesh DP PP TP")->expected(3);
+    app->add_option("--name", name, "run name (run dir = output_dir/name)");
+    app->add_option("--output_dir", output_dir, "where runs live");
+    app->add_option("--train_batch_size", train_batch_size, "sequences per accumulation round");
+    app->add_option("--checkpoint_steps", checkpoint_steps, "evaluate + checkpoint every N steps");
+    app->add_option("--eval_steps", eval_steps, "validation batches per evaluation");
+    app->add_option("--training_steps", training_steps, "total optimizer steps");
+    app->add_option("--seed", seed, "random seed");
+  }
+
+  // The Jaxformer flags are --set overrides of the keys they name.
+  LoadedConfig load() const {
+    std::vector<std::string> all = sets;
+    auto num = [&](const char* key, int64_t v) {
+      if (v >= 0) all.push_back(std::string(key) + "=" + std::to_string(v));
+    };
+    if (!n_device_axis.empty())
+      all.push_back("device_config.n_device_axis=[" + std::to_string(n_device_axis[0]) + "," +
+                    std::to_string(n_device_axis[1]) + "," + std::to_string(n_device_axis[2]) + "]");
+    if (!name.empty()) all.push_back("name=\"" + name + "\"");
+    if (!output_dir.empty()) all.push_back("output_dir=\"" + output_dir + "\"");
+    num("data_config.train_batch_size", train_batch_size);
+    num("checkpoint_steps", checkpoint_steps);
+    num("eval_steps", eval_steps);
+    num("training_steps", training_steps);
+    num("seed", seed);
+    LoadedConfig lc = load_config(config, all);
+    for (const auto& w : lc.warnings) spdlog::warn("{}", w);
+    return lc;
+  }
+};
+
+int run(int argc, char** argv, Runtime& runtime) {
+  CLI::App app{"meshtrain: train transformer language models over a dp x pp x tp mesh"};
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+
+  ConfigFlags train_flags, eval_flags, gen_flags;
+  TrainOptions train_opts;
+  auto* train = app.add_subcommand("train", "train (resumes from the newest checkpoint of the run dir)");
+  train_flags.add_to(train);
+  train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
+
+  std::string eval_ckpt, gen_ckpt;
+  auto* eval = app.add_subcommand("eval", "validation loss of a checkpoint");
+  eval_flags.add_to(eval);
+  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (default: newest of the run)");
+
+  std::string prompt;
+  int64_t max_tokens = -1, top_k = -1;
+  double temperature = -1;
+  auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
+  gen_flags.add_to(gen);
+  gen->add_option("--checkpoint", gen_ckpt, "checkpoint dir (default: newest of the run)");
+  gen->add_option("--prompt", prompt, "prompt text");
+  gen->add_option("--max_tokens", max_tokens, "tokens to sample");
+  gen->add_option("--top_k", top_k, "sample among the k most likely (0: all)");
+  gen->add_option("--temperature", temperature, "softmax temperature (0: greedy)");
+
+  PrepareOptions prep;
+  auto* prepare = app.add_subcommand("prepare-data", "text files -> tokenizer + token shards");
+  prepare->add_option("--input", prep.inputs, "text files or folders")->required();
+  prepare->add_option("--output", prep.output_dir, "output data dir")->required();
+  auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size");
+  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file, "tiktoken vocabulary file");
+  vs->excludes(tk);
+  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation");
+  prepare->add_option("--seed", prep.seed, "document shuffle seed");
+
+  auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
+  ckpt->require_subcommand(1);
+  std::string inspect_dir, export_dir, export_out;
+  auto* inspect = ckpt->add_subcommand("inspect", "list tensors, shapes and trainer state");
+  inspect->add_option("dir", inspect_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
+  auto* exp = ckpt->add_subcommand("export", "write one unsharded safetensors file");
+  exp->add_option("dir", export_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
+  exp->add_option("--output", export_out, "output .safetensors file")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors: every rank parses the same argv, so every rank exits alike.
+    return runtime.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+  }
+  setup_logging(runtime.rank(), runtime.size(), verbose);
+
+  if (*train) {
+    Trainer trainer(train_flags.load().config, runtime, train_opts);
+    trainer.train();
+  } else if (*eval) {
+    TrainOptions o;
+    o.checkpoint = eval_ckpt;
+    Trainer trainer(eval_flags.load().config, runtime, o);
+    const double v = trainer.evaluate();
+    spdlog::info("step {}: val_loss {:.4f}", trainer.step(), v);
+    if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
+  } else if (*gen) {
+    LoadedConfig lc = gen_flags.load();
+    if (!prompt.empty()) lc.config.inference.prompt = prompt;
+    if (max_tokens >= 0) lc.config.inference.max_tokens = max_tokens;
+    if (top_k >= 0) lc.config.inference.top_k = top_k;
+    if (temperature >= 0) lc.config.inference.temperature = temperature;
+    TrainOptions o;
+    o.checkpoint = gen_ckpt;
+    Trainer trainer(lc.config, runtime, o);
+    const std::string text = trainer.sample();
+    if (runtime.rank() == 0) std::cout << text << std::endl;
+  } else if (*prepare) {
+    if (runtime.rank() == 0) prepare_data(prep);
+  } else if (*inspect) {
+    if (runtime.rank() == 0) std::cout << inspect_checkpoint(inspect_dir);
+  } else if (*exp) {
+    if (runtime.rank() == 0) export_checkpoint(export_dir, export_out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // MPI first: mpirun's ranks must all initialise before anything can fail.
+  std::unique_ptr<meshtrain::Runtime> runtime;
+  try {
+    runtime = std::make_unique<meshtrain::Runtime>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "meshtrain: cannot initialise MPI: " << e.what() << std::endl;
+    return 1;
+  }
+  try {
+    return run(argc, argv, *runtime);
+  } catch (const std::exception& e) {
+    if (spdlog::default_logger()) spdlog::error("{}", e.what());
+    std::cerr.flush();
+    if (runtime->size() > 1) runtime->abort(1);
+    return 1;
+  }
+}

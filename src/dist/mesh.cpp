@@ -53,7 +53,7 @@ Mesh::Mesh(const Runtime& runtime, MeshShape shape, Backend backend) : shape_(sh
   auto tp = mpi_split(*cpu_world_, coord_.pp * shape_.dp + coord_.dp, coord_.tp);
 
   if (backend == Backend::Mpi) {
-    world_ = runtime.world();
+    world_ = mpi_split(parent, 0, rank_);
     dp_ = std::move(dp);
     pp_ = std::move(pp);
     tp_ = std::move(tp);

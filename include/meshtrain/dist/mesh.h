@@ -21,6 +21,10 @@ struct MeshCoord {
   int dp = 0, pp = 0, tp = 0;
 };
 
+// Splits an MPI communicator (MPI_Comm_split): ranks with the same color form
+// one group, ordered by key.
+std::unique_ptr<Communicator> split_communicator(const Communicator& parent, int color, int key);
+
 MeshCoord coord_of(const MeshShape& shape, int rank);
 int rank_of(const MeshShape& shape, const MeshCoord& c);
 
@@ -29,6 +33,9 @@ class Mesh {
   // Checks shape.world() == runtime.size() (error names n_device_axis), then
   // splits the world into per-axis communicators of the given backend.
   Mesh(const Runtime& runtime, MeshShape shape, Backend backend = Backend::Mpi);
+  // The same over a sub-world (an MPI communicator, e.g. from split_communicator):
+  // tests run a 1x1x1 reference inside each rank of a multi-rank job.
+  Mesh(const Communicator& parent, MeshShape shape, Backend backend = Backend::Mpi);
   ~Mesh();
 
   const MeshShape& shape() const { return shape_; }

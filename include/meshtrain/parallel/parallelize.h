@@ -1,0 +1,38 @@
+#pragma once
+// Where the model and the mesh meet: builds this rank's piece of the model
+// (its pipeline stage, with layers sharded over tp through the factory) and
+// lists its parameters with their global layout for the optimizer, gradient
+// synchronisation and checkpoints.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/model/layers.h"
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+struct ParamInfo {
+  std::string path;    // path in model->named_parameters()
+  at::Tensor tensor;   // the parameter (this rank's shard)
+  ParamLayout layout;  // global shape, tp split, saved name
+  bool decay = true;   // weight decay applies (matrices; not norms)
+  bool sequence_parallel_grad = false;  // grad is partial over tp (norms under sequence parallelism)
+};
+
+struct ParallelModel {
+  std::unique_ptr<LayerFactory> factory;
+  std::shared_ptr<Transformer> model;
+  StageRange range;
+  std::vector<ParamInfo> params;
+};
+
+// Contiguous layer ranges per pipeline stage: n_layers split as evenly as
+// possible, earlier stages taking the remainder.
+std::vector<StageRange> partition_stages(int64_t n_layers, int pp);
+
+ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh);
+
+}  // namespace meshtrain

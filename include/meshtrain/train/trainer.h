@@ -1,0 +1,83 @@
+#pragma once
+// The training loop, top to bottom as in llm.c: for each step, grad_step
+// accumulation rounds through the pipeline, gradient sync, clip, NaN policy,
+// update, log; every checkpoint_steps: evaluate, checkpoint, sample.
+#include <memory>
+#include <string>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/parallelize.h"
+#include "meshtrain/parallel/pipeline.h"
+#include "meshtrain/train/metrics.h"
+
+namespace meshtrain {
+
+struct TrainOptions {
+  bool fresh = false;              // ignore existing checkpoints in the run dir
+  std::string checkpoint;          // load this checkpoint dir instead of the newest
+  bool load_data_cursor = true;    // restore the loaders' positions from the checkpoint
+  bool quiet = false;              // no per-step console lines
+};
+
+// Step statistics reduced over the whole mesh (identical on every rank).
+struct StepStats {
+  double loss = 0;       // mean cross-entropy over the step's tokens (+ nothing else)
+  double aux_loss = 0;   // mean per-sequence aux loss (sum over MoE layers)
+  double z_loss = 0;
+  double dropped_fraction = 0;
+  std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global index order), per expert
+  double tokens = 0;
+};
+
+class Trainer {
+ public:
+  // world: the ranks this run spans (default: the whole MPI world); tests pass
+  // a sub-world to run a reference mesh inside a multi-rank job.
+  Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts = {}, const Communicator* world = nullptr);
+  ~Trainer();
+
+  // Trains until cfg.training_steps; returns the last step's mean loss.
+  double train();
+  // Mean validation loss over eval_steps batches (identical on every rank).
+  double evaluate();
+  // Samples inference_config.prompt (rank 0 prints it); returns the text.
+  std::string sample();
+
+  int64_t step() const { return step_; }
+  const Config& config() const { return cfg_; }
+  Mesh& mesh() { return *mesh_; }
+  ParallelModel& model() { return pm_; }
+  AdamW& optimizer() { return *opt_; }
+  // Losses of every step trained by this object, in order (for tests).
+  const std::vector<double>& losses() const { return losses_; }
+
+  // One optimizer step (grad_step rounds); public for tests.
+  StepStats train_step();
+  void save_checkpoint();
+
+ private:
+  void load_checkpoint(const std::string& dir);
+  StepStats reduce_stats(const RoundSums& sums);
+  void log_step(const StepStats& s, double lr, double grad_norm, double seconds);
+
+  Config cfg_;
+  Runtime& runtime_;
+  bool is_rank0_ = true;
+  TrainOptions opts_;
+  std::unique_ptr<Mesh> mesh_;
+  ParallelModel pm_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  at::Device device_;
+  int64_t step_ = 0;
+  std::vector<double> losses_;
+  std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every test: set-up, build, then ctest (unit, dist under mpirun, e2e).
+# Idempotent; CI runs this through .ci/run.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${BUILD_DIR:-$ROOT/build}"
+"$ROOT/scripts/build.sh"
+export OMP_NUM_THREADS=1
+# Root in containers: mpirun needs these to run as root.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir "$BUILD" --output-on-failure -j "${TEST_JOBS:-2}" "$@"

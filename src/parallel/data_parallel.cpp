@@ -1,0 +1,87 @@
+#include "meshtrain/parallel/data_parallel.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace meshtrain {
+
+void all_reduce_flat(std::vector<at::Tensor>& tensors, Communicator& comm, int64_t bucket_bytes) {
+  if (comm.size() == 1 || tensors.empty()) return;
+  // Group same-dtype tensors into flat buckets: one collective per bucket
+  // instead of one per parameter (latency dominates small tensors).
+  size_t i = 0;
+  while (i < tensors.size()) {
+    std::vector<at::Tensor> bucket;
+    int64_t bytes = 0;
+    const auto dtype = tensors[i].scalar_type();
+    while (i < tensors.size() && tensors[i].scalar_type() == dtype &&
+           (bucket.empty() || bytes + static_cast<int64_t>(tensors[i].nbytes()) <= bucket_bytes)) {
+      bytes += static_cast<int64_t>(tensors[i].nbytes());
+      bucket.push_back(tensors[i++]);
+    }
+    std::vector<at::Tensor> flat_parts;
+    for (auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    comm.all_reduce(flat);
+    int64_t offset = 0;
+    for (auto& t : bucket) {
+      const int64_t n = t.numel();
+      t.copy_(flat.narrow(0, offset, n).view_as(t));
+      offset += n;
+    }
+  }
+}
+
+void synchronize_gradients(ParallelModel& pm, Mesh& mesh) {
+  at::NoGradGuard no_grad;
+  // Parameters whose gradient never materialised (e.g. an expert that got no
+  // token) still take part, so every rank reaches the same collectives.
+  for (auto& p : pm.params)
+    if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+
+  if (mesh.shape().tp > 1) {
+    std::vector<at::Tensor> sp;
+    for (auto& p : pm.params)
+      if (p.sequence_parallel_grad) sp.push_back(p.tensor.grad());
+    all_reduce_flat(sp, mesh.tp());
+  }
+  if (mesh.shape().pp > 1 && pm.model->config().tie_embeddings) {
+    // The embedding (first stage) and the head copy (last stage) are one
+    // parameter: both take the sum of the two gradients. Stages in between
+    // contribute zeros so the collective is uniform over the pp group.
+    at::Tensor g;
+    for (auto& p : pm.params)
+      if (p.layout.global_name == "embed.weight") g = p.tensor.grad();
+    at::Tensor buf = g.defined() ? g.clone() : at::Tensor();
+    int64_t n = buf.defined() ? buf.numel() : 0;
+    at::Tensor count = at::full({1}, n, at::kLong);
+    mesh.pp().all_reduce(count, ReduceOp::Max);
+    if (!buf.defined()) buf = at::zeros({count.item<int64_t>()}, at::kFloat);
+    at::Tensor flat = buf.reshape({-1}).contiguous();
+    mesh.pp().all_reduce(flat);
+    if (g.defined()) g.copy_(flat.view_as(g));
+  }
+  if (mesh.shape().dp > 1) {
+    std::vector<at::Tensor> grads;
+    for (auto& p : pm.params) grads.push_back(p.tensor.grad());
+    all_reduce_flat(grads, mesh.dp());
+  }
+}
+
+double global_grad_norm(ParallelModel& pm, Mesh& mesh) {
+  at::NoGradGuard no_grad;
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  for (auto& p : pm.params) {
+    if (!p.tensor.grad().defined()) continue;
+    // Each parameter once: tp replicas only from tp rank 0, tied copies never.
+    if (p.layout.tied_copy) continue;
+    if (p.layout.split_dim < 0 && mesh.coord().tp != 0) continue;
+    sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+  }
+  if (mesh.shape().tp > 1) mesh.tp().all_reduce(sq);
+  if (mesh.shape().pp > 1) mesh.pp().all_reduce(sq);
+  return std::sqrt(sq.item<double>());
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,55 @@
+#include "meshtrain/parallel/parallelize.h"
+
+#include <torch/torch.h>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/parallel/tensor_parallel.h"
+
+namespace meshtrain {
+
+std::vector<StageRange> partition_stages(int64_t n_layers, int pp) {
+  MT_CHECK(pp >= 1 && pp <= n_layers, "n_device_axis: pp=", pp, " needs at least one layer per stage but the model has ",
+           n_layers, " layers (model_config.blocks * layers_per_block)");
+  std::vector<StageRange> out;
+  int64_t first = 0;
+  for (int s = 0; s < pp; ++s) {
+    const int64_t n = n_layers / pp + (s < n_layers % pp ? 1 : 0);
+    StageRange r;
+    r.first_layer = first;
+    r.end_layer = first + n;
+    r.has_embedding = s == 0;
+    r.has_head = s == pp - 1;
+    out.push_back(r);
+    first += n;
+  }
+  return out;
+}
+
+ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
+  ParallelModel pm;
+  pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp)[mesh.coord().pp];
+  pm.factory = make_layer_factory(cfg, mesh);
+  pm.factory->set_seed(cfg.seed);
+  pm.model = std::make_shared<Transformer>(cfg.model, *pm.factory, pm.range);
+  const auto& layouts = pm.factory->layouts();
+  for (const auto& item : pm.model->named_parameters()) {
+    ParamInfo p;
+    p.path = item.key();
+    p.tensor = item.value();
+    auto it = layouts.find(p.path);
+    if (it != layouts.end()) {
+      p.layout = it->second;
+    } else {
+      p.layout.global_shape = p.tensor.sizes().vec();
+    }
+    if (p.layout.global_name.empty()) p.layout.global_name = p.path;
+    // Norm weights (1-D) get no weight decay, as in GPT-2/Megatron.
+    p.decay = p.tensor.dim() >= 2;
+    p.sequence_parallel_grad = pm.factory->sequence_parallel() && p.layout.split_dim < 0 &&
+                               p.path.find("norm") != std::string::npos;
+    pm.params.push_back(std::move(p));
+  }
+  return pm;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,278 @@
+#include "meshtrain/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/config/load.h"
+#include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
+#include "meshtrain/optim/schedule.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/train/generate.h"
+
+namespace meshtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+at::Device pick_device(const Config& cfg) {
+  const std::string& d = cfg.device.device;
+  if (d == "cpu") return at::Device(at::kCPU);
+  const bool cuda = torch::cuda::is_available();
+  MT_CHECK(d != "cuda" || cuda, "device_config.device is \"cuda\" but no CUDA device is available to this build");
+  return cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+}
+
+std::string data_folder(const Config& cfg, const std::string& sub) {
+  const fs::path p = fs::path(cfg.data.data_dir) / sub;
+  MT_CHECK(fs::is_directory(p), "data folder '", p.string(), "' does not exist (data_config.data_dir + ",
+           sub == cfg.data.train_folder_name ? "train_folder_name" : "val_folder_name",
+           "); create it with: meshtrain prepare-data --input <text files> --output ", cfg.data.data_dir);
+  return p.string();
+}
+
+// Features whose keys are accepted but not implemented yet: refused, never ignored.
+const std::vector<std::string> kNotYet = {"zero_stage", "activation_checkpointing"};
+
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const Communicator* world)
+    : cfg_(cfg), runtime_(runtime), opts_(std::move(opts)), device_(pick_device(cfg)) {
+  std::unique_ptr<Communicator> own_world;
+  if (!world) {
+    own_world = runtime.world();
+    world = own_world.get();
+  }
+  is_rank0_ = world->rank() == 0;
+  validate(cfg_);
+  validate_world(cfg_, world->size());
+  for (const auto& msg : unsupported_features(cfg_, kNotYet)) MT_FAIL(msg);
+  at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
+
+  MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
+                  static_cast<int>(cfg_.device.tp())};
+  mesh_ = std::make_unique<Mesh>(*world, shape, device_.is_cuda() ? Backend::Nccl : Backend::Mpi);
+
+  // Data first: a missing folder should fail before the model is built.
+  const int dp_rank = mesh_->coord().dp, dp = shape.dp;
+  train_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.train_folder_name), cfg_.data.T,
+                                               cfg_.data.train_batch_size, dp_rank, dp, cfg_.model.vocab_size);
+  val_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.val_folder_name), cfg_.data.T,
+                                             cfg_.data.val_batch_size, dp_rank, dp, cfg_.model.vocab_size);
+  const fs::path tok = fs::path(cfg_.data.data_dir) / "tokenizer.json";
+  if (fs::exists(tok)) {
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok.string()));
+    MT_CHECK(tokenizer_->vocab_size() <= cfg_.model.vocab_size, "model_config.vocab_size=", cfg_.model.vocab_size,
+             " is smaller than the tokenizer's vocabulary (", tokenizer_->vocab_size(), " in ", tok.string(), ")");
+  }
+
+  torch::manual_seed(cfg_.seed);
+  pm_ = build_parallel_model(cfg_, *mesh_);
+  pm_.model->to(device_);
+  for (auto& p : pm_.params) p.tensor = pm_.model->named_parameters()[p.path];
+  std::vector<OptimParam> params;
+  for (auto& p : pm_.params) params.push_back({p.layout.global_name, p.tensor, p.decay, {}, {}});
+  opt_ = std::make_unique<AdamW>(std::move(params), cfg_.lr);
+
+  const ParamCount pc = count_params(cfg_.model);
+  spdlog::info("model: {} layers, d {}, {} heads, {} / {} | parameters: {:.3f}M total, {:.3f}M active per token",
+               cfg_.model.n_layers(), cfg_.model.model_dimension, cfg_.model.n_head, cfg_.model.attention,
+               cfg_.model.ffn, pc.total / 1e6, pc.active / 1e6);
+  spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers [{}, {})", shape.dp, shape.pp, shape.tp,
+               device_.str(), mesh_->world().backend(), pm_.range.first_layer, pm_.range.end_layer);
+
+  if (!opts_.checkpoint.empty()) {
+    load_checkpoint(opts_.checkpoint);
+  } else if (!opts_.fresh) {
+    if (auto latest = find_latest_checkpoint(cfg_.run_dir())) load_checkpoint(*latest);
+  }
+  metrics_ = std::make_unique<MetricsLogger>(cfg_.run_dir(), is_rank0_);
+}
+
+Trainer::~Trainer() = default;
+
+StepStats Trainer::reduce_stats(const RoundSums& sums) {
+  // One world-wide sum: ce lives on the last stage, aux on every stage; only
+  // tp rank 0 contributes so tp replicas are not counted twice.
+  const int64_t n_layers = cfg_.model.n_layers();
+  const int64_t E = cfg_.model.ffn == "moe" ? cfg_.model.n_experts : 0;
+  std::vector<double> v = {sums.ce_sum, sums.tokens, sums.aux_sum, sums.z_sum, sums.dropped, sums.assigned};
+  const size_t base = v.size();
+  v.resize(base + static_cast<size_t>(n_layers * E), 0.0);
+  for (size_t l = 0; l < sums.expert_tokens.size(); ++l)
+    for (size_t e = 0; e < sums.expert_tokens[l].size(); ++e)
+      v[base + static_cast<size_t>((pm_.range.first_layer + static_cast<int64_t>(l)) * E) + e] =
+          sums.expert_tokens[l][e];
+  at::Tensor t = at::tensor(v, at::kDouble);
+  if (mesh_->coord().tp != 0) t.zero_();
+  mesh_->cpu_world().all_reduce(t);
+  auto a = t.accessor<double, 1>();
+  StepStats s;
+  s.tokens = a[1];
+  s.loss = a[1] > 0 ? a[0] / a[1] : 0.0;
+  const double sequences = a[1] / static_cast<double>(cfg_.data.T);
+  s.aux_loss = sequences > 0 ? a[2] / sequences : 0.0;
+  s.z_loss = sequences > 0 ? a[3] / sequences : 0.0;
+  s.dropped_fraction = a[5] > 0 ? a[4] / a[5] : 0.0;
+  for (int64_t l = 0; l < n_layers && E > 0; ++l) {
+    std::vector<double> f(static_cast<size_t>(E));
+    double total = 0;
+    for (int64_t e = 0; e < E; ++e) total += a[static_cast<int64_t>(base) + l * E + e];
+    if (total <= 0) continue;  // a dense layer
+    for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = a[static_cast<int64_t>(base) + l * E + e] / total;
+    s.expert_fraction.push_back(std::move(f));
+  }
+  return s;
+}
+
+StepStats Trainer::train_step() {
+  pm_.model->train();
+  for (auto& p : pm_.params) p.tensor.mutable_grad() = at::Tensor();
+  const double global_tokens =
+      static_cast<double>(cfg_.data.train_batch_size * cfg_.grad_step * cfg_.data.T);
+  const double global_seqs = static_cast<double>(cfg_.data.train_batch_size * cfg_.grad_step);
+  RoundSpec spec;
+  spec.ce_scale = 1.0 / global_tokens;
+  spec.aux_scale = cfg_.alpha / global_seqs;
+  spec.z_scale = cfg_.model.router_z_loss / global_seqs;
+  RoundSums total;
+  for (int64_t r = 0; r < cfg_.grad_step; ++r) {
+    Batch b = train_loader_->next();
+    RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
+    total.ce_sum += s.ce_sum;
+    total.tokens += s.tokens;
+    total.aux_sum += s.aux_sum;
+    total.z_sum += s.z_sum;
+    total.dropped += s.dropped;
+    total.assigned += s.assigned;
+    if (total.expert_tokens.size() < s.expert_tokens.size()) total.expert_tokens.resize(s.expert_tokens.size());
+    for (size_t l = 0; l < s.expert_tokens.size(); ++l) {
+      auto& d = total.expert_tokens[l];
+      if (d.empty()) d.assign(s.expert_tokens[l].size(), 0.0);
+      for (size_t e = 0; e < d.size(); ++e) d[e] += s.expert_tokens[l][e];
+    }
+  }
+  synchronize_gradients(pm_, *mesh_);
+  return reduce_stats(total);
+}
+
+double Trainer::evaluate() {
+  if (cfg_.eval_steps == 0) return std::nan("");
+  pm_.model->eval();
+  RoundSpec spec;
+  spec.backward = false;
+  double ce = 0, tokens = 0;
+  const Cursor saved = val_loader_->cursor();
+  val_loader_->restore(Cursor{});  // every evaluation reads the same batches
+  for (int64_t i = 0; i < cfg_.eval_steps; ++i) {
+    Batch b = val_loader_->next();
+    RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
+    ce += s.ce_sum;
+    tokens += s.tokens;
+  }
+  val_loader_->restore(saved);
+  at::Tensor t = at::tensor({ce, tokens}, at::kDouble);
+  if (mesh_->coord().tp != 0) t.zero_();
+  mesh_->cpu_world().all_reduce(t);
+  pm_.model->train();
+  return t[1].item<double>() > 0 ? t[0].item<double>() / t[1].item<double>() : std::nan("");
+}
+
+std::string Trainer::sample() {
+  if (!tokenizer_) {
+    spdlog::warn("no tokenizer.json in {}: skipping the sample", cfg_.data.data_dir);
+    return {};
+  }
+  if (mesh_->shape().pp > 1) {
+    spdlog::warn("sampling through a pipeline (pp > 1) is not supported yet: skipping the sample");
+    return {};
+  }
+  SampleOptions so;
+  so.max_tokens = cfg_.inference.max_tokens;
+  so.top_k = cfg_.inference.top_k;
+  so.temperature = cfg_.inference.temperature;
+  so.use_cache = cfg_.inference.use_cache;
+  so.seed = cfg_.seed + static_cast<uint64_t>(step_);
+  std::vector<int32_t> prompt = tokenizer_->encode(cfg_.inference.prompt);
+  if (prompt.empty()) prompt.push_back(tokenizer_->eot());
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(cfg_.inference.batch_size), prompt);
+  auto out = generate(*pm_.model, prompts, so);
+  pm_.model->train();
+  std::string text = cfg_.inference.prompt + tokenizer_->decode(out.at(0));
+  spdlog::info("sample: {}", text);
+  return text;
+}
+
+void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double seconds) {
+  nlohmann::json row;
+  row["step"] = step_;
+  row["loss"] = s.loss;
+  row["lr"] = lr;
+  row["grad_norm"] = grad_norm;
+  row["tokens_per_sec"] = seconds > 0 ? s.tokens / seconds : 0.0;
+  if (cfg_.model.ffn == "moe") {
+    row["aux_loss"] = s.aux_loss;
+    row["loss_cross"] = s.loss;
+    row["dropped_fraction"] = s.dropped_fraction;
+    if (cfg_.model.router_z_loss > 0) row["z_loss"] = s.z_loss;
+    row["expert_load"] = s.expert_fraction;
+  }
+  metrics_->log(row);
+  if (!opts_.quiet && (step_ % std::max<int64_t>(1, cfg_.log_every) == 0 || step_ == cfg_.training_steps))
+    spdlog::info("{}", format_step_line(row));
+}
+
+double Trainer::train() {
+  const int64_t total = cfg_.training_steps;
+  if (step_ >= total) {
+    spdlog::info("run {} is already at step {} of {}: nothing to train", cfg_.run_dir(), step_, total);
+    return losses_.empty() ? std::nan("") : losses_.back();
+  }
+  spdlog::info("training {} -> {} steps, {} tokens per step, run dir {}", step_, total,
+               cfg_.data.train_batch_size * cfg_.grad_step * cfg_.data.T, cfg_.run_dir());
+  double last = std::nan("");
+  while (step_ < total) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double lr = learning_rate(cfg_.lr, step_);
+    StepStats s = train_step();
+    const double norm = global_grad_norm(pm_, *mesh_);
+    const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
+    if (!finite) {
+      MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_, " (loss ", s.loss,
+               ", grad norm ", norm, "); nan_policy is \"stop\"");
+      spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip)", step_, s.loss,
+                   norm);
+    } else {
+      if (cfg_.grad_clip_norm > 0 && norm > cfg_.grad_clip_norm) {
+        at::NoGradGuard ng;
+        const double scale = cfg_.grad_clip_norm / (norm + 1e-6);
+        for (auto& p : pm_.params)
+          if (p.tensor.grad().defined()) p.tensor.grad().mul_(scale);
+      }
+      opt_->step(lr);
+    }
+    ++step_;
+    last = s.loss;
+    losses_.push_back(s.loss);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log_step(s, lr, norm, secs);
+    if (step_ % cfg_.checkpoint_steps == 0 || step_ == total) {
+      const double val = evaluate();
+      if (std::isfinite(val)) {
+        nlohmann::json row = {{"step", step_}, {"val_loss", val}};
+        metrics_->log(row);
+        spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step_, s.loss, val);
+      }
+      save_checkpoint();
+      if (cfg_.sample_every == 0 ? step_ == total : step_ % cfg_.sample_every == 0) sample();
+    }
+  }
+  return last;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,102 @@
+#pragma once
+// Parity helpers for the multi-rank tests: tiny synthetic data written by rank
+// 0, a tiny config, and "train N steps on this mesh, return the losses" through
+// the real Trainer (loader, pipeline, gradient sync, AdamW), so every mesh can
+// be compared with one process.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dist_env.h"
+#include "meshtrain/config/config.h"
+#include "meshtrain/data/shards.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain::test {
+
+// Random tokens (fixed seed) in data_dir/train and data_dir/val; rank 0 writes,
+// everyone waits. Same data on every run, so losses are comparable across runs.
+inline std::string synthetic_data(const std::string& data_dir, int64_t vocab, int64_t tokens = 40000) {
+  Runtime& rt = test_runtime();
+  if (rt.rank() == 0 && !std::filesystem::exists(data_dir + "/val")) {
+    std::filesystem::create_directories(data_dir + "/train");
+    std::filesystem::create_directories(data_dir + "/val");
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+    // A learnable stream: token t+1 = (a * token t + noise) mod vocab, so loss falls.
+    std::vector<int32_t> tr(static_cast<size_t>(tokens)), va(static_cast<size_t>(tokens / 4));
+    at::Tensor noise = at::randint(0, 3, {tokens}, gen, at::kLong);
+    int64_t x = 1;
+    for (int64_t i = 0; i < tokens; ++i) {
+      x = (x * 5 + noise[i].item<int64_t>()) % vocab;
+      tr[static_cast<size_t>(i)] = static_cast<int32_t>(x);
+      if (i < tokens / 4) va[static_cast<size_t>(i)] = static_cast<int32_t>((x * 7) % vocab);
+    }
+    write_shard(data_dir + "/train/train_000000.bin", tr);
+    write_shard(data_dir + "/val/val_000000.bin", va);
+  }
+  rt.world()->barrier();
+  return data_dir;
+}
+
+// A tiny dense model; tests switch on what they need with the fields.
+inline Config tiny_config(const std::string& data_dir, const std::string& run_name) {
+  Config c;
+  c.model.model_dimension = 32;
+  c.model.n_head = 4;
+  c.model.blocks = 2;
+  c.model.layers_per_block = 2;
+  c.model.T = 16;
+  c.model.vocab_size = 96;
+  c.model.dropout_rate = 0.0;
+  c.data.T = 16;
+  c.data.data_dir = data_dir;
+  c.data.train_batch_size = 8;
+  c.data.val_batch_size = 8;
+  c.data.micro_batch_size = 0;
+  c.lr.max_lr = 3e-3;
+  c.lr.warmup_steps = 2;
+  c.lr.end_steps = 20;
+  c.training_steps = 5;
+  c.checkpoint_steps = 1000;
+  c.eval_steps = 1;
+  c.output_dir = data_dir + "/runs";
+  c.name = run_name;
+  c.inference.max_tokens = 0;
+  return c;
+}
+
+inline Config with_mesh(Config c, int dp, int pp, int tp) {
+  c.device.n_device_axis = {dp, pp, tp};
+  return c;
+}
+
+// Trains cfg.training_steps steps from scratch; the per-step mean losses, the
+// same on every rank.
+inline std::vector<double> train_losses(const Config& cfg) {
+  TrainOptions o;
+  o.fresh = true;
+  o.quiet = true;
+  Trainer t(cfg, test_runtime(), o);
+  t.train();
+  return t.losses();
+}
+
+// The reference: cfg on a 1x1x1 mesh, trained inside every rank on its own
+// (a sub-world of one rank), so a multi-rank test can compare any mesh with it.
+inline std::vector<double> single_process_losses(Config cfg) {
+  cfg.device.n_device_axis = {1, 1, 1};
+  cfg.name += "-ref-rank" + std::to_string(test_runtime().rank());
+  auto world = test_runtime().world();
+  auto self = split_communicator(*world, world->rank(), 0);
+  TrainOptions o;
+  o.fresh = true;
+  o.quiet = true;
+  Trainer t(cfg, test_runtime(), o, self.get());
+  t.train();
+  return t.losses();
+}
+
+}  // namespace meshtrain::test
