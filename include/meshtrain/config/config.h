@@ -54,7 +54,7 @@ struct LrConfig {
   double min_lr = 0.0;        // lr at step 0 (start of warmup)
   double end_lr = 1e-4;       // lr after the cosine decay
   int64_t warmup_steps = 10;
-  int64_t end_steps = 100;    // steps of cosine decay after warmup
+  int64_t end_steps = 100;    // total schedule length, warmup included (optax decay_steps)
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;

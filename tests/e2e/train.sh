@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The binary as a user runs it: prepare data, train the tiny config (loss
+# falls), evaluate, sample, train on 4 MPI ranks, and bad inputs fail clearly.
+source "$(dirname "$0")/common.sh" "$@"
+
+prepare_corpus
+check "prepare-data writes shards and a tokenizer" test -f data/tokenizer.json -a -d data/train -a -d data/val
+write_config tiny.json
+
+out=$("$BIN" train --config tiny.json --training_steps 40 --checkpoint_steps 20 --set lr.warmup_steps=5 \
+      --set lr.end_steps=40 --fresh 2>&1)
+rc=$?
+check "train exits 0" test $rc -eq 0
+[ $rc -eq 0 ] || bad "train output" "$out"
+first=$(metric runs/tiny/metrics.jsonl loss | head -1)
+last=$(metric runs/tiny/metrics.jsonl loss | tail -5 | python3 -c "import sys; v=[float(x) for x in sys.stdin]; print(sum(v)/len(v))")
+check "loss falls ($first -> $last)" python3 -c "import sys; sys.exit(0 if $last < $first - 0.5 else 1)"
+check "eval rows logged" test "$(metric runs/tiny/metrics.jsonl val_loss | wc -l)" -eq 2
+check "console shows Step lines" grep -q "Step 40, Loss:" <<<"$out"
+check "a sample is printed" grep -q "sample:" <<<"$out"
+check "checkpoint written" test -f runs/tiny/checkpoints/latest
+check "TensorBoard events written" compgen -G "runs/tiny/tb/events.out.tfevents.*" >/dev/null
+
+out=$("$BIN" eval --config tiny.json 2>&1)
+check "eval prints val_loss" grep -q "^val_loss " <<<"$out"
+out=$("$BIN" generate --config tiny.json --prompt "The computer" --max_tokens 8 --temperature 0 2>&1)
+check "generate continues the prompt" grep -q "^The computer" <<<"$out"
+
+out=$("${MPIRUN[@]}" -np 4 "$BIN" train --config tiny.json --n_device_axis 4 1 1 --name dp4 \
+      --training_steps 6 --fresh 2>&1)
+check "mpirun -np 4 --n_device_axis 4 1 1 trains" test $? -eq 0
+check "dp4 logged 6 steps" test "$(metric runs/dp4/metrics.jsonl loss | wc -l)" -eq 6
+
+# Bad inputs: non-zero exit and a message naming the culprit.
+expect_error() {  # NAME PATTERN CMD...
+  local name="$1" pat="$2" out rc
+  shift 2
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ] && grep -q -- "$pat" <<<"$out"; then ok "$name"; else bad "$name (rc $rc)" "$out"; fi
+}
+python3 -c "import json; c=json.load(open('tiny.json')); c['model_config']['n_heads']=4; json.dump(c,open('bad.json','w'))"
+expect_error "unknown key named" "model_config.n_heads" "$BIN" train --config bad.json
+expect_error "bad --set value named" "model_config.n_head" "$BIN" train --config tiny.json --set model_config.n_head=x
+expect_error "mesh/world mismatch named" "n_device_axis" "$BIN" train --config tiny.json --n_device_axis 2 1 1
+expect_error "missing data folder named" "nowhere/train" "$BIN" train --config tiny.json --set data_config.data_dir=nowhere
+expect_error "missing config file named" "missing.json" "$BIN" train --config missing.json
+expect_error "multi-rank error aborts every rank" "n_head" "${MPIRUN[@]}" -np 2 "$BIN" train --config tiny.json \
+  --n_device_axis 1 1 2 --set model_config.n_head=3 --set model_config.model_dimension=63
+finish
