@@ -48,8 +48,8 @@ class LMHead : public torch::nn::Module {
 
 // How one parameter is laid out: its global shape, the dim split over tp
 // (-1: replicated), and the name it is saved under (checkpoints, init). The
-// global name differs from the module path only for the tied head copy on the
-// last pipeline stage, which is saved (and initialised) as "embed.weight".
+// tied head copy on the last pipeline stage has path and global name
+// "embed.weight" (Transformer registers it there) and tied_copy set.
 struct ParamLayout {
   std::vector<int64_t> global_shape;
   int64_t split_dim = -1;
@@ -57,6 +57,11 @@ struct ParamLayout {
   bool tied_copy = false;  // a replica of another stage's parameter: never saved twice
 };
 
+// Names: column/row/replicated/embedding/head take the layer's global name
+// ("layers.0.attn.wq", "embed", "head") and draw its weight under
+// name + ".weight", which is also what named_parameters() reports once the
+// model registers the layer under that path. param() takes the full parameter
+// name. Sharded factories draw the same global tensor and slice it.
 class LayerFactory {
  public:
   virtual ~LayerFactory() = default;
@@ -128,7 +133,9 @@ class RMSNorm : public torch::nn::Module {
 };
 
 // Rotary embedding tables for positions [offset, offset + T) of `dim` dims
-// (even), applied to x [B, H, T, dim].
+// (even), applied to x [B, H, T, dim] (any leading dims; T is dim -2).
+// Half-split convention (GPT-NeoX / Llama-HF): dim i pairs with dim i + dim/2,
+// rotated by angle pos * theta^(-2i/dim). Computed in fp32, cast back.
 at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta);
 
 }  // namespace meshtrain

@@ -46,6 +46,25 @@ struct KVCache {
 
 class Block;  // one transformer layer (defined in src/model)
 
+// Std of the projections that write into the residual stream (attention wo,
+// MLP w_out): init_std / sqrt(2 * n_layers), as GPT-2.
+double residual_std(const ModelConfig& cfg);
+
+// named_parameters() of a stage (i: global layer index; "4" for layer 4 even
+// on a stage that starts there):
+//   embed.weight                                  [vocab, d]  first stage
+//   layers.i.attn_norm.weight, layers.i.mlp_norm.weight   [d]
+//   layers.i.attn.{wq,wk,wv,wo}.weight            MHA
+//   layers.i.attn.{w_dkv,w_dq,w_uq,w_uk,w_uv,wo}.weight (+ w_qr, w_kr when the
+//                                                 layer's dhR > 0)   MLA
+//   layers.i.mlp.{w_in,w_out}.weight              dense FFN
+//   layers.i.moe.*                                MoE (see moe.h)
+//   final_norm.weight                             last stage
+//   head.weight                                   last stage, untied only
+// Tied embeddings on a last stage without the embedding: its head owns a copy
+// registered as embed.weight (drawn from the same name and seed), so both
+// copies share one name for checkpoints and the pipeline's gradient sync.
+// Every parameter is drawn from init_normal(seed, its name above, global shape).
 class Transformer : public torch::nn::Module {
  public:
   Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRange range = {});
@@ -56,14 +75,17 @@ class Transformer : public torch::nn::Module {
   // tokens [B, T] int64 -> h [B, T, d] (first stage only).
   at::Tensor embed(const at::Tensor& tokens);
   // Runs this stage's layers. aux may be nullptr. With `cache`, the input is the
-  // next tokens' hidden states at positions cache->length.. and the cache grows.
+  // next tokens' hidden states at positions cache->length.. and the cache grows:
+  // each layer appends its keys, then forward_layers advances cache->length by
+  // T. Each pipeline stage keeps its own KVCache for its own layers.
   at::Tensor forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr);
   // Final norm + head: per-token losses [B, T] fp32 (last stage only).
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets);
   // Final norm + head: full-vocabulary logits [B, T, vocab_size] (last stage only).
   at::Tensor logits(const at::Tensor& h);
 
-  // Whole model on one stage: mean loss over all tokens (+ aux in `aux`).
+  // Whole model on one stage: mean loss over all tokens (+ aux in `aux`; the
+  // caller weights and adds the aux losses).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, ForwardAux* aux = nullptr);
 
   // The embedding / head when this stage owns them (nullptr otherwise); the

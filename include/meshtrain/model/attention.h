@@ -1,0 +1,58 @@
+#pragma once
+// Causal self-attention: standard multi-head (MHA) and Multi-head Latent
+// Attention (MLA, DeepSeek-V2 / Jaxformer). Both take x [B, T, d] at positions
+// offset..offset+T and, with a LayerCache, attend to the cached past too and
+// append the new positions to it. Heads per rank are derived from the
+// projection outputs, so the same code runs with tensor-parallel shards.
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/model/layers.h"
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+class Attention : public torch::nn::Module {
+ public:
+  // cache may be nullptr (training); offset is the position of x's first token.
+  virtual at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) = 0;
+};
+
+// Parameters under prefix ("layers.3.attn"): wq, wk, wv (column d -> d), wo (row).
+// Cache: a = k [B, H, t, hd], b = v [B, H, t, hd] (rope already applied to k).
+class MHA : public Attention {
+ public:
+  MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) override;
+
+ private:
+  ModelConfig cfg_;
+  std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
+};
+
+// Parameters under prefix: w_dkv, w_dq (replicated d -> latent), w_uq, w_uk,
+// w_uv (column latent -> n_head*hd), and when dhR > 0: w_qr (column latent ->
+// n_head*dhR), w_kr (replicated d -> dhR: one rope key shared by all heads);
+// wo (row n_head*hd -> d). Scores over hd + dhR dims.
+// Cache: a = latent c [B, t, latent_dim], b = rotated rope key [B, t, dhR]
+// (undefined when dhR = 0); keys and values are re-expanded from c each step.
+class MLA : public Attention {
+ public:
+  MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR);
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) override;
+  int64_t dhR() const { return dhR_; }
+
+ private:
+  ModelConfig cfg_;
+  int64_t dhR_;
+  std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;
+};
+
+// dhR of global layer i: 0 in each block's last layer when
+// cfg.mla_last_layer_no_rope (Jaxformer), cfg.dhR otherwise.
+int64_t mla_layer_dhR(const ModelConfig& cfg, int64_t layer);
+
+}  // namespace meshtrain

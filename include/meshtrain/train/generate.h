@@ -1,0 +1,31 @@
+#pragma once
+// Autoregressive sampling from a single-stage Transformer (no pipeline; tensor
+// parallelism is fine: every tp rank samples the same token from the same seed).
+//
+// Context: at most T tokens are visible. Without the cache each step re-runs
+// the last min(len, T) tokens. With the cache the prompt's last T tokens are
+// prefilled and each new token is decoded on top; when the cache is full it is
+// restarted from the last T/2 tokens (so past T tokens the two paths see
+// different contexts; within T they compute the same logits).
+#include <cstdint>
+#include <vector>
+
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+struct SampleOptions {
+  int64_t max_tokens = 32;   // new tokens per prompt
+  int64_t top_k = 0;         // 0: the full vocabulary
+  double temperature = 1.0;  // 0: greedy (argmax)
+  bool use_cache = true;
+  uint64_t seed = 0;         // sampling generator (CPU), so runs repeat exactly
+};
+
+// Returns, per prompt, only the generated tokens (max_tokens of them). Prompts
+// must be non-empty and may have different lengths. Runs in eval mode under
+// NoGradGuard; the model's training flag is restored afterwards.
+std::vector<std::vector<int32_t>> generate(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+                                           const SampleOptions& options);
+
+}  // namespace meshtrain

@@ -1,0 +1,106 @@
+// MHA and MLA over [B, H, T, dim] heads with at::scaled_dot_product_attention.
+#include <torch/torch.h>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/model/attention.h"
+
+namespace meshtrain {
+
+namespace {
+
+// [B, T, H*dim] -> [B, H, T, dim]
+at::Tensor split_heads(const at::Tensor& x, int64_t dim) {
+  MT_ASSERT(x.size(-1) % dim == 0, "width ", x.size(-1), " not a multiple of head dim ", dim);
+  return x.view({x.size(0), x.size(1), x.size(-1) / dim, dim}).transpose(1, 2);
+}
+
+// [B, H, T, dim] -> [B, T, H*dim]
+at::Tensor merge_heads(const at::Tensor& x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+// Queries q [B, H, Tq, *] are the last Tq of the Tk key positions. Without a
+// past (Tq == Tk) sdpa's is_causal is right; with one it aligns the triangle
+// top-left, which is wrong for Tq > 1, so the mask is spelled out.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  if (Tq == Tk) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
+  if (Tq == 1) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/false);
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const auto qpos = at::arange(Tk - Tq, Tk, opts).unsqueeze(1);
+  const auto kpos = at::arange(0, Tk, opts).unsqueeze(0);
+  return at::scaled_dot_product_attention(q, k, v, kpos <= qpos, dropout, /*is_causal=*/false);
+}
+
+at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
+  return past.defined() ? at::cat({past, now}, dim) : now;
+}
+
+}  // namespace
+
+MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) : cfg_(cfg) {
+  const int64_t d = cfg.model_dimension;
+  wq_ = register_module("wq", factory.column(prefix + ".wq", d, d, cfg.init_std));
+  wk_ = register_module("wk", factory.column(prefix + ".wk", d, d, cfg.init_std));
+  wv_ = register_module("wv", factory.column(prefix + ".wv", d, d, cfg.init_std));
+  wo_ = register_module("wo", factory.row(prefix + ".wo", d, d, residual_std(cfg)));
+}
+
+at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
+  const int64_t hd = cfg_.head_dim();
+  const auto q = apply_rope(split_heads(wq_->forward(x), hd), offset, cfg_.rope_theta);
+  auto k = apply_rope(split_heads(wk_->forward(x), hd), offset, cfg_.rope_theta);
+  auto v = split_heads(wv_->forward(x), hd);
+  if (cache) {
+    cache->a = k = append(cache->a, k, 2);
+    cache->b = v = append(cache->b, v, 2);
+  }
+  const double p = is_training() ? cfg_.dropout_rate : 0.0;
+  return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
+}
+
+MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR)
+    : cfg_(cfg), dhR_(dhR) {
+  const int64_t d = cfg.model_dimension, L = cfg.latent_dim, H = cfg.n_head, hd = cfg.head_dim();
+  MT_CHECK(L > 0, "model_config.latent_dim must be > 0 for attention \"mla\"");
+  const double s = cfg.init_std;
+  w_dkv_ = register_module("w_dkv", factory.replicated(prefix + ".w_dkv", d, L, s));
+  w_dq_ = register_module("w_dq", factory.replicated(prefix + ".w_dq", d, L, s));
+  w_uq_ = register_module("w_uq", factory.column(prefix + ".w_uq", L, H * hd, s));
+  w_uk_ = register_module("w_uk", factory.column(prefix + ".w_uk", L, H * hd, s));
+  w_uv_ = register_module("w_uv", factory.column(prefix + ".w_uv", L, H * hd, s));
+  if (dhR_ > 0) {
+    w_qr_ = register_module("w_qr", factory.column(prefix + ".w_qr", L, H * dhR_, s));
+    w_kr_ = register_module("w_kr", factory.replicated(prefix + ".w_kr", d, dhR_, s));
+  }
+  wo_ = register_module("wo", factory.row(prefix + ".wo", H * hd, d, residual_std(cfg)));
+}
+
+at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
+  const int64_t hd = cfg_.head_dim();
+  auto c = w_dkv_->forward(x);  // [B, T, L]
+  const auto cq = w_dq_->forward(x);
+  auto q = split_heads(w_uq_->forward(cq), hd);  // [B, H, T, hd]
+  at::Tensor k_rope;                             // [B, t, dhR], rotated
+  if (dhR_ > 0) {
+    const auto q_rope = apply_rope(split_heads(w_qr_->forward(cq), dhR_), offset, cfg_.rope_theta);
+    q = at::cat({q, q_rope}, -1);
+    k_rope = apply_rope(w_kr_->forward(x), offset, cfg_.rope_theta);
+  }
+  if (cache) {
+    cache->a = c = append(cache->a, c, 1);
+    if (dhR_ > 0) cache->b = k_rope = append(cache->b, k_rope, 1);
+  }
+  auto k = split_heads(w_uk_->forward(c), hd);  // [B, H, t, hd]
+  const auto v = split_heads(w_uv_->forward(c), hd);
+  if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
+  const double p = is_training() ? cfg_.dropout_rate : 0.0;
+  return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
+}
+
+int64_t mla_layer_dhR(const ModelConfig& cfg, int64_t layer) {
+  const bool last_in_block = (layer % cfg.layers_per_block) == cfg.layers_per_block - 1;
+  return cfg.mla_last_layer_no_rope && last_in_block ? 0 : cfg.dhR;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,48 @@
+// The transformer layer: pre-norm attention and feed-forward with residuals.
+#include <torch/torch.h>
+
+#include <string>
+
+#include "block.h"
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) {
+  const int64_t d = cfg.model_dimension, hidden = cfg.hidden_dim();
+  w_in_ = register_module("w_in", factory.column(prefix + ".w_in", d, hidden, cfg.init_std));
+  w_out_ = register_module("w_out", factory.row(prefix + ".w_out", hidden, d, residual_std(cfg)));
+}
+
+at::Tensor DenseMLP::forward(const at::Tensor& x) { return w_out_->forward(at::gelu(w_in_->forward(x), "tanh")); }
+
+Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg_(cfg) {
+  const std::string prefix = "layers." + std::to_string(layer);
+  const int64_t d = cfg.model_dimension;
+  attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d));
+  if (cfg.attention == "mha") {
+    attn_ = register_module("attn", std::make_shared<MHA>(cfg, factory, prefix + ".attn"));
+  } else if (cfg.attention == "mla") {
+    attn_ = register_module("attn", std::make_shared<MLA>(cfg, factory, prefix + ".attn", mla_layer_dhR(cfg, layer)));
+  } else {
+    MT_FAIL("model_config.attention must be \"mha\" or \"mla\", got \"", cfg.attention, "\"");
+  }
+  mlp_norm_ = register_module("mlp_norm", std::make_shared<RMSNorm>(d));
+  if (cfg.ffn == "dense") {
+    mlp_ = register_module("mlp", std::make_shared<DenseMLP>(cfg, factory, prefix + ".mlp"));
+  } else if (cfg.ffn == "moe") {
+    moe_ = register_module("moe", std::make_shared<MoE>(cfg, factory, prefix + ".moe"));
+  } else {
+    MT_FAIL("model_config.ffn must be \"dense\" or \"moe\", got \"", cfg.ffn, "\"");
+  }
+}
+
+at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset) {
+  const double p = is_training() ? cfg_.dropout_rate : 0.0;
+  h = h + at::dropout(attn_->forward(attn_norm_->forward(h), cache, offset), p, is_training());
+  const auto x = mlp_norm_->forward(h);
+  const auto y = moe_ ? moe_->forward(x, aux) : mlp_->forward(x);
+  return h + at::dropout(y, p, is_training());
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,41 @@
+#pragma once
+// One pre-norm transformer layer (private to src/model):
+//   h = h + dropout(attn(attn_norm(h)));  h = h + dropout(ffn(mlp_norm(h)))
+// with ffn the dense GELU MLP ("mlp") or MoE ("moe").
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/model/attention.h"
+#include "meshtrain/model/layers.h"
+#include "meshtrain/model/moe.h"
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+// w_in (column d -> hidden), gelu(tanh), w_out (row hidden -> d).
+class DenseMLP : public torch::nn::Module {
+ public:
+  DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  std::shared_ptr<Linear> w_in_, w_out_;
+};
+
+class Block : public torch::nn::Module {
+ public:
+  // layer: the global layer index, which names the parameters ("layers.<layer>.").
+  Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer);
+  at::Tensor forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset);
+
+ private:
+  ModelConfig cfg_;
+  std::shared_ptr<RMSNorm> attn_norm_, mlp_norm_;
+  std::shared_ptr<Attention> attn_;
+  std::shared_ptr<DenseMLP> mlp_;
+  std::shared_ptr<MoE> moe_;
+};
+
+}  // namespace meshtrain

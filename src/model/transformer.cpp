@@ -1,0 +1,142 @@
+// The decoder-only transformer over a stage's range of layers.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+#include "block.h"
+#include "meshtrain/core/check.h"
+#include "meshtrain/model/attention.h"
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+namespace {
+
+at::Tensor accumulate(const at::Tensor& sum, const at::Tensor& x) { return sum.defined() ? sum + x : x; }
+
+}  // namespace
+
+void ForwardAux::add_aux(const at::Tensor& a) { aux_loss = accumulate(aux_loss, a); }
+void ForwardAux::add_z(const at::Tensor& z) { z_loss = accumulate(z_loss, z); }
+
+int64_t KVCache::bytes() const {
+  int64_t n = 0;
+  for (const auto& l : layers) {
+    if (l.a.defined()) n += static_cast<int64_t>(l.a.nbytes());
+    if (l.b.defined()) n += static_cast<int64_t>(l.b.nbytes());
+  }
+  return n;
+}
+
+double residual_std(const ModelConfig& cfg) {
+  return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers()));
+}
+
+Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRange range)
+    : cfg_(cfg), range_(range) {
+  const int64_t L = cfg.n_layers();
+  if (range_.end_layer < 0) range_.end_layer = L;
+  MT_CHECK(0 <= range_.first_layer && range_.first_layer <= range_.end_layer && range_.end_layer <= L,
+           "stage layer range [", range_.first_layer, ", ", range_.end_layer, ") is outside the model's ", L,
+           " layers");
+  MT_CHECK(cfg.n_head > 0 && cfg.model_dimension % cfg.n_head == 0, "model_config.model_dimension (",
+           cfg.model_dimension, ") must be a multiple of n_head (", cfg.n_head, ")");
+  const int64_t d = cfg.model_dimension, V = cfg.vocab_size;
+
+  if (range_.has_embedding) embedding_ = register_module("embed", factory.embedding("embed", V, d, cfg.init_std));
+
+  // A child "layers" with children "<i>" gives the dotted global names
+  // ("layers.4.attn.wq.weight"); torch forbids dots in one module name.
+  auto layers = register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = range_.first_layer; i < range_.end_layer; ++i) {
+    blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<Block>(cfg, factory, i)));
+  }
+
+  if (range_.has_head) {
+    final_norm_ = register_module("final_norm", std::make_shared<RMSNorm>(d));
+    if (!cfg.tie_embeddings) {
+      head_ = register_module("head", factory.head("head", d, V, cfg.init_std, nullptr));
+    } else if (embedding_) {
+      head_ = register_module("head", factory.head("head", d, V, cfg.init_std, embedding_));
+    } else {
+      // The last stage's copy of the tied weight: same name, same draw as the
+      // first stage's embedding; saved once (from the first stage).
+      head_ = register_module("embed", factory.head("embed", d, V, cfg.init_std, nullptr));
+      const auto it = factory.layouts().find("embed.weight");
+      ParamLayout layout = it != factory.layouts().end() ? it->second : ParamLayout{{V, d}, 0, "embed.weight"};
+      layout.tied_copy = true;
+      factory.record_layout("embed.weight", layout);
+    }
+  }
+}
+
+at::Tensor Transformer::embed(const at::Tensor& tokens) {
+  MT_CHECK(embedding_, "embed() called on a pipeline stage without the embedding (layers ", range_.first_layer,
+           "..", range_.end_layer, ")");
+  MT_CHECK(tokens.dim() == 2, "tokens must be [B, T], got ", tokens.sizes());
+  const double p = is_training() ? cfg_.dropout_rate : 0.0;
+  return at::dropout(embedding_->forward(tokens), p, is_training());
+}
+
+at::Tensor Transformer::forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache) {
+  MT_CHECK(h.dim() == 3, "hidden state must be [B, T, d], got ", h.sizes());
+  const int64_t offset = cache ? cache->length : 0;
+  if (cache) {
+    if (cache->layers.empty()) cache->layers.resize(blocks_.size());
+    MT_CHECK(cache->layers.size() == blocks_.size(), "KV cache has ", cache->layers.size(),
+             " layers but this stage runs ", blocks_.size(), " (hint: one KVCache per stage)");
+    MT_CHECK(offset + h.size(1) <= cfg_.T, "KV cache would hold ", offset + h.size(1),
+             " positions, more than the context length T=", cfg_.T);
+  }
+  for (size_t j = 0; j < blocks_.size(); ++j) {
+    h = blocks_[j]->forward(h, aux, cache ? &cache->layers[j] : nullptr, offset);
+  }
+  if (cache) cache->length += h.size(1);
+  return h;
+}
+
+at::Tensor Transformer::token_losses(const at::Tensor& h, const at::Tensor& targets) {
+  MT_CHECK(head_, "token_losses() called on a pipeline stage without the head");
+  return head_->token_losses(final_norm_->forward(h), targets);
+}
+
+at::Tensor Transformer::logits(const at::Tensor& h) {
+  MT_CHECK(head_, "logits() called on a pipeline stage without the head");
+  return head_->logits(final_norm_->forward(h));
+}
+
+at::Tensor Transformer::loss(const at::Tensor& tokens, const at::Tensor& targets, ForwardAux* aux) {
+  return token_losses(forward_layers(embed(tokens), aux), targets).mean();
+}
+
+ParamCount count_params(const ModelConfig& cfg) {
+  const int64_t d = cfg.model_dimension, V = cfg.vocab_size, H = cfg.n_head, hd = cfg.head_dim();
+  const int64_t hidden = cfg.hidden_dim();
+  ParamCount c;
+  c.embedding = V * d * (cfg.tie_embeddings ? 1 : 2);
+  c.total = c.embedding + d;  // + final norm
+  int64_t inactive = 0;
+  for (int64_t i = 0; i < cfg.n_layers(); ++i) {
+    int64_t layer = 2 * d;  // two norms
+    if (cfg.attention == "mla") {
+      const int64_t Lt = cfg.latent_dim, r = mla_layer_dhR(cfg, i);
+      layer += 2 * d * Lt + 3 * Lt * H * hd + H * hd * d;
+      if (r > 0) layer += Lt * H * r + d * r;
+    } else {
+      layer += 4 * d * d;
+    }
+    if (cfg.ffn == "moe") {
+      const int64_t expert = 2 * d * hidden;
+      layer += d * cfg.n_experts + cfg.n_experts * expert + cfg.n_shared * expert;
+      inactive += (cfg.n_experts - cfg.k) * expert;
+    } else {
+      layer += 2 * d * hidden;
+    }
+    c.total += layer;
+  }
+  c.active = c.total - inactive;
+  return c;
+}
+
+}  // namespace meshtrain
