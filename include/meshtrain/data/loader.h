@@ -1,0 +1,66 @@
+#pragma once
+// Reads the shards of a folder in name order as one token stream. Every step
+// takes the same global batch whatever the mesh: global_batch sequences of T+1
+// tokens starting at the cursor (sequence i = tokens[pos + i*T, pos + (i+1)*T + 1)),
+// and each dp rank keeps its contiguous share, so the data order never depends
+// on dp (DESIGN.md, "equivalence"). The cursor makes the stream resumable.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/data/shards.h"
+
+namespace meshtrain {
+
+struct Batch {
+  at::Tensor inputs;   // int64 [B_local, T], CPU
+  at::Tensor targets;  // inputs shifted by one token
+};
+
+// Where the next batch starts. A batch never spans two shards: when fewer than
+// global_batch*T + 1 tokens are left, the stream moves to the next shard, and
+// after the last one back to the first with epoch + 1.
+struct Cursor {
+  int64_t epoch = 0;
+  int64_t shard = 0;
+  int64_t position = 0;  // token offset in that shard
+  bool operator==(const Cursor& o) const {
+    return epoch == o.epoch && shard == o.shard && position == o.position;
+  }
+};
+void to_json(nlohmann::json& j, const Cursor& c);
+void from_json(const nlohmann::json& j, Cursor& c);
+
+class DataLoader {
+ public:
+  // Every shard must hold at least global_batch*T + 1 tokens (checked here,
+  // from the headers only); token ids must be < vocab_size (checked as read).
+  DataLoader(const std::string& folder, int64_t T, int64_t global_batch, int dp_rank, int dp_size,
+             int64_t vocab_size);
+
+  Batch next();
+  Cursor cursor() const { return cursor_; }
+  void restore(const Cursor& c);
+
+  int64_t num_shards() const { return static_cast<int64_t>(paths_.size()); }
+  int64_t local_batch() const { return global_batch_ / dp_size_; }
+  // Tokens in all shards (one epoch holds slightly fewer: shard tails are skipped).
+  int64_t total_tokens() const;
+
+ private:
+  const ShardReader& shard(int64_t index);
+
+  std::vector<std::string> paths_;
+  std::vector<int64_t> sizes_;  // tokens per shard, from the headers
+  int64_t T_, global_batch_;
+  int dp_rank_, dp_size_;
+  int64_t vocab_size_;
+  Cursor cursor_;
+  std::optional<ShardReader> current_;  // the one open shard
+};
+
+}  // namespace meshtrain

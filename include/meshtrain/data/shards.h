@@ -1,0 +1,47 @@
+#pragma once
+// Token shards in llm.c's format (DESIGN.md, "Files"): a header of 256 int32
+// (magic 20240520, version, token count) then the tokens, uint16 for version 1
+// and uint32 for version 2. 1-D integer .npy arrays are read as well.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int64_t kShardHeaderInts = 256;
+
+// version: 1 (uint16), 2 (uint32), or 0 to pick the smallest that holds every
+// token. Written under a temporary name and renamed, so readers never see a
+// half-written shard.
+void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int version = 0);
+
+// One shard file opened for reading: the header is parsed and checked against
+// the file size on construction; read() fetches any token range, so a big
+// shard never has to sit in memory whole.
+class ShardReader {
+ public:
+  // vocab_size > 0: read() refuses token ids >= vocab_size.
+  explicit ShardReader(std::string path, int64_t vocab_size = 0);
+
+  const std::string& path() const { return path_; }
+  int64_t size() const { return num_tokens_; }
+  std::vector<int32_t> read(int64_t begin, int64_t count) const;
+  std::vector<int32_t> read_all() const { return read(0, num_tokens_); }
+
+ private:
+  std::string path_;
+  int64_t vocab_size_ = 0;
+  int64_t num_tokens_ = 0;
+  int64_t data_offset_ = 0;  // bytes before the first token
+  int item_size_ = 2;        // bytes per token: 2, 4 or 8 (little-endian)
+  bool item_signed_ = false;
+};
+
+std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size = 0);
+
+// The *.bin and *.npy files in folder, sorted by name; a missing folder or one
+// without shards is an error naming it.
+std::vector<std::string> list_shards(const std::string& folder);
+
+}  // namespace meshtrain
