@@ -1,0 +1,104 @@
+#pragma once
+// Sharded checkpoints of named tensors (model and optimizer state), saved by
+// every rank of any mesh and readable on any other mesh.
+//
+// run_dir/checkpoints/
+//   step_00000100/            complete checkpoints only (a save writes
+//     rank_00000.safetensors  step_00000100.tmp-* and renames it when done)
+//     rank_00001.safetensors  the shards each rank wrote, keyed "name@index"
+//     manifest.json           per tensor: global shape, dtype, split, shard -> file/key;
+//                             per file: size and CRC32C
+//     trainer_state.json      step, RNG, data cursor, config: whatever the trainer passes
+//   latest                    "step_00000100", the newest save
+//
+// ckpt/ knows tensors and their shard layout, never model types: the trainer
+// flattens its state into NamedTensors and tells which rank writes each shard.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/dist/comm.h"
+
+namespace meshtrain {
+
+// A tensor that is chunk `shard` of `num_shards` equal chunks along split_dim
+// of a tensor of global_shape; split_dim -1 means the whole tensor (replicated).
+struct ShardSpec {
+  std::vector<int64_t> global_shape;
+  int64_t split_dim = -1;
+  int64_t shard = 0;
+  int64_t num_shards = 1;
+};
+
+// The local shape the spec describes; throws when the split doesn't divide evenly.
+std::vector<int64_t> shard_shape(const ShardSpec& spec, const std::string& name = "tensor");
+
+// write=false: a replica of a shard that another rank writes (the trainer sets
+// write on exactly one owner per shard, e.g. dp rank 0).
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+  ShardSpec spec;
+  bool write = true;
+};
+
+// Collective over `world`; returns on every rank once the checkpoint is
+// complete on disk and `latest` names it. A failure on any rank throws on every
+// rank and leaves the previous checkpoints untouched. Re-saving a step replaces
+// it. Keeps the newest max_to_keep checkpoints (<= 0: keep all).
+void save_checkpoint(const std::string& run_dir, int64_t step, const std::vector<NamedTensor>& local,
+                     const nlohmann::json& trainer_state, Communicator& world, int64_t max_to_keep);
+
+// The newest complete checkpoint whose files all match their sizes and
+// checksums: `latest` first, then the others by descending step. Invalid ones
+// are skipped with a warning. Returns the checkpoint directory.
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
+
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& ckpt_dir);  // parses manifest and headers; no checksums
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  int64_t world_size() const { return world_size_; }
+  const nlohmann::json& trainer_state() const { return trainer_state_; }
+  const nlohmann::json& manifest() const { return manifest_; }
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const;
+  std::vector<int64_t> global_shape(const std::string& name) const;
+  at::ScalarType dtype(const std::string& name) const;
+
+  // The chunk `want` describes, cut from the global tensor whatever mesh saved
+  // it: resharding for free. Reads only the saved shards that overlap the chunk.
+  at::Tensor read(const std::string& name, const ShardSpec& want) const;
+  at::Tensor read(const std::string& name) const;  // the whole tensor
+
+  void verify() const;  // sizes and checksums of every file; throws naming the file
+
+ private:
+  const nlohmann::json& tensor_entry(const std::string& name) const;
+
+  std::string dir_;
+  int64_t step_ = 0;
+  int64_t world_size_ = 0;
+  nlohmann::json manifest_;
+  nlohmann::json trainer_state_;
+  std::map<std::string, SafetensorsFile> files_;
+};
+
+// One unsharded safetensors file with every tensor whose name starts with
+// prefix_filter (all when empty), loadable by Python's safetensors.
+void export_checkpoint(const std::string& ckpt_dir, const std::string& out_file,
+                       const std::string& prefix_filter = "");
+
+// Step, world size, each tensor (global shape, dtype, split) and a summary of
+// the trainer state, for `meshtrain checkpoint inspect`.
+std::string inspect_checkpoint(const std::string& ckpt_dir);
+
+}  // namespace meshtrain
