@@ -13,8 +13,18 @@ find_package(MPI REQUIRED COMPONENTS C)
 # TorchConfig would pull libtorch_cuda and its cuDNN/NCCL/nvshmem wheels, which
 # a CPU build never loads. GPU machines (MESHTRAIN_CUDA=ON) use TorchConfig.
 add_library(mt_torch INTERFACE)
+# libtorch's include folder carries its own fmt (12.x); Debian's spdlog is built
+# against the system fmt (9.x). A folder holding only a link to the system fmt,
+# searched before torch's, makes <spdlog/spdlog.h> and <torch/torch.h> coexist.
+find_path(MT_FMT_INCLUDE fmt/core.h PATHS /usr/include NO_DEFAULT_PATH)
+set(MT_SYSTEM_FMT_DIR ${CMAKE_BINARY_DIR}/system-fmt)
+if(MT_FMT_INCLUDE)
+  file(MAKE_DIRECTORY ${MT_SYSTEM_FMT_DIR})
+  file(CREATE_LINK ${MT_FMT_INCLUDE}/fmt ${MT_SYSTEM_FMT_DIR}/fmt SYMBOLIC)
+endif()
 if(MESHTRAIN_CUDA)
   find_package(Torch REQUIRED)
+  target_include_directories(mt_torch BEFORE SYSTEM INTERFACE ${MT_SYSTEM_FMT_DIR})
   target_link_libraries(mt_torch INTERFACE ${TORCH_LIBRARIES})
   target_compile_definitions(mt_torch INTERFACE MESHTRAIN_CUDA=1)
 else()
@@ -23,7 +33,7 @@ else()
   find_library(MT_TORCH_CPU torch_cpu PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
   find_library(MT_C10 c10 PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
   target_include_directories(mt_torch SYSTEM INTERFACE
-    ${MT_TORCH_ROOT}/include ${MT_TORCH_ROOT}/include/torch/csrc/api/include)
+    ${MT_SYSTEM_FMT_DIR} ${MT_TORCH_ROOT}/include ${MT_TORCH_ROOT}/include/torch/csrc/api/include)
   target_link_libraries(mt_torch INTERFACE ${MT_TORCH_CPU} ${MT_C10})
   target_compile_definitions(mt_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=1)
   # libtorch_cpu needs libcudart/libcupti at load time even on CPU; setup.sh

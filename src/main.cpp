@@ -142,7 +142,7 @@ int run(int argc, char** argv, Runtime& runtime) {
     const std::string text = trainer.sample();
     if (runtime.rank() == 0) std::cout << text << std::endl;
   } else if (*prepare) {
-    if (runtime.rank() == 0) prepare_data(prep);
+    if (runtime.rank() == 0) spdlog::info("{}", to_string(prepare_data(prep)));
   } else if (*inspect) {
     if (runtime.rank() == 0) std::cout << inspect_checkpoint(inspect_dir);
   } else if (*exp) {

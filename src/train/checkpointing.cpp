@@ -25,7 +25,8 @@ ShardSpec spec_of(const ParamLayout& l, const Mesh& mesh) {
 }
 
 nlohmann::json rng_state() {
-  at::Tensor st = at::detail::getDefaultCPUGenerator().get_state();
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor st = gen.get_state();
   std::vector<uint8_t> bytes(st.data_ptr<uint8_t>(), st.data_ptr<uint8_t>() + st.numel());
   return bytes;
 }
@@ -34,7 +35,8 @@ void set_rng_state(const nlohmann::json& j) {
   auto bytes = j.get<std::vector<uint8_t>>();
   at::Tensor st = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   std::memcpy(st.data_ptr<uint8_t>(), bytes.data(), bytes.size());
-  at::detail::getDefaultCPUGenerator().set_state(st);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(st);
 }
 
 }  // namespace
