@@ -38,15 +38,22 @@ int rank_of(const MeshShape& shape, const MeshCoord& c) {
   return (c.pp * shape.dp + c.dp) * shape.tp + c.tp;
 }
 
-Mesh::Mesh(const Runtime& runtime, MeshShape shape, Backend backend) : shape_(shape) {
+std::unique_ptr<Communicator> split_communicator(const Communicator& parent, int color, int key) {
+  return mpi_split(parent, color, key);
+}
+
+Mesh::Mesh(const Runtime& runtime, MeshShape shape, Backend backend)
+    : Mesh(*runtime.world(), shape, backend) {}
+
+Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape_(shape) {
   check_shape(shape_);
-  MT_CHECK(shape_.world() == runtime.size(), describe(shape_), " needs ", shape_.world(),
-           " ranks but the world has ", runtime.size(), " (mpirun -np ", runtime.size(),
+  MT_CHECK(shape_.world() == parent.size(), describe(shape_), " needs ", shape_.world(),
+           " ranks but the world has ", parent.size(), " (mpirun -np ", parent.size(),
            "); set n_device_axis so that dp*pp*tp equals the number of processes");
-  rank_ = runtime.rank();
+  rank_ = parent.rank();
   coord_ = coord_of(shape_, rank_);
 
-  cpu_world_ = runtime.world();
+  cpu_world_ = mpi_split(parent, 0, rank_);
   // Key = the axis coordinate, so rank() within each axis equals the coordinate.
   auto dp = mpi_split(*cpu_world_, coord_.pp * shape_.tp + coord_.tp, coord_.dp);
   auto pp = mpi_split(*cpu_world_, coord_.dp * shape_.tp + coord_.tp, coord_.pp);
