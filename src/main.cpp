@@ -3,6 +3,7 @@
 //   train / eval / generate -> train/trainer.h (the loop, evaluation, sampling)
 //   prepare-data            -> data/prepare.h (corpus -> tokenizer + shards)
 //   checkpoint ...          -> ckpt/checkpoint.h (inspect, export)
+//   plan / bench            -> train/plan.h, train/bench.h (estimates, timed steps)
 // Errors are exceptions; here they become one log line and a non-zero exit,
 // and with several ranks an MPI_Abort so no rank waits forever.
 #include <CLI/CLI.hpp>
@@ -14,8 +15,11 @@
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
+#include "meshtrain/core/stop_signal.h"
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/dist/runtime.h"
+#include "meshtrain/train/bench.h"
+#include "meshtrain/train/plan.h"
 #include "meshtrain/train/trainer.h"
 
 namespace {
@@ -103,6 +107,24 @@ int run(int argc, char** argv, Runtime& runtime) {
   prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation");
   prepare->add_option("--seed", prep.seed, "document shuffle seed");
 
+  ConfigFlags plan_flags, bench_flags;
+  double device_gib = 0;
+  bool plan_json = false;
+  std::string plan_dev;
+  auto* plan = app.add_subcommand("plan", "parameters (total/active), memory per rank, FLOPs per token");
+  plan_flags.add_to(plan);
+  plan->add_option("--device-memory-gb", device_gib, "device memory in GiB: say whether the run fits");
+  plan->add_option("--device", plan_dev, "plan for cpu or cuda (default: the config's device, auto: this machine)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  plan->add_flag("--json", plan_json, "print one JSON object instead of the report");
+
+  BenchOptions bench_opts;
+  auto* bench = app.add_subcommand("bench", "time training steps: tokens/s, MFU, peak memory");
+  bench_flags.add_to(bench);
+  bench->add_option("--steps", bench_opts.steps, "timed steps");
+  bench->add_option("--warmup", bench_opts.warmup, "untimed warm-up steps");
+  bench->add_option("--peak-tflops", bench_opts.peak_tflops, "device peak TFLOP/s for MFU (default: known GPUs)");
+
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);
   std::string inspect_dir, export_dir, export_out;
@@ -119,6 +141,7 @@ int run(int argc, char** argv, Runtime& runtime) {
     return runtime.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
   }
   setup_logging(runtime.rank(), runtime.size(), verbose);
+  install_stop_signal_handlers();
 
   if (*train) {
     Trainer trainer(train_flags.load().config, runtime, train_opts);
@@ -143,6 +166,13 @@ int run(int argc, char** argv, Runtime& runtime) {
     if (runtime.rank() == 0) std::cout << text << std::endl;
   } else if (*prepare) {
     if (runtime.rank() == 0) spdlog::info("{}", to_string(prepare_data(prep)));
+  } else if (*plan) {
+    const Config cfg = plan_flags.load().config;
+    const std::string report = plan_report(cfg, plan_device(cfg, plan_dev), device_gib, plan_json);
+    if (runtime.rank() == 0) std::cout << report << std::endl;
+  } else if (*bench) {
+    const BenchResult r = run_bench(bench_flags.load().config, runtime, bench_opts);
+    if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
   } else if (*inspect) {
     if (runtime.rank() == 0) std::cout << inspect_checkpoint(inspect_dir);
   } else if (*exp) {

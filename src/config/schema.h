@@ -8,8 +8,8 @@
 namespace meshtrain::schema {
 
 inline constexpr const char* kTop = "";  // section of the top-level keys
-inline constexpr std::array<const char*, 5> kSections{"model_config", "data_config", "lr",
-                                                      "device_config", "inference_config"};
+inline constexpr std::array<const char*, 6> kSections{"model_config", "data_config", "lr",
+                                                      "device_config", "inference_config", "seq_len_warmup"};
 
 // Calls v(section, key, member) for every key; C is Config or const Config.
 template <class C, class V>
@@ -71,6 +71,11 @@ void visit_fields(C& c, V&& v) {
   v("inference_config", "use_cache", i.use_cache);
   v("inference_config", "n_devices", i.n_devices);
 
+  auto& w = c.seq_len_warmup;
+  v("seq_len_warmup", "min_difficulty", w.min_difficulty);
+  v("seq_len_warmup", "difficulty_step", w.difficulty_step);
+  v("seq_len_warmup", "total_curriculum_step", w.total_curriculum_step);
+
   v(kTop, "output_dir", c.output_dir);
   v(kTop, "name", c.name);
   v(kTop, "training_steps", c.training_steps);
@@ -83,12 +88,14 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "pipeline_schedule", c.pipeline_schedule);
   v(kTop, "sequence_parallel", c.sequence_parallel);
   v(kTop, "zero_stage", c.zero_stage);
+  v(kTop, "rampup_batch_size", c.rampup_batch_size);
   v(kTop, "activation_checkpointing", c.activation_checkpointing);
   v(kTop, "max_to_keep", c.max_to_keep);
   v(kTop, "nan_policy", c.nan_policy);
   v(kTop, "log_every", c.log_every);
   v(kTop, "sample_every", c.sample_every);
   v(kTop, "torch_threads", c.torch_threads);
+  v(kTop, "watchdog_seconds", c.watchdog_seconds);
 }
 
 // Jaxformer keys that only make sense on its cloud setup: accepted and ignored

@@ -1,5 +1,6 @@
 // Static checks that run before any work: a bad value or an impossible mesh
 // fails here with the key's name instead of deep inside a collective.
+#include <algorithm>
 #include <initializer_list>
 
 #include "meshtrain/config/load.h"
@@ -92,6 +93,38 @@ void validate_lr(const LrConfig& l) {
   non_negative(l.weight_decay, "lr.weight_decay");
 }
 
+// Batch-size rampup and sequence-length warmup (optim/rampup.h): every batch
+// size the rampup visits must split over dp and into microbatches, and every
+// length the warmup visits over tp under sequence parallelism.
+void validate_warmups(const Config& c) {
+  const auto& r = c.rampup_batch_size;
+  const int64_t full = c.data.train_batch_size;
+  if (!r.empty()) {
+    MT_CHECK(r.size() == 3, "rampup_batch_size must be [start, increment, samples] or [], got ", r.size(),
+             " values");
+    MT_CHECK(r[0] >= 1 && r[1] >= 1 && r[2] >= 0, "rampup_batch_size [start, increment, samples] needs start >= 1, "
+             "increment >= 1, samples >= 0, got [", r[0], ", ", r[1], ", ", r[2], "]");
+    MT_CHECK(r[0] <= full && (full - r[0]) % r[1] == 0, "rampup_batch_size: data_config.train_batch_size (", full,
+             ") minus start (", r[0], ") must be a non-negative multiple of increment (", r[1], ")");
+    const int64_t dp = c.device.dp();
+    const int64_t unit = dp * std::max<int64_t>(1, c.data.micro_batch_size);
+    MT_CHECK(r[0] % unit == 0 && r[1] % unit == 0, "rampup_batch_size: start (", r[0], ") and increment (", r[1],
+             ") must be multiples of dp * data_config.micro_batch_size = ", unit,
+             " so that every batch size of the rampup splits evenly");
+  }
+  const auto& w = c.seq_len_warmup;
+  at_least(w.total_curriculum_step, 0, "seq_len_warmup.total_curriculum_step");
+  if (w.total_curriculum_step == 0) return;
+  MT_CHECK(w.min_difficulty >= 1 && w.min_difficulty <= c.data.T, "seq_len_warmup.min_difficulty must be in [1, ",
+           "data_config.T = ", c.data.T, "], got ", w.min_difficulty);
+  at_least(w.difficulty_step, 1, "seq_len_warmup.difficulty_step");
+  const int64_t tp = c.device.tp();
+  if (c.sequence_parallel)
+    MT_CHECK(w.min_difficulty % tp == 0 && w.difficulty_step % tp == 0, "sequence_parallel splits every sequence "
+             "over tp = ", tp, ": seq_len_warmup.min_difficulty (", w.min_difficulty, ") and difficulty_step (",
+             w.difficulty_step, ") must be multiples of it");
+}
+
 // How the model and the batches split over dp x pp x tp.
 void validate_mesh(const Config& c) {
   const auto& a = c.device.n_device_axis;
@@ -120,6 +153,7 @@ void validate_mesh(const Config& c) {
            " layers (model_config.blocks * model_config.layers_per_block): every stage needs a layer");
   if (c.sequence_parallel)
     MT_CHECK(m.T % tp == 0, "sequence_parallel needs model_config.T (", m.T, ") divisible by tp = ", tp);
+  validate_warmups(c);
 }
 
 void validate_run(const Config& c) {
@@ -139,6 +173,7 @@ void validate_run(const Config& c) {
   MT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage must be 0 or 1, got ", c.zero_stage);
   one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
   one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");
+  MT_CHECK(c.watchdog_seconds >= 0, "config key 'watchdog_seconds' must be >= 0 (0 disables), got ", c.watchdog_seconds);
 
   const auto& i = c.inference;
   at_least(i.batch_size, 1, "inference_config.batch_size");

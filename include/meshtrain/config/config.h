@@ -80,12 +80,20 @@ struct InferenceConfig {
   int64_t n_devices = 1;
 };
 
+// DeepSpeed curriculum learning ("fixed_linear" on seqlen), see optim/rampup.h.
+struct SeqLenWarmupConfig {
+  int64_t min_difficulty = 0;         // sequence length at step 0
+  int64_t difficulty_step = 8;        // lengths are multiples of this (tensor-core friendly)
+  int64_t total_curriculum_step = 0;  // steps until data_config.T; 0: off
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   LrConfig lr;
   DeviceConfig device;
   InferenceConfig inference;
+  SeqLenWarmupConfig seq_len_warmup;
 
   std::string output_dir = "runs";
   std::string name = "run";
@@ -100,13 +108,15 @@ struct Config {
   // meshtrain extensions (not in Jaxformer's file)
   std::string pipeline_schedule = "1f1b";      // gpipe | 1f1b
   bool sequence_parallel = false;
-  int64_t zero_stage = 0;
+  int64_t zero_stage = 0;                      // 1: AdamW moments sharded over dp
+  std::vector<int64_t> rampup_batch_size;      // [start, increment, samples] (Megatron); empty: off
   std::string activation_checkpointing = "none";  // none | full | selective
   int64_t max_to_keep = 3;
   std::string nan_policy = "skip";             // skip | stop
   int64_t log_every = 1;
   int64_t sample_every = 0;                    // print a sample every N steps (0: at the end only)
   int64_t torch_threads = 1;                   // intra-op threads per rank on CPU
+  double watchdog_seconds = 600;               // abort when a step makes no progress this long (0: off)
 
   // Where the run lives: output_dir/name.
   std::string run_dir() const;
