@@ -21,6 +21,7 @@ struct RoundSums {
   double dropped = 0, assigned = 0;            // MoE token-assignments (this rank's layers)
   std::vector<std::vector<double>> expert_tokens;  // per local MoE layer, per expert
   int64_t peak_live_microbatches = 0;          // activations held at once (schedule tests)
+  double wait_seconds = 0;                     // blocked in pipeline send/recv (bubble measurement)
 };
 
 struct RoundSpec {

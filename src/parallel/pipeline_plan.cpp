@@ -1,0 +1,100 @@
+#include "meshtrain/parallel/pipeline_plan.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+namespace {
+
+// Appends steps, dropping the transfers the first/last stage has no peer for.
+struct PlanBuilder {
+  bool first, last;
+  std::vector<PipeOp> ops;
+  void add(PipeStep s, int64_t mb) {
+    if (first && (s == PipeStep::RecvForward || s == PipeStep::SendBackward)) return;
+    if (last && (s == PipeStep::SendForward || s == PipeStep::RecvBackward)) return;
+    ops.push_back({s, mb});
+  }
+  void forward(int64_t mb) {
+    add(PipeStep::RecvForward, mb);
+    add(PipeStep::Forward, mb);
+    add(PipeStep::SendForward, mb);
+  }
+  void backward(int64_t mb) {
+    add(PipeStep::RecvBackward, mb);
+    add(PipeStep::Backward, mb);
+    add(PipeStep::SendBackward, mb);
+  }
+};
+
+// Megatron-Core's forward_backward_pipelining_without_interleaving with its
+// paired transfers made sequential. Within a pair the two neighbours must
+// agree on the order of the same two messages: send_forward_recv_backward
+// (towards stage + 1) sends first, send_backward_recv_forward (towards
+// stage - 1) receives first, so stage s's "send activation k" meets stage
+// s+1's "receive activation k" and both then swap the gradient. A stage
+// blocked in a pair waits only on stages after it, and the last stage never
+// waits on anyone downstream, so every chain of waits ends.
+void one_f_one_b(PlanBuilder& b, int stage, int pp, int64_t n_mb) {
+  const int64_t warmup = std::min<int64_t>(pp - stage - 1, n_mb);
+  const int64_t steady = n_mb - warmup;
+  for (int64_t i = 0; i < warmup; ++i) b.forward(i);
+  if (steady > 0) b.add(PipeStep::RecvForward, warmup);
+  for (int64_t i = 0; i < steady; ++i) {
+    b.add(PipeStep::Forward, warmup + i);
+    b.add(PipeStep::SendForward, warmup + i);
+    b.add(PipeStep::RecvBackward, i);
+    b.add(PipeStep::Backward, i);
+    if (i + 1 < steady) b.add(PipeStep::RecvForward, warmup + i + 1);
+    b.add(PipeStep::SendBackward, i);
+  }
+  for (int64_t i = steady; i < n_mb; ++i) b.backward(i);
+}
+
+}  // namespace
+
+std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward) {
+  MT_CHECK(schedule == "gpipe" || schedule == "1f1b", "pipeline_schedule=\"", schedule,
+           "\" is not a schedule (gpipe | 1f1b)");
+  MT_CHECK(pp >= 1 && stage >= 0 && stage < pp, "pipeline stage ", stage, " is outside 0..", pp - 1);
+  MT_CHECK(n_mb >= 1, "a pipeline round needs at least one microbatch, got ", n_mb);
+  PlanBuilder b{stage == 0, stage == pp - 1, {}};
+  if (!backward) {
+    for (int64_t i = 0; i < n_mb; ++i) b.forward(i);
+  } else if (schedule == "gpipe") {
+    for (int64_t i = 0; i < n_mb; ++i) b.forward(i);
+    for (int64_t i = 0; i < n_mb; ++i) b.backward(i);
+  } else {
+    one_f_one_b(b, stage, pp, n_mb);
+  }
+  return b.ops;
+}
+
+int64_t plan_peak_live(const std::vector<PipeOp>& plan) {
+  const bool has_backward =
+      std::any_of(plan.begin(), plan.end(), [](const PipeOp& o) { return o.step == PipeStep::Backward; });
+  int64_t live = 0, peak = 0;
+  for (const auto& o : plan) {
+    if (o.step == PipeStep::Forward) peak = std::max(peak, ++live);
+    if (o.step == PipeStep::Backward || (!has_backward && o.step == PipeStep::Forward)) --live;
+  }
+  return peak;
+}
+
+const char* step_name(PipeStep s) {
+  switch (s) {
+    case PipeStep::RecvForward: return "recv_forward";
+    case PipeStep::Forward: return "forward";
+    case PipeStep::SendForward: return "send_forward";
+    case PipeStep::RecvBackward: return "recv_backward";
+    case PipeStep::Backward: return "backward";
+    case PipeStep::SendBackward: return "send_backward";
+  }
+  return "?";
+}
+
+}  // namespace meshtrain
