@@ -1,0 +1,46 @@
+#pragma once
+// `meshtrain bench`: times training steps of a config (W warm-up steps, then N
+// timed ones) and reports throughput, model FLOP utilisation and peak memory.
+// The steps are Trainer::train_step() + the global grad norm + the AdamW
+// update, i.e. a training step without logging, evaluation or checkpoints; the
+// run directory is a temporary folder removed at the end.
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/dist/runtime.h"
+
+namespace meshtrain {
+
+struct BenchOptions {
+  int64_t steps = 10;
+  int64_t warmup = 2;
+  double peak_tflops = 0;  // per device; 0: from the device table (unknown on CPU: no MFU)
+};
+
+struct BenchResult {
+  std::string device;               // "cpu" or the GPU's name
+  int64_t world = 1;
+  int64_t steps = 0;
+  int64_t tokens_per_step = 0;      // global: train_batch_size * grad_step * T
+  double seconds = 0;               // timed steps, slowest rank
+  double tokens_per_sec = 0;        // global
+  double flops_per_token = 0;
+  double tflops_per_device = 0;     // achieved, model FLOPs (flops_per_token * tokens/s / world)
+  double peak_tflops = 0;           // 0: unknown
+  double mfu = -1;                  // achieved / peak; -1: unknown
+  double peak_memory_bytes = 0;     // max over ranks
+  std::string peak_memory_kind;     // "cuda_allocator_peak" | "cpu_peak_rss"
+  double last_loss = 0;
+};
+
+// Dense bf16 tensor-core peak per device for known GPU names (H100 / H200 SXM
+// 989, A100 312); 0 when unknown (and on CPU).
+double peak_tflops_for(const std::string& device_name);
+
+BenchResult run_bench(const Config& cfg, Runtime& runtime, const BenchOptions& opts);
+
+std::string to_string(const BenchResult& r);
+std::string to_json(const BenchResult& r);
+
+}  // namespace meshtrain

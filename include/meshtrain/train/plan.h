@@ -1,0 +1,110 @@
+#pragma once
+// What a config costs before it runs: parameters (total / active), memory per
+// rank of the most loaded pipeline stage, and FLOPs per token for MFU.
+//
+// Precision model (bytes per parameter this rank holds):
+//   CPU (always fp32):            weights 4 + grads 4 + Adam moments 8 = 16
+//   CUDA, model_dtype bfloat16:   the trainer keeps fp32 weights and runs the
+//                                 matmuls under autocast, so again 4 + 4 + 8 = 16,
+//                                 plus the bf16 copies autocast makes of the
+//                                 weights during forward/backward (2, transient).
+//   Reference (BigScience / Megatron mixed precision): bf16 weights 2 + fp32
+//                                 master 4 + moments 8 + fp32 grads 4 = 18;
+//                                 printed beside ours for comparison only.
+// zero_stage 1 shards the Adam moments (and, in the reference layout, the fp32
+// master copy) over dp.
+//
+// Activations per microbatch and layer follow Korthikanti et al. 2022
+// ("Reducing Activation Recomputation in Large Transformer Models"): for
+// dropout > 0 and a 4d MLP, s*b*h*(34 + 5*a*s/h) bytes in 16-bit. We count the
+// same stored tensors in elements, generalised to this model's widths (MLP
+// hidden, MoE: k routed + shared experts, MLA projections), at 2 bytes (CUDA
+// bf16) or 4 bytes (CPU fp32) per element and 1 byte per dropout-mask element.
+// Tensor parallelism divides the head/hidden-split tensors by tp; sequence
+// parallelism divides everything. Attention goes through SDPA: fused kernels
+// (flash / memory-efficient) keep no s*s score matrix; the math kernel (CPU
+// with dropout, or when query and value head sizes differ, i.e. MLA with rope
+// dims) keeps the softmax output (and dropout's output and mask). Checked
+// against what a CPU forward keeps alive (plan_test: within 10%). Microbatches in flight:
+// 1 for pp = 1, all of them for gpipe, min(pp - stage, n) for 1f1b.
+// Checkpointing "full" keeps each layer's input plus one layer's full set;
+// "selective" drops the s*s attention terms. The last stage adds the fp32
+// log-softmax buffer of its cross-entropy: b*s*vocab/tp*4 bytes per microbatch.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+
+namespace meshtrain {
+
+enum class PlanDevice { Cpu, Cuda };
+
+// Parameters one rank of a stage holds, split into what tp shards and what
+// every tp rank replicates (both already per rank: split counts are /tp).
+struct StageParams {
+  int64_t first_layer = 0, end_layer = 0;
+  int64_t split = 0;       // this rank's shard of tp-split tensors
+  int64_t replicated = 0;  // norms, MLA down-projections and rope key, router
+  int64_t total() const { return split + replicated; }
+};
+
+// Parameters of pipeline stage `stage` of pp on one tp rank of tp. Tied
+// embeddings: the last stage holds its own copy of the table (pp > 1).
+// The vocabulary is padded to a multiple of tp, as the vocab-parallel layers do.
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage);
+
+struct StageMemory {
+  int64_t stage = 0;
+  StageParams params;
+  int64_t microbatches_in_flight = 1;
+  double weights = 0, grads = 0, optimizer = 0;
+  double autocast_copies = 0;      // CUDA bf16: transient bf16 weight copies
+  double activations = 0;          // with the config's activation_checkpointing
+  double activations_none = 0;     // no checkpointing
+  double activations_full = 0;     // activation_checkpointing "full"
+  double logits = 0;               // last stage: cross-entropy buffer (in `activations*` too)
+  double reference_static = 0;     // weights + grads + optimizer in the 18 B/param layout
+  double static_bytes() const { return weights + grads + optimizer; }
+  double total() const { return static_bytes() + autocast_copies + activations; }
+};
+
+struct MemoryPlan {
+  PlanDevice device = PlanDevice::Cpu;
+  std::string precision;           // one line describing the precision model used
+  int64_t dp = 1, pp = 1, tp = 1;
+  int64_t total_params = 0, active_params = 0, embedding_params = 0;
+  int64_t micro_batch_size = 0, n_microbatches = 1;
+  double activation_bytes_per_element = 4;
+  std::vector<StageMemory> stages;  // one per pipeline stage (per rank of it)
+  int64_t worst_stage = 0;          // the stage with the largest total
+
+  const StageMemory& worst() const { return stages.at(static_cast<size_t>(worst_stage)); }
+  double total_bytes() const { return worst().total(); }
+  bool fits(double device_bytes) const { return total_bytes() <= device_bytes; }
+};
+
+// device: what the run would use; the precision model above depends on it.
+MemoryPlan plan_memory(const Config& cfg, PlanDevice device);
+
+// Training FLOPs per token, nanoGPT / llm.c estimate_mfu: 6*N + 12*L*H*Q*T with
+// N all parameters (embedding included; MoE: the active ones) and Q the head
+// size. MLA scores use hd + dhR dims and values hd, so its attention term is
+// 6*H*(2*hd + dhR)*T per layer (= 12*H*Q*T when dhR = 0).
+double flops_per_token(const ModelConfig& m);
+
+// The device a plan assumes: `choice` ("cpu" | "cuda"), else the config's
+// device_config.device, where "auto" means what this machine would run on.
+PlanDevice plan_device(const Config& cfg, const std::string& choice = "");
+
+// Builds the whole model on CPU with plain (unsharded) layers and counts its
+// parameters, to check count_params(); -1 when it has more than max_params
+// by the formula (too big to build here).
+int64_t built_param_count(const ModelConfig& m, int64_t max_params = 50'000'000);
+
+// `meshtrain plan`'s output: the report (parameters, per-stage split, memory of
+// the most loaded rank, FLOPs per token, the built-model check and, when
+// device_gib > 0, whether it fits), or the same as one JSON object.
+std::string plan_report(const Config& cfg, PlanDevice device, double device_gib, bool json);
+
+}  // namespace meshtrain

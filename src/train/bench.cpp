@@ -1,0 +1,178 @@
+// `meshtrain bench`: timed training steps (see bench.h).
+#include "meshtrain/train/bench.h"
+
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#ifdef MESHTRAIN_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/optim/schedule.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/train/plan.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The bench's run dir: a fresh temporary folder, removed when the bench ends
+// (also on errors) so no metrics or checkpoints are left behind.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "meshtrain-bench-XXXXXX").string();
+    MT_CHECK(mkdtemp(pattern.data()) != nullptr, "bench: cannot create a temporary run dir under ",
+             fs::temp_directory_path().string());
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string device_name(const at::Device& dev) {
+  if (!dev.is_cuda()) return "cpu";
+#ifdef MESHTRAIN_CUDA
+  return at::cuda::getCurrentDeviceProperties()->name;
+#else
+  return "cuda";
+#endif
+}
+
+// Peak bytes this process held: the CUDA caching allocator's peak of allocated
+// bytes on GPUs; on CPU the peak resident set size (the whole process: the
+// binary, libtorch and the data too, so an upper bound on tensor memory).
+double peak_memory(const at::Device& dev, std::string& kind) {
+#ifdef MESHTRAIN_CUDA
+  if (dev.is_cuda()) {
+    kind = "cuda_allocator_peak";
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index() < 0 ? 0 : dev.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak);  // [0]: aggregate over pools
+  }
+#endif
+  kind = dev.is_cuda() ? "unknown" : "cpu_peak_rss";
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) * 1024.0;  // Linux reports KiB
+}
+
+}  // namespace
+
+double peak_tflops_for(const std::string& name) {
+  // Dense bf16 tensor-core peaks from the vendors' data sheets (SXM parts).
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.0;
+  if (name.find("A100") != std::string::npos) return 312.0;
+  return 0.0;
+}
+
+BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions& opts) {
+  MT_CHECK(opts.steps >= 1, "bench --steps must be >= 1, got ", opts.steps);
+  MT_CHECK(opts.warmup >= 0, "bench --warmup must be >= 0, got ", opts.warmup);
+  TempDir tmp;
+  Config cfg = cfg_in;
+  cfg.output_dir = tmp.path();
+  cfg.name = "bench";
+  // train() is never called, so nothing is ever evaluated or saved; the step
+  // count only keeps the config valid and the schedule's lr meaningful.
+  cfg.training_steps = std::max<int64_t>(cfg.training_steps, opts.warmup + opts.steps);
+  TrainOptions to;
+  to.fresh = true;
+  to.quiet = true;
+  Trainer trainer(cfg, runtime, to);
+  ParallelModel& pm = trainer.model();
+  const at::Device dev = pm.params.empty() ? at::Device(at::kCPU) : pm.params.front().tensor.device();
+
+  double last_loss = 0;
+  int64_t step = 0;
+  auto one_step = [&] {
+    const StepStats s = trainer.train_step();
+    global_grad_norm(pm, trainer.mesh());  // part of every training step (clipping)
+    trainer.optimizer().step(learning_rate(cfg.lr, step++));
+    if (dev.is_cuda()) torch::cuda::synchronize();
+    last_loss = s.loss;
+  };
+  for (int64_t i = 0; i < opts.warmup; ++i) one_step();
+  trainer.mesh().cpu_world().barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < opts.steps; ++i) one_step();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  BenchResult r;
+  r.device = device_name(dev);
+  r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
+  at::Tensor t = at::tensor({secs, r.peak_memory_bytes}, at::kDouble);
+  trainer.mesh().cpu_world().all_reduce(t, ReduceOp::Max);
+  secs = t[0].item<double>();
+  r.peak_memory_bytes = t[1].item<double>();
+
+  r.world = cfg.device.world();
+  r.steps = opts.steps;
+  r.seconds = secs;
+  r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
+  r.tokens_per_sec = static_cast<double>(r.tokens_per_step * r.steps) / secs;
+  r.flops_per_token = flops_per_token(cfg.model);
+  r.tflops_per_device = r.flops_per_token * r.tokens_per_sec / static_cast<double>(r.world) / 1e12;
+  r.peak_tflops = opts.peak_tflops > 0 ? opts.peak_tflops : peak_tflops_for(r.device);
+  if (r.peak_tflops > 0) r.mfu = r.tflops_per_device / r.peak_tflops;
+  r.last_loss = last_loss;
+  return r;
+}
+
+std::string to_string(const BenchResult& r) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(2);
+  o << "bench: " << r.steps << " steps on " << r.world << " x " << r.device << " in " << r.seconds << " s, "
+    << r.tokens_per_step << " tokens per step\n";
+  o << "  tokens/s           " << r.tokens_per_sec << "\n";
+  o.precision(4);
+  o << "  TFLOP/s per device " << r.tflops_per_device << " (" << r.flops_per_token << " FLOPs per token)\n";
+  if (r.mfu >= 0) {
+    o << "  MFU                " << 100 * r.mfu << " % of " << r.peak_tflops << " TFLOP/s\n";
+  } else {
+    o << "  MFU                unknown (no peak for " << r.device << "; pass --peak-tflops)\n";
+  }
+  o.precision(1);
+  o << "  peak memory        " << r.peak_memory_bytes / (1024.0 * 1024.0) << " MiB (" << r.peak_memory_kind
+    << ", max over ranks)\n";
+  return o.str();
+}
+
+std::string to_json(const BenchResult& r) {
+  nlohmann::json j;
+  j["device"] = r.device;
+  j["world"] = r.world;
+  j["steps"] = r.steps;
+  j["seconds"] = r.seconds;
+  j["tokens_per_step"] = r.tokens_per_step;
+  j["tokens_per_sec"] = r.tokens_per_sec;
+  j["flops_per_token"] = r.flops_per_token;
+  j["tflops_per_device"] = r.tflops_per_device;
+  j["peak_tflops"] = r.peak_tflops > 0 ? nlohmann::json(r.peak_tflops) : nlohmann::json(nullptr);
+  j["mfu"] = r.mfu >= 0 ? nlohmann::json(r.mfu) : nlohmann::json(nullptr);
+  j["peak_memory_bytes"] = r.peak_memory_bytes;
+  j["peak_memory_kind"] = r.peak_memory_kind;
+  j["last_loss"] = r.last_loss;
+  return j.dump();
+}
+
+}  // namespace meshtrain

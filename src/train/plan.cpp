@@ -1,0 +1,320 @@
+// Parameter, memory and FLOP estimates of a config (see plan.h for the model).
+#include "meshtrain/train/plan.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/model/attention.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/parallel/parallelize.h"
+
+namespace meshtrain {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Global (unsharded) parameters of layer i, by whether tp splits them; mirrors
+// the factory calls in attention.cpp, block.cpp and moe.cpp.
+struct LayerParams {
+  int64_t split = 0, replicated = 0;
+};
+
+LayerParams layer_params(const ModelConfig& m, int64_t i) {
+  const int64_t d = m.model_dimension, H = m.n_head, hd = m.head_dim(), hidden = m.hidden_dim();
+  LayerParams p;
+  p.replicated = 2 * d;  // attn_norm, mlp_norm
+  if (m.attention == "mla") {
+    const int64_t Lt = m.latent_dim, r = mla_layer_dhR(m, i);
+    p.replicated += 2 * d * Lt + d * r;         // w_dkv, w_dq, w_kr
+    p.split += 3 * Lt * H * hd + Lt * H * r;    // w_uq, w_uk, w_uv, w_qr
+    p.split += H * hd * d;                      // wo
+  } else {
+    p.split += 4 * d * d;
+  }
+  if (m.ffn == "moe") {
+    p.replicated += d * m.n_experts;                        // router
+    p.split += (m.n_experts + m.n_shared) * 2 * d * hidden;  // routed + shared experts
+  } else {
+    p.split += 2 * d * hidden;
+  }
+  return p;
+}
+
+// Per token of one microbatch and one layer: stored activation elements that
+// tp splits, that every tp rank keeps, and dropout-mask elements; `fused`:
+// SDPA runs a flash / memory-efficient kernel (no s*s scores kept).
+struct LayerActs {
+  double split = 0, replicated = 0, masks = 0;
+};
+
+LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective) {
+  const double d = static_cast<double>(m.model_dimension), H = static_cast<double>(m.n_head);
+  const double hd = static_cast<double>(m.head_dim()), s = static_cast<double>(m.T);
+  const double hidden = static_cast<double>(m.hidden_dim());
+  LayerActs a;
+  // Two RMSNorms keep their input and normalised input; their outputs are the
+  // attention / FFN inputs (Korthikanti's LN and QKV/MLP-input terms).
+  a.replicated += 2 * 2 * d + 2 * d;
+  double r = 0;
+  if (m.attention == "mla") {
+    r = static_cast<double>(mla_layer_dhR(m, i));
+    a.replicated += 2 * static_cast<double>(m.latent_dim);  // latents c_kv, c_q
+  }
+  // q and k (with rope dims), v, SDPA's output (fused kernels keep it for
+  // backward) and its merged-heads copy (wo input).
+  a.split += 2 * H * (hd + r) + (fused ? 3 : 2) * H * hd;
+  if (!fused && !selective) {
+    a.split += H * s;                         // softmax output
+    if (m.dropout_rate > 0) {
+      a.split += H * s;  // dropout output
+      a.masks += H * s;
+    }
+  }
+  if (m.ffn == "moe") {
+    const double k = static_cast<double>(m.k), E = static_cast<double>(m.n_experts);
+    a.replicated += E + 2 * k * d;  // router probs, dispatched inputs and gated outputs
+    a.split += 2 * hidden * (k + static_cast<double>(m.n_shared));  // gelu in/out per expert
+  } else {
+    a.split += 2 * hidden;
+  }
+  if (m.dropout_rate > 0) a.masks += 2 * d;  // residual dropouts
+  return a;
+}
+
+// SDPA's fused CPU kernel (flash) needs equal query/key and value head sizes
+// and no dropout, else the math kernel runs; on CUDA flash or the
+// memory-efficient kernel (which takes MLA's wider queries) always applies.
+bool fused_attention(const ModelConfig& m, int64_t layer, PlanDevice dev) {
+  if (dev == PlanDevice::Cuda) return true;
+  return m.dropout_rate == 0 && (m.attention != "mla" || mla_layer_dhR(m, layer) == 0);
+}
+
+}  // namespace
+
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage) {
+  MT_CHECK(pp >= 1 && tp >= 1 && stage >= 0 && stage < pp, "plan: stage ", stage, " outside pp = ", pp);
+  const auto ranges = partition_stages(m.n_layers(), static_cast<int>(pp));
+  const StageRange& rg = ranges.at(static_cast<size_t>(stage));
+  StageParams p;
+  p.first_layer = rg.first_layer;
+  p.end_layer = rg.end_layer;
+  for (int64_t i = rg.first_layer; i < rg.end_layer; ++i) {
+    const LayerParams l = layer_params(m, i);
+    p.split += l.split / tp;
+    p.replicated += l.replicated;
+  }
+  const int64_t vocab_local = (m.vocab_size + tp - 1) / tp;  // padded to a multiple of tp
+  const int64_t table = vocab_local * m.model_dimension;
+  if (stage == 0) p.split += table;
+  if (stage == pp - 1) {
+    p.replicated += m.model_dimension;  // final norm
+    if (!m.tie_embeddings || pp > 1) p.split += table;  // own head, or the tied copy
+  }
+  return p;
+}
+
+MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
+  const ModelConfig& m = cfg.model;
+  MemoryPlan plan;
+  plan.device = device;
+  plan.dp = cfg.device.dp();
+  plan.pp = cfg.device.pp();
+  plan.tp = cfg.device.tp();
+  MT_CHECK(plan.dp >= 1 && plan.pp >= 1 && plan.tp >= 1, "device_config.n_device_axis must be positive");
+  const ParamCount pc = count_params(m);
+  plan.total_params = pc.total;
+  plan.active_params = pc.active;
+  plan.embedding_params = pc.embedding;
+
+  const bool bf16 = device == PlanDevice::Cuda && m.model_dtype == "bfloat16";
+  plan.precision = device == PlanDevice::Cpu
+                       ? "CPU fp32: weights 4 + grads 4 + Adam moments 8 = 16 B/param"
+                       : bf16 ? "CUDA bf16 autocast, fp32 master weights: weights 4 + grads 4 + moments 8 = 16 "
+                                "B/param (+2 transient bf16 copies)"
+                              : "CUDA fp32: weights 4 + grads 4 + Adam moments 8 = 16 B/param";
+  const double e = bf16 ? 2.0 : 4.0;  // bytes per activation element
+  const double mask = device == PlanDevice::Cuda ? 1.0 : e;  // CPU dropout keeps a float mask
+  plan.activation_bytes_per_element = e;
+
+  const int64_t share = cfg.data.train_batch_size / plan.dp;
+  plan.micro_batch_size = cfg.data.micro_batch_size > 0 ? cfg.data.micro_batch_size : share;
+  plan.n_microbatches = std::max<int64_t>(1, share / std::max<int64_t>(1, plan.micro_batch_size));
+  const double tokens = static_cast<double>(plan.micro_batch_size * m.T);  // per microbatch
+  const double tp = static_cast<double>(plan.tp);
+  const double rep_div = cfg.sequence_parallel ? tp : 1.0;
+  const double d = static_cast<double>(m.model_dimension);
+  const bool selective = cfg.activation_checkpointing == "selective";
+  const double zero_div = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
+
+  for (int64_t st = 0; st < plan.pp; ++st) {
+    StageMemory sm;
+    sm.stage = st;
+    sm.params = stage_params(m, plan.pp, plan.tp, st);
+    const double n = static_cast<double>(sm.params.total());
+    sm.weights = 4 * n;
+    sm.grads = 4 * n;
+    sm.optimizer = 8 * n / zero_div;
+    if (bf16) sm.autocast_copies = 2 * n;
+    sm.reference_static = 2 * n + 4 * n + (4 + 8) * n / zero_div;
+
+    if (plan.pp == 1) sm.microbatches_in_flight = 1;
+    else if (cfg.pipeline_schedule == "gpipe") sm.microbatches_in_flight = plan.n_microbatches;
+    else sm.microbatches_in_flight = std::min<int64_t>(plan.pp - st, plan.n_microbatches);
+    const double inflight = static_cast<double>(sm.microbatches_in_flight);
+
+    double layers_none = 0, layers_sel = 0, largest_layer = 0;
+    for (int64_t i = sm.params.first_layer; i < sm.params.end_layer; ++i) {
+      auto bytes = [&](const LayerActs& a) {
+        return tokens * ((a.split / tp + a.replicated / rep_div) * e + a.masks / tp * mask);
+      };
+      const double full = bytes(layer_acts(m, i, fused_attention(m, i, device), false));
+      layers_none += full;
+      layers_sel += bytes(layer_acts(m, i, fused_attention(m, i, device), true));
+      largest_layer = std::max(largest_layer, full);
+    }
+    const double n_layers = static_cast<double>(sm.params.end_layer - sm.params.first_layer);
+    double extra = 0;  // per microbatch, outside the layers
+    if (st == 0 && m.dropout_rate > 0) extra += tokens * d / rep_div * mask;  // embedding dropout
+    if (st == plan.pp - 1) {
+      sm.logits = inflight * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
+      extra += tokens * 3 * d / rep_div * e;  // final norm: input, normalised, output
+    }
+    const double inputs = tokens * d / rep_div * e * n_layers;  // checkpointed layer inputs
+    sm.activations_none = inflight * (layers_none + extra) + sm.logits;
+    sm.activations_full = inflight * (inputs + extra) + largest_layer + sm.logits;
+    if (cfg.activation_checkpointing == "full") sm.activations = sm.activations_full;
+    else if (selective) sm.activations = inflight * (layers_sel + extra) + sm.logits;
+    else sm.activations = sm.activations_none;
+    plan.stages.push_back(sm);
+  }
+  for (size_t s = 1; s < plan.stages.size(); ++s)
+    if (plan.stages[s].total() > plan.worst().total()) plan.worst_stage = static_cast<int64_t>(s);
+  return plan;
+}
+
+double flops_per_token(const ModelConfig& m) {
+  const double T = static_cast<double>(m.T), H = static_cast<double>(m.n_head);
+  const double hd = static_cast<double>(m.head_dim());
+  double attn = 0;
+  for (int64_t i = 0; i < m.n_layers(); ++i) {
+    const double r = m.attention == "mla" ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
+    attn += 6 * H * (2 * hd + r) * T;
+  }
+  return 6.0 * static_cast<double>(count_params(m).active) + attn;
+}
+
+namespace {
+
+std::string to_string(const MemoryPlan& p) {
+  std::ostringstream o;
+  auto gib = [](double b) {
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(3);
+    s << b / kGiB << " GiB";
+    return s.str();
+  };
+  const StageMemory& w = p.worst();
+  o << "parameters: " << p.total_params << " total (" << p.total_params / 1e6 << "M), " << p.active_params
+    << " active per token (" << p.active_params / 1e6 << "M), " << p.embedding_params << " in embeddings\n";
+  o << "mesh: dp " << p.dp << " x pp " << p.pp << " x tp " << p.tp << "; microbatch " << p.micro_batch_size
+    << " sequences x " << p.n_microbatches << " per round\n";
+  o << "precision: " << p.precision << "\n";
+  for (const auto& s : p.stages)
+    o << "  stage " << s.stage << ": layers [" << s.params.first_layer << ", " << s.params.end_layer << "), "
+      << s.params.total() << " params per rank (" << s.params.split << " tp-split, " << s.params.replicated
+      << " replicated), " << s.microbatches_in_flight << " microbatch(es) in flight, total " << gib(s.total())
+      << "\n";
+  o << "memory per rank (stage " << w.stage << ", the most loaded):\n";
+  o << "  weights            " << gib(w.weights) << "\n";
+  o << "  gradients          " << gib(w.grads) << "\n";
+  o << "  optimizer (Adam)   " << gib(w.optimizer) << "\n";
+  if (w.autocast_copies > 0) o << "  autocast copies    " << gib(w.autocast_copies) << "\n";
+  o << "  activations        " << gib(w.activations) << " (no checkpointing " << gib(w.activations_none)
+    << ", full checkpointing " << gib(w.activations_full) << "; cross-entropy buffer " << gib(w.logits) << ")\n";
+  o << "  total              " << gib(w.total()) << "\n";
+  o << "  reference layout (BigScience 18 B/param: bf16 2 + fp32 master 4 + moments 8 + grads 4): static "
+    << gib(w.reference_static) << " vs ours " << gib(w.static_bytes() + w.autocast_copies) << "\n";
+  return o.str();
+}
+
+nlohmann::json to_json(const MemoryPlan& p, double fpt, double device_bytes) {
+  const StageMemory& w = p.worst();
+  nlohmann::json j;
+  j["total_params"] = p.total_params;
+  j["active_params"] = p.active_params;
+  j["embedding_params"] = p.embedding_params;
+  j["flops_per_token"] = fpt;
+  j["mesh"] = {p.dp, p.pp, p.tp};
+  j["device"] = p.device == PlanDevice::Cuda ? "cuda" : "cpu";
+  j["micro_batch_size"] = p.micro_batch_size;
+  j["n_microbatches"] = p.n_microbatches;
+  j["worst_stage"] = w.stage;
+  j["params_per_rank"] = w.params.total();
+  j["weights_bytes"] = w.weights;
+  j["grads_bytes"] = w.grads;
+  j["optimizer_bytes"] = w.optimizer;
+  j["autocast_bytes"] = w.autocast_copies;
+  j["activation_bytes"] = w.activations;
+  j["activation_bytes_no_ckpt"] = w.activations_none;
+  j["activation_bytes_full_ckpt"] = w.activations_full;
+  j["logits_bytes"] = w.logits;
+  j["reference_static_bytes"] = w.reference_static;
+  j["total_bytes"] = w.total();
+  if (device_bytes > 0) {
+    j["device_bytes"] = device_bytes;
+    j["fits"] = p.fits(device_bytes);
+  }
+  return j;
+}
+
+}  // namespace
+
+PlanDevice plan_device(const Config& cfg, const std::string& choice) {
+  const std::string d = choice.empty() ? cfg.device.device : choice;
+  MT_CHECK(d == "cpu" || d == "cuda" || d == "auto", "plan: device must be cpu, cuda or auto, got '", d, "'");
+  if (d == "auto") return torch::cuda::is_available() ? PlanDevice::Cuda : PlanDevice::Cpu;
+  return d == "cuda" ? PlanDevice::Cuda : PlanDevice::Cpu;
+}
+
+int64_t built_param_count(const ModelConfig& m, int64_t max_params) {
+  if (count_params(m).total > max_params) return -1;
+  LayerFactory plain;
+  Transformer model(m, plain);
+  int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+std::string plan_report(const Config& cfg, PlanDevice device, double device_gib, bool json) {
+  const MemoryPlan p = plan_memory(cfg, device);
+  const double fpt = flops_per_token(cfg.model);
+  const int64_t built = built_param_count(cfg.model);
+  const double device_bytes = device_gib * kGiB;
+  if (json) {
+    nlohmann::json j = to_json(p, fpt, device_bytes);
+    j["built_params"] = built >= 0 ? nlohmann::json(built) : nlohmann::json(nullptr);
+    j["formula_checked"] = built == p.total_params;
+    return j.dump();
+  }
+  std::ostringstream o;
+  o << to_string(p);
+  o << "FLOPs per token (6N + attention): " << fpt << "\n";
+  if (built < 0) {
+    o << "formula not checked against the built model (over 50M parameters)\n";
+  } else if (built == p.total_params) {
+    o << "formula checked against the built model: OK\n";
+  } else {
+    o << "formula checked against the built model: MISMATCH, built " << built << " vs formula " << p.total_params
+      << " (difference " << built - p.total_params << ")\n";
+  }
+  if (device_gib > 0) o << "fits in " << device_gib << " GiB: " << (p.fits(device_bytes) ? "yes" : "no") << "\n";
+  return o.str();
+}
+
+}  // namespace meshtrain

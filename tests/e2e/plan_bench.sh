@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# plan and bench as a user runs them: parameter counts of the shipped configs,
+# the memory verdict, JSON lines that parse, and a short timed run.
+source "$(dirname "$0")/common.sh" "$@"
+
+# JSON field of the last line of $1 that parses as an object.
+field() { python3 -c "
+import json,sys
+rows=[json.loads(l) for l in sys.argv[1].splitlines() if l.startswith('{')]
+print(rows[-1][sys.argv[2]])" "$1" "$2"; }
+
+out=$("$BIN" plan --config "$SRC/configs/moe1b.json" --device cuda 2>&1)
+check "plan moe1b exits 0" test $? -eq 0
+echo "$out" | sed 's/^/       # /'
+check "plan moe1b prints total and active params" grep -q "parameters: .* total .* active per token" <<<"$out"
+json=$("$BIN" plan --config "$SRC/configs/moe1b.json" --device cuda --json 2>&1)
+total=$(field "$json" total_params)
+active=$(field "$json" active_params)
+echo "       # moe1b: total $total, active $active"
+check "moe1b: ~1B active of a larger total" python3 -c "import sys; sys.exit(0 if $active < $total and 0.5e9 < $active < 2e9 else 1)"
+
+out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --device cuda --device-memory-gb 80 2>&1)
+check "plan gpt2-124m exits 0" test $? -eq 0
+check "gpt2-124m too big to build here (> 50M)" grep -q "formula not checked" <<<"$out"
+check "gpt2-124m fits in 80 GiB" grep -q "fits in 80 GiB: yes" <<<"$out"
+json=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --device cuda --device-memory-gb 80 --json 2>&1)
+total=$(field "$json" total_params)
+echo "       # gpt2-124m: total $total"
+check "gpt2-124m is 124M-ish" python3 -c "import sys; sys.exit(0 if 120e6 < $total < 130e6 else 1)"
+check "gpt2-124m JSON says it fits" test "$(field "$json" fits)" = True
+out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --device cuda --device-memory-gb 1 2>&1)
+check "gpt2-124m does not fit in 1 GiB" grep -q "fits in 1 GiB: no" <<<"$out"
+out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --n_device_axis 2 2 2 --set zero_stage=1 2>&1)
+check "plan takes a mesh and --set" grep -q "mesh: dp 2 x pp 2 x tp 2" <<<"$out"
+
+prepare_corpus
+write_config tiny.json
+out=$("$BIN" plan --config tiny.json 2>&1)
+check "tiny: formula checked against the built model" grep -q "formula checked against the built model: OK" <<<"$out"
+out=$("$BIN" bench --config tiny.json --steps 3 --warmup 1 2>&1)
+check "bench exits 0" test $? -eq 0
+echo "$out" | grep -v '^\[' | sed 's/^/       # /'
+tps=$(field "$out" tokens_per_sec)
+check "bench JSON parses, tokens_per_sec > 0 ($tps)" python3 -c "import sys; sys.exit(0 if float('$tps') > 0 else 1)"
+check "bench on CPU leaves MFU out" test "$(field "$out" mfu)" = None
+out=$("$BIN" bench --config tiny.json --steps 2 --warmup 0 --peak-tflops 1 2>&1)
+check "bench --peak-tflops gives an MFU" python3 -c "import sys; sys.exit(0 if float('$(field "$out" mfu)') > 0 else 1)"
+check "bench leaves no run dir behind" test ! -e runs/bench
+finish

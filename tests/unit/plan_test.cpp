@@ -1,0 +1,255 @@
+// The plan's parameter counts against built models, its per-stage split, the
+// memory knobs (ZeRO-1, checkpointing), and its static and activation bytes
+// against what a tiny CPU run really holds.
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "meshtrain/config/load.h"
+#include "meshtrain/data/prepare.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/schedule.h"
+#include "meshtrain/parallel/parallelize.h"
+#include "meshtrain/train/bench.h"
+#include "meshtrain/train/plan.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+Config tiny(const std::string& attention, const std::string& ffn, bool tied) {
+  Config c = load_config(std::string(MT_SOURCE_DIR) + "/configs/tiny.json").config;
+  c.model.attention = attention;
+  c.model.ffn = ffn;
+  c.model.tie_embeddings = tied;
+  if (attention == "mla") {
+    c.model.latent_dim = 32;
+    c.model.dhR = 8;
+  }
+  if (ffn == "moe") {
+    c.model.n_experts = 4;
+    c.model.k = 2;
+    c.model.n_shared = 1;
+    c.model.mlp_hidden = 64;
+  }
+  return c;
+}
+
+std::vector<Config> variants() {
+  std::vector<Config> v;
+  for (const char* att : {"mha", "mla"})
+    for (const char* ffn : {"dense", "moe"})
+      for (bool tied : {true, false}) v.push_back(tiny(att, ffn, tied));
+  return v;
+}
+
+int64_t numel(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+std::string name(const Config& c) {
+  return c.model.attention + "/" + c.model.ffn + (c.model.tie_embeddings ? "/tied" : "/untied") +
+         (c.model.dropout_rate > 0 ? "/dropout" : "") + "/T" + std::to_string(c.model.T);
+}
+
+TEST(Plan, CountsMatchBuiltModels) {
+  for (const Config& c : variants()) {
+    const ParamCount pc = count_params(c.model);
+    EXPECT_EQ(built_param_count(c.model), pc.total) << name(c);
+    EXPECT_EQ(stage_params(c.model, 1, 1, 0).total(), pc.total) << name(c);
+    const MemoryPlan p = plan_memory(c, PlanDevice::Cpu);
+    EXPECT_EQ(p.total_params, pc.total);
+    if (c.model.ffn == "moe") EXPECT_LT(p.active_params, p.total_params) << name(c);
+  }
+}
+
+TEST(Plan, StagesSplitTheModelLikeTheBuiltStages) {
+  for (Config c : variants()) {
+    c.model.blocks = 1;
+    c.model.layers_per_block = 5;  // uneven over pp 2: 3 + 2 layers
+    const auto ranges = partition_stages(c.model.n_layers(), 2);
+    int64_t sum = 0;
+    for (int64_t s = 0; s < 2; ++s) {
+      const StageParams sp = stage_params(c.model, 2, 1, s);
+      LayerFactory plain;
+      Transformer stage(c.model, plain, ranges[static_cast<size_t>(s)]);
+      EXPECT_EQ(sp.total(), numel(stage)) << name(c) << " stage " << s;
+      sum += sp.total();
+    }
+    const int64_t tied_copy = c.model.tie_embeddings ? c.model.vocab_size * c.model.model_dimension : 0;
+    EXPECT_EQ(sum, count_params(c.model).total + tied_copy) << name(c);
+  }
+}
+
+TEST(Plan, TensorParallelShardsAddUp) {
+  for (const Config& c : variants()) {
+    const StageParams one = stage_params(c.model, 1, 1, 0), two = stage_params(c.model, 1, 2, 0);
+    EXPECT_EQ(two.replicated, one.replicated) << name(c);
+    EXPECT_EQ(2 * two.split, one.split) << name(c);  // vocab 512 and every width divide by 2
+  }
+}
+
+TEST(Plan, ZeroOneShardsTheOptimizerOverDp) {
+  Config c = tiny("mha", "dense", true);
+  c.device.n_device_axis = {4, 1, 1};
+  const MemoryPlan z0 = plan_memory(c, PlanDevice::Cpu);
+  c.zero_stage = 1;
+  const MemoryPlan z1 = plan_memory(c, PlanDevice::Cpu);
+  EXPECT_DOUBLE_EQ(z1.worst().optimizer * 4, z0.worst().optimizer);
+  EXPECT_DOUBLE_EQ(z1.worst().weights, z0.worst().weights);
+  EXPECT_DOUBLE_EQ(z1.worst().grads, z0.worst().grads);
+}
+
+TEST(Plan, CheckpointingAndTensorParallelCutActivations) {
+  Config c = tiny("mha", "dense", true);
+  c.model.blocks = 4;
+  const MemoryPlan none = plan_memory(c, PlanDevice::Cpu);
+  c.activation_checkpointing = "full";
+  const MemoryPlan full = plan_memory(c, PlanDevice::Cpu);
+  EXPECT_LT(full.worst().activations, none.worst().activations);
+  EXPECT_DOUBLE_EQ(full.worst().activations_none, none.worst().activations);
+
+  c.activation_checkpointing = "none";
+  c.device.n_device_axis = {1, 1, 2};
+  const double tp2 = plan_memory(c, PlanDevice::Cpu).worst().activations;
+  c.sequence_parallel = true;
+  const double sp2 = plan_memory(c, PlanDevice::Cpu).worst().activations;
+  EXPECT_LT(tp2, none.worst().activations);
+  EXPECT_LT(sp2, tp2);
+}
+
+TEST(Plan, PipelineKeepsMoreMicrobatchesOnEarlyStages) {
+  Config c = tiny("mha", "dense", false);
+  c.device.n_device_axis = {1, 4, 1};
+  c.data.micro_batch_size = 2;  // 16 / 2 = 8 microbatches
+  const MemoryPlan f = plan_memory(c, PlanDevice::Cpu);
+  ASSERT_EQ(f.stages.size(), 4u);
+  EXPECT_EQ(f.stages[0].microbatches_in_flight, 4);
+  EXPECT_EQ(f.stages[3].microbatches_in_flight, 1);
+  c.pipeline_schedule = "gpipe";
+  EXPECT_EQ(plan_memory(c, PlanDevice::Cpu).stages[3].microbatches_in_flight, 8);
+}
+
+TEST(Plan, FlopsPerTokenIsNanoGptsEstimate) {
+  const Config c = tiny("mha", "dense", true);
+  const ModelConfig& m = c.model;
+  const double want = 6.0 * static_cast<double>(count_params(m).total) +
+                      12.0 * static_cast<double>(m.n_layers() * m.n_head * m.head_dim() * m.T);
+  EXPECT_DOUBLE_EQ(flops_per_token(m), want);
+}
+
+TEST(Plan, KnownPeaks) {
+  EXPECT_EQ(peak_tflops_for("NVIDIA H100 80GB HBM3"), 989.0);
+  EXPECT_EQ(peak_tflops_for("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_EQ(peak_tflops_for("cpu"), 0.0);
+}
+
+// Counts the bytes the CPU allocator hands out and takes back on this thread
+// while installed (c10 reports them to the profiler hook): `current` is what
+// was allocated in the scope and is still alive.
+struct CpuAllocations : c10::MemoryReportingInfoBase {
+  int64_t current = 0, peak = 0;
+  void reportMemoryUsage(void*, int64_t size, size_t, size_t, c10::Device device) override {
+    if (device.type() != c10::DeviceType::CPU) return;
+    current += size;
+    peak = std::max(peak, current);
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+// Activations a forward keeps for backward: the bytes allocated during the
+// forward that are still alive when it returns (the loss holds the graph).
+TEST(Plan, ActivationEstimateMatchesWhatForwardKeeps) {
+  std::vector<Config> configs = variants();
+  for (const char* att : {"mha", "mla"}) {  // dropout masks; longer sequences (MLA's s*s scores on CPU)
+    Config c = tiny(att, "dense", true);
+    c.model.dropout_rate = 0.1;
+    configs.push_back(c);
+    c.model.dropout_rate = 0;
+    c.model.T = c.data.T = 128;
+    configs.push_back(c);
+  }
+  for (Config c : configs) {
+    c.model.blocks = 2;
+    c.data.micro_batch_size = 4;
+    at::set_num_threads(1);  // allocations on this thread only
+    LayerFactory plain;
+    Transformer model(c.model, plain);
+    model.train();
+    const int64_t B = c.data.micro_batch_size, T = c.model.T;
+    const auto tokens = at::randint(c.model.vocab_size, {B, T}, at::kLong);
+    const auto targets = at::randint(c.model.vocab_size, {B, T}, at::kLong);
+    auto tracker = std::make_shared<CpuAllocations>();
+    at::Tensor loss;
+    {
+      c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, tracker);
+      ForwardAux aux;
+      loss = model.loss(tokens, targets, &aux);
+    }
+    const double measured = static_cast<double>(tracker->current);
+    const double planned = plan_memory(c, PlanDevice::Cpu).worst().activations_none;
+    std::printf("activations %-16s planned %8.0f KiB, forward kept %8.0f KiB (ratio %.2f), peak %8.0f KiB\n",
+                name(c).c_str(), planned / 1024, measured / 1024, planned / measured, tracker->peak / 1024.0);
+    EXPECT_NEAR(planned / measured, 1.0, 0.10) << name(c);
+    loss.backward();
+  }
+}
+
+// The static part (weights + grads + Adam moments) of the plan against the
+// tensors a tiny CPU Trainer holds after one step.
+TEST(Plan, StaticBytesMatchATinyTrainer) {
+  const fs::path dir = fs::temp_directory_path() / "meshtrain_plan_test";
+  fs::remove_all(dir);
+  const std::string corpus = "/usr/share/games/fortunes/computers";
+  if (!fs::exists(corpus)) GTEST_SKIP() << corpus << " not installed";
+  PrepareOptions prep;
+  prep.inputs = {corpus};
+  prep.output_dir = (dir / "data").string();
+  prep.vocab_size = 320;
+  prepare_data(prep);
+
+  int argc = 1;
+  char arg0[] = "plan_test";
+  char* args[] = {arg0, nullptr};
+  char** argv = args;
+  Runtime runtime(&argc, &argv);
+  for (const Config& base : {tiny("mha", "dense", true), tiny("mla", "moe", false)}) {
+    Config c = base;
+    c.data.data_dir = prep.output_dir;
+    c.model.vocab_size = 320;
+    c.output_dir = (dir / "runs").string();
+    c.device.device = "cpu";
+    TrainOptions o;
+    o.fresh = true;
+    o.quiet = true;
+    Trainer trainer(c, runtime, o);
+    trainer.train_step();
+    trainer.optimizer().step(learning_rate(c.lr, 0));
+    double weights = 0, grads = 0, moments = 0;
+    for (const auto& p : trainer.model().params) {
+      weights += static_cast<double>(p.tensor.nbytes());
+      if (p.tensor.grad().defined()) grads += static_cast<double>(p.tensor.grad().nbytes());
+    }
+    for (const auto& p : trainer.optimizer().params())
+      moments += static_cast<double>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
+    const StageMemory w = plan_memory(c, PlanDevice::Cpu).worst();
+    std::printf("static %-16s planned %.0f B (w %.0f g %.0f o %.0f), measured %.0f B (w %.0f g %.0f o %.0f)\n",
+                name(c).c_str(), w.static_bytes(), w.weights, w.grads, w.optimizer, weights + grads + moments,
+                weights, grads, moments);
+    EXPECT_NEAR(w.static_bytes() / (weights + grads + moments), 1.0, 0.10) << name(c);
+    EXPECT_DOUBLE_EQ(w.weights, weights) << name(c);
+    EXPECT_DOUBLE_EQ(w.optimizer, moments) << name(c);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace meshtrain
