@@ -38,13 +38,17 @@ struct ConfigFlags {
     app->add_option("--config", config, "JSON config file")->required()->check(CLI::ExistingFile);
     app->add_option("--set", sets, "override a config key: --set model_config.n_head=4 (repeatable)");
     app->add_option("--n_device_axis", n_device_axis, "mesh DP PP TP")->expected(3);
-    app->add_option("--name", name, "run name (run dir = output_dir/name)");
-    app->add_option("--output_dir", output_dir, "where runs live");
-    app->add_option("--train_batch_size", train_batch_size, "sequences per accumulation round");
-    app->add_option("--checkpoint_steps", checkpoint_steps, "evaluate + checkpoint every N steps");
-    app->add_option("--eval_steps", eval_steps, "validation batches per evaluation");
-    app->add_option("--training_steps", training_steps, "total optimizer steps");
-    app->add_option("--seed", seed, "random seed");
+    // A flag given twice keeps its last value, like a --set given twice.
+    const auto last = CLI::MultiOptionPolicy::TakeLast;
+    app->add_option("--name", name, "run name (run dir = output_dir/name)")->multi_option_policy(last);
+    app->add_option("--output_dir", output_dir, "where runs live")->multi_option_policy(last);
+    app->add_option("--train_batch_size", train_batch_size, "sequences per accumulation round")
+        ->multi_option_policy(last);
+    app->add_option("--checkpoint_steps", checkpoint_steps, "evaluate + checkpoint every N steps")
+        ->multi_option_policy(last);
+    app->add_option("--eval_steps", eval_steps, "validation batches per evaluation")->multi_option_policy(last);
+    app->add_option("--training_steps", training_steps, "total optimizer steps")->multi_option_policy(last);
+    app->add_option("--seed", seed, "random seed")->multi_option_policy(last);
   }
 
   // The Jaxformer flags are --set overrides of the keys they name.
