@@ -78,4 +78,10 @@ void read_value(const json& v, const std::string& path, std::array<int64_t, 3>& 
   for (size_t i = 0; i < 3; ++i) out[i] = integral(v[i], path + "[" + std::to_string(i) + "]", true);
 }
 
+void read_value(const json& v, const std::string& path, std::vector<int64_t>& out) {
+  if (!v.is_array()) wrong_type(v, path, "an array of integers");
+  out.clear();
+  for (size_t i = 0; i < v.size(); ++i) out.push_back(integral(v[i], path + "[" + std::to_string(i) + "]", true));
+}
+
 }  // namespace meshtrain::schema

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@ void read_value(const nlohmann::json& v, const std::string& path, double& out);
 void read_value(const nlohmann::json& v, const std::string& path, bool& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::string& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::array<int64_t, 3>& out);
+void read_value(const nlohmann::json& v, const std::string& path, std::vector<int64_t>& out);
 
 // "section.key", or "key" at the top level.
 inline std::string key_path(const std::string& section, const std::string& key) {

@@ -63,8 +63,10 @@ const ShardReader& DataLoader::shard(int64_t index) {
   return *current_;
 }
 
-Batch DataLoader::next() {
-  const int64_t need = global_batch_ * T_ + 1;
+Batch DataLoader::next(int64_t global_batch) {
+  MT_CHECK(global_batch > 0 && global_batch <= global_batch_ && global_batch % dp_size_ == 0, "data loader: batch of ",
+           global_batch, " sequences asked, expected a multiple of dp = ", dp_size_, " up to ", global_batch_);
+  const int64_t need = global_batch * T_ + 1;
   if (cursor_.position + need > sizes_[static_cast<size_t>(cursor_.shard)]) {
     cursor_.position = 0;
     if (++cursor_.shard == num_shards()) {
@@ -73,10 +75,10 @@ Batch DataLoader::next() {
     }
   }
   // Only this rank's share is read: sequences [rank*B/dp, (rank+1)*B/dp).
-  const int64_t b = local_batch();
+  const int64_t b = global_batch / dp_size_;
   const int64_t begin = cursor_.position + dp_rank_ * b * T_;
   std::vector<int32_t> tokens = shard(cursor_.shard).read(begin, b * T_ + 1);
-  cursor_.position += global_batch_ * T_;
+  cursor_.position += global_batch * T_;
   auto window = torch::from_blob(tokens.data(), {static_cast<int64_t>(tokens.size())}, torch::kInt32)
                     .to(torch::kInt64);
   return {window.slice(0, 0, b * T_).view({b, T_}), window.slice(0, 1, b * T_ + 1).view({b, T_})};

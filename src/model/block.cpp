@@ -38,10 +38,22 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg
 }
 
 at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset) {
+  // Decoding (a cache) and evaluation keep no graph: nothing to recompute.
+  const bool recompute = is_training() && cache == nullptr;
+  if (recompute && checkpointing_ == ActivationCheckpointing::Full) {
+    return checkpoint([this](const at::Tensor& x, ForwardAux* a) { return layer(x, a, nullptr, 0, false); }, h, aux);
+  }
+  return layer(h, aux, cache, offset, recompute && checkpointing_ == ActivationCheckpointing::Selective);
+}
+
+at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn) {
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   h = h + at::dropout(attn_->forward(attn_norm_->forward(h), cache, offset), p, is_training());
   const auto x = mlp_norm_->forward(h);
-  const auto y = moe_ ? moe_->forward(x, aux) : mlp_->forward(x);
+  const Segment ffn = [this](const at::Tensor& in, ForwardAux* a) {
+    return moe_ ? moe_->forward(in, a) : mlp_->forward(in);
+  };
+  const auto y = recompute_ffn ? checkpoint(ffn, x, aux) : ffn(x, aux);
   return h + at::dropout(y, p, is_training());
 }
 

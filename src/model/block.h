@@ -8,6 +8,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/model/checkpoint.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/model/transformer.h"
@@ -29,9 +30,14 @@ class Block : public torch::nn::Module {
   // layer: the global layer index, which names the parameters ("layers.<layer>.").
   Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer);
   at::Tensor forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset);
+  // Takes effect in training forwards without a KV cache.
+  void set_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
 
  private:
+  at::Tensor layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn);
+
   ModelConfig cfg_;
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::None;
   std::shared_ptr<RMSNorm> attn_norm_, mlp_norm_;
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<DenseMLP> mlp_;

@@ -71,6 +71,11 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
   }
 }
 
+void Transformer::set_activation_checkpointing(const std::string& mode) {
+  const ActivationCheckpointing m = parse_activation_checkpointing(mode);
+  for (auto& b : blocks_) b->set_checkpointing(m);
+}
+
 at::Tensor Transformer::embed(const at::Tensor& tokens) {
   MT_CHECK(embedding_, "embed() called on a pipeline stage without the embedding (layers ", range_.first_layer,
            "..", range_.end_layer, ")");

@@ -33,7 +33,7 @@ void all_reduce_flat(std::vector<at::Tensor>& tensors, Communicator& comm, int64
   }
 }
 
-void synchronize_gradients(ParallelModel& pm, Mesh& mesh) {
+void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
   at::NoGradGuard no_grad;
   // Parameters whose gradient never materialised (e.g. an expert that got no
   // token) still take part, so every rank reaches the same collectives.
@@ -62,7 +62,7 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh) {
     mesh.pp().all_reduce(flat);
     if (g.defined()) g.copy_(flat.view_as(g));
   }
-  if (mesh.shape().dp > 1) {
+  if (dp && mesh.shape().dp > 1) {
     std::vector<at::Tensor> grads;
     for (auto& p : pm.params) grads.push_back(p.tensor.grad());
     all_reduce_flat(grads, mesh.dp());

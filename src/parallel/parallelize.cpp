@@ -31,6 +31,8 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
   pm.factory = make_layer_factory(cfg, mesh);
   pm.factory->set_seed(cfg.seed);
   pm.model = std::make_shared<Transformer>(cfg.model, *pm.factory, pm.range);
+  // After tp (the factory) and before dp, as torchtitan orders them.
+  pm.model->set_activation_checkpointing(cfg.activation_checkpointing);
   const auto& layouts = pm.factory->layouts();
   for (const auto& item : pm.model->named_parameters()) {
     ParamInfo p;

@@ -44,7 +44,17 @@ void set_rng_state(const nlohmann::json& j) {
 void Trainer::save_checkpoint() {
   std::vector<NamedTensor> local;
   const auto& c = mesh_->coord();
-  auto& params = opt_->params();
+  // Moments per parameter, whole: under ZeRO-1 gathered from the dp slices,
+  // so the checkpoint reads back on any dp and any zero_stage.
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;
+  if (zero_) {
+    std::tie(exp_avg, exp_avg_sq) = zero_->gather_moments();
+  } else {
+    for (const auto& o : opt_->params()) {
+      exp_avg.push_back(o.exp_avg);
+      exp_avg_sq.push_back(o.exp_avg_sq);
+    }
+  }
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     const ParamInfo& p = pm_.params[i];
     // One writer per shard: dp rank 0, tp rank 0 for replicated tensors, and
@@ -52,12 +62,13 @@ void Trainer::save_checkpoint() {
     const bool write = c.dp == 0 && !p.layout.tied_copy && (p.layout.split_dim >= 0 || c.tp == 0);
     const ShardSpec spec = spec_of(p.layout, *mesh_);
     local.push_back({"model." + p.layout.global_name, p.tensor.detach().cpu(), spec, write});
-    local.push_back({"optim.exp_avg." + p.layout.global_name, params[i].exp_avg.cpu(), spec, write});
-    local.push_back({"optim.exp_avg_sq." + p.layout.global_name, params[i].exp_avg_sq.cpu(), spec, write});
+    local.push_back({"optim.exp_avg." + p.layout.global_name, exp_avg[i].cpu(), spec, write});
+    local.push_back({"optim.exp_avg_sq." + p.layout.global_name, exp_avg_sq[i].cpu(), spec, write});
   }
   nlohmann::json state;
   state["step"] = step_;
-  state["optimizer_steps"] = opt_->steps_taken();
+  state["optimizer_steps"] = zero_ ? zero_->steps_taken() : opt_->steps_taken();
+  state["consumed_samples"] = consumed_samples_;
   state["train_cursor"] = train_loader_->cursor();
   state["val_cursor"] = val_loader_->cursor();
   state["rng_cpu"] = rng_state();
@@ -71,7 +82,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   CheckpointReader reader(dir);
   reader.verify();
   at::NoGradGuard no_grad;
-  auto& params = opt_->params();
+  std::vector<at::Tensor> exp_avg(pm_.params.size()), exp_avg_sq(pm_.params.size());
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     const ParamInfo& p = pm_.params[i];
     const ShardSpec spec = spec_of(p.layout, *mesh_);
@@ -81,13 +92,27 @@ void Trainer::load_checkpoint(const std::string& dir) {
     p.tensor.copy_(reader.read(name, spec).to(p.tensor.device(), p.tensor.scalar_type()));
     const std::string m = "optim.exp_avg." + p.layout.global_name, v = "optim.exp_avg_sq." + p.layout.global_name;
     if (reader.has(m) && reader.has(v)) {
-      params[i].exp_avg.copy_(reader.read(m, spec).to(params[i].exp_avg.device()));
-      params[i].exp_avg_sq.copy_(reader.read(v, spec).to(params[i].exp_avg_sq.device()));
+      exp_avg[i] = reader.read(m, spec);
+      exp_avg_sq[i] = reader.read(v, spec);
+    }
+  }
+  if (zero_) {
+    zero_->load_moments(exp_avg, exp_avg_sq);  // keeps this rank's dp slice
+  } else {
+    auto& params = opt_->params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!exp_avg[i].defined()) continue;
+      params[i].exp_avg.copy_(exp_avg[i].to(params[i].exp_avg.device()));
+      params[i].exp_avg_sq.copy_(exp_avg_sq[i].to(params[i].exp_avg_sq.device()));
     }
   }
   const auto& st = reader.trainer_state();
   step_ = st.at("step").get<int64_t>();
-  opt_->set_steps_taken(st.value("optimizer_steps", step_));
+  const int64_t opt_steps = st.value("optimizer_steps", step_);
+  if (zero_) zero_->set_steps_taken(opt_steps);
+  else opt_->set_steps_taken(opt_steps);
+  // Older checkpoints predate the rampup: every step took the full batch.
+  consumed_samples_ = st.value("consumed_samples", step_ * cfg_.data.train_batch_size * cfg_.grad_step);
   if (opts_.load_data_cursor) {
     // The cursor is a position in the global stream, so it holds on any mesh.
     train_loader_->restore(st.at("train_cursor").get<Cursor>());

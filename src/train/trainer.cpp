@@ -10,6 +10,7 @@
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
+#include "meshtrain/optim/rampup.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/train/generate.h"
@@ -37,7 +38,7 @@ std::string data_folder(const Config& cfg, const std::string& sub) {
 }
 
 // Features whose keys are accepted but not implemented yet: refused, never ignored.
-const std::vector<std::string> kNotYet = {"zero_stage", "activation_checkpointing"};
+const std::vector<std::string> kNotYet = {};
 
 }  // namespace
 
@@ -75,9 +76,13 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   pm_ = build_parallel_model(cfg_, *mesh_);
   pm_.model->to(device_);
   for (auto& p : pm_.params) p.tensor = pm_.model->named_parameters()[p.path];
-  std::vector<OptimParam> params;
-  for (auto& p : pm_.params) params.push_back({p.layout.global_name, p.tensor, p.decay, {}, {}});
-  opt_ = std::make_unique<AdamW>(std::move(params), cfg_.lr);
+  if (cfg_.zero_stage == 1) {
+    zero_ = std::make_unique<ZeroOptimizer>(pm_, *mesh_, cfg_.lr);
+  } else {
+    std::vector<OptimParam> params;
+    for (auto& p : pm_.params) params.push_back({p.layout.global_name, p.tensor, p.decay, {}, {}});
+    opt_ = std::make_unique<AdamW>(std::move(params), cfg_.lr);
+  }
 
   const ParamCount pc = count_params(cfg_.model);
   spdlog::info("model: {} layers, d {}, {} heads, {} / {} | parameters: {:.3f}M total, {:.3f}M active per token",
@@ -96,7 +101,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
 
 Trainer::~Trainer() = default;
 
-StepStats Trainer::reduce_stats(const RoundSums& sums) {
+StepStats Trainer::reduce_stats(const RoundSums& sums, int64_t seq_len) {
   // One world-wide sum: ce lives on the last stage, aux on every stage; only
   // tp rank 0 contributes so tp replicas are not counted twice.
   const int64_t n_layers = cfg_.model.n_layers();
@@ -115,7 +120,7 @@ StepStats Trainer::reduce_stats(const RoundSums& sums) {
   StepStats s;
   s.tokens = a[1];
   s.loss = a[1] > 0 ? a[0] / a[1] : 0.0;
-  const double sequences = a[1] / static_cast<double>(cfg_.data.T);
+  const double sequences = a[1] / static_cast<double>(seq_len);
   s.aux_loss = sequences > 0 ? a[2] / sequences : 0.0;
   s.z_loss = sequences > 0 ? a[3] / sequences : 0.0;
   s.dropped_fraction = a[5] > 0 ? a[4] / a[5] : 0.0;
@@ -133,17 +138,22 @@ StepStats Trainer::reduce_stats(const RoundSums& sums) {
 StepStats Trainer::train_step() {
   pm_.model->train();
   for (auto& p : pm_.params) p.tensor.mutable_grad() = at::Tensor();
-  const double global_tokens =
-      static_cast<double>(cfg_.data.train_batch_size * cfg_.grad_step * cfg_.data.T);
-  const double global_seqs = static_cast<double>(cfg_.data.train_batch_size * cfg_.grad_step);
+  // Batch-size rampup and sequence-length warmup (optim/rampup.h) set this
+  // step's shape; the loss stays the mean over the tokens actually trained on.
+  const int64_t batch = global_batch_at(cfg_, consumed_samples_), T = seq_len_at(cfg_, step_);
+  const double global_tokens = static_cast<double>(batch * cfg_.grad_step * T);
+  const double global_seqs = static_cast<double>(batch * cfg_.grad_step);
   RoundSpec spec;
   spec.ce_scale = 1.0 / global_tokens;
   spec.aux_scale = cfg_.alpha / global_seqs;
   spec.z_scale = cfg_.model.router_z_loss / global_seqs;
   RoundSums total;
   for (int64_t r = 0; r < cfg_.grad_step; ++r) {
-    Batch b = train_loader_->next();
-    RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
+    Batch b = train_loader_->next(batch);
+    // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
+    // truncation); the pipeline takes its activation shape from inputs.size(1).
+    const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
+    RoundSums s = run_round(pm_, *mesh_, cfg_, in.to(device_), tg.to(device_), spec);
     total.ce_sum += s.ce_sum;
     total.tokens += s.tokens;
     total.aux_sum += s.aux_sum;
@@ -157,8 +167,13 @@ StepStats Trainer::train_step() {
       for (size_t e = 0; e < d.size(); ++e) d[e] += s.expert_tokens[l][e];
     }
   }
-  synchronize_gradients(pm_, *mesh_);
-  return reduce_stats(total);
+  consumed_samples_ += batch * cfg_.grad_step;
+  // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in train().
+  synchronize_gradients(pm_, *mesh_, /*dp=*/!zero_);
+  StepStats stats = reduce_stats(total, T);
+  stats.batch_size = batch;
+  stats.seq_len = T;
+  return stats;
 }
 
 double Trainer::evaluate() {
@@ -215,6 +230,8 @@ void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double s
   row["lr"] = lr;
   row["grad_norm"] = grad_norm;
   row["tokens_per_sec"] = seconds > 0 ? s.tokens / seconds : 0.0;
+  if (!cfg_.rampup_batch_size.empty()) row["batch_size"] = s.batch_size;
+  if (cfg_.seq_len_warmup.total_curriculum_step > 0) row["seq_len"] = s.seq_len;
   if (cfg_.model.ffn == "moe") {
     row["aux_loss"] = s.aux_loss;
     row["loss_cross"] = s.loss;
@@ -240,7 +257,7 @@ double Trainer::train() {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(cfg_.lr, step_);
     StepStats s = train_step();
-    const double norm = global_grad_norm(pm_, *mesh_);
+    const double norm = zero_ ? zero_->reduce_gradients() : global_grad_norm(pm_, *mesh_);
     const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
     if (!finite) {
       MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_, " (loss ", s.loss,
@@ -251,10 +268,12 @@ double Trainer::train() {
       if (cfg_.grad_clip_norm > 0 && norm > cfg_.grad_clip_norm) {
         at::NoGradGuard ng;
         const double scale = cfg_.grad_clip_norm / (norm + 1e-6);
+        if (zero_) zero_->scale_gradients(scale);
         for (auto& p : pm_.params)
           if (p.tensor.grad().defined()) p.tensor.grad().mul_(scale);
       }
-      opt_->step(lr);
+      if (zero_) zero_->step(lr);
+      else opt_->step(lr);
     }
     ++step_;
     last = s.loss;

@@ -42,7 +42,10 @@ class DataLoader {
   DataLoader(const std::string& folder, int64_t T, int64_t global_batch, int dp_rank, int dp_size,
              int64_t vocab_size);
 
-  Batch next();
+  Batch next() { return next(global_batch_); }
+  // A batch of global_batch sequences (<= the constructor's, a multiple of
+  // dp): the batch-size rampup asks for smaller batches early in a run.
+  Batch next(int64_t global_batch);
   Cursor cursor() const { return cursor_; }
   void restore(const Cursor& c);
 

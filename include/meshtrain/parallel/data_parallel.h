@@ -12,7 +12,8 @@
 
 namespace meshtrain {
 
-void synchronize_gradients(ParallelModel& pm, Mesh& mesh);
+// dp = false leaves the dp sum to ZeRO's reduce-scatter (parallel/zero.h).
+void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp = true);
 
 // Global L2 norm of all gradients, counting each parameter once whatever the
 // mesh (tp shards summed, tp replicas and tied copies counted once).

@@ -6,12 +6,14 @@
 #include <string>
 
 #include "meshtrain/config/config.h"
+#include "meshtrain/core/check.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/parallelize.h"
 #include "meshtrain/parallel/pipeline.h"
+#include "meshtrain/parallel/zero.h"
 #include "meshtrain/train/metrics.h"
 
 namespace meshtrain {
@@ -31,6 +33,8 @@ struct StepStats {
   double dropped_fraction = 0;
   std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global index order), per expert
   double tokens = 0;
+  int64_t batch_size = 0;  // sequences per accumulation round (rampup_batch_size)
+  int64_t seq_len = 0;     // tokens per sequence (seq_len_warmup)
 };
 
 class Trainer {
@@ -51,7 +55,14 @@ class Trainer {
   const Config& config() const { return cfg_; }
   Mesh& mesh() { return *mesh_; }
   ParallelModel& model() { return pm_; }
-  AdamW& optimizer() { return *opt_; }
+  // The optimizer: AdamW with zero_stage 0, ZeroOptimizer (else null) with 1.
+  AdamW& optimizer() {
+    MT_CHECK(opt_, "zero_stage 1: the optimizer is the ZeroOptimizer (Trainer::zero_optimizer())");
+    return *opt_;
+  }
+  ZeroOptimizer* zero_optimizer() { return zero_.get(); }
+  // Sequences trained on so far (drives the batch-size rampup; saved in checkpoints).
+  int64_t consumed_samples() const { return consumed_samples_; }
   // Losses of every step trained by this object, in order (for tests).
   const std::vector<double>& losses() const { return losses_; }
 
@@ -61,7 +72,7 @@ class Trainer {
 
  private:
   void load_checkpoint(const std::string& dir);
-  StepStats reduce_stats(const RoundSums& sums);
+  StepStats reduce_stats(const RoundSums& sums, int64_t seq_len);
   void log_step(const StepStats& s, double lr, double grad_norm, double seconds);
 
   Config cfg_;
@@ -71,11 +82,13 @@ class Trainer {
   std::unique_ptr<Mesh> mesh_;
   ParallelModel pm_;
   std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<ZeroOptimizer> zero_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<MetricsLogger> metrics_;
   at::Device device_;
   int64_t step_ = 0;
+  int64_t consumed_samples_ = 0;
   std::vector<double> losses_;
   std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
 };
