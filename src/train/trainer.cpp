@@ -10,6 +10,8 @@
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
+#include "meshtrain/core/stop_signal.h"
+#include "meshtrain/core/watchdog.h"
 #include "meshtrain/optim/rampup.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -35,6 +37,13 @@ std::string data_folder(const Config& cfg, const std::string& sub) {
            sub == cfg.data.train_folder_name ? "train_folder_name" : "val_folder_name",
            "); create it with: meshtrain prepare-data --input <text files> --output ", cfg.data.data_dir);
   return p.string();
+}
+
+// Test hook: MESHTRAIN_TEST_NAN_AT_STEP=K poisons the gradients of step K
+// (0-based) on every rank, so tests can check nan_policy end to end.
+int64_t nan_test_step() {
+  const char* v = std::getenv("MESHTRAIN_TEST_NAN_AT_STEP");
+  return v ? std::atoll(v) : -1;
 }
 
 // Features whose keys are accepted but not implemented yet: refused, never ignored.
@@ -223,6 +232,21 @@ std::string Trainer::sample() {
   return text;
 }
 
+void Trainer::warn_starved_experts(const StepStats& s) {
+  // Router collapse shows as experts that receive no token step after step.
+  constexpr int64_t kPatience = 50;
+  size_t n = 0;
+  for (const auto& layer : s.expert_fraction) n += layer.size();
+  starved_steps_.resize(n, 0);
+  size_t i = 0;
+  for (size_t l = 0; l < s.expert_fraction.size(); ++l)
+    for (size_t e = 0; e < s.expert_fraction[l].size(); ++e, ++i) {
+      starved_steps_[i] = s.expert_fraction[l][e] > 0 ? 0 : starved_steps_[i] + 1;
+      if (starved_steps_[i] > 0 && starved_steps_[i] % kPatience == 0)
+        spdlog::warn("MoE layer {} expert {} got no tokens for {} steps (router collapse?)", l, e, starved_steps_[i]);
+    }
+}
+
 void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double seconds) {
   nlohmann::json row;
   row["step"] = step_;
@@ -238,14 +262,24 @@ void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double s
     row["dropped_fraction"] = s.dropped_fraction;
     if (cfg_.model.router_z_loss > 0) row["z_loss"] = s.z_loss;
     row["expert_load"] = s.expert_fraction;
+    warn_starved_experts(s);
   }
   metrics_->log(row);
   if (!opts_.quiet && (step_ % std::max<int64_t>(1, cfg_.log_every) == 0 || step_ == cfg_.training_steps))
     spdlog::info("{}", format_step_line(row));
 }
 
+bool Trainer::stop_agreed() {
+  // Every rank must leave the loop at the same step, so the flag of any rank
+  // (a signal may reach only some of them) is shared before acting on it.
+  at::Tensor flag = at::full({1}, static_cast<int64_t>(stop_requested()), at::kLong);
+  mesh_->cpu_world().all_reduce(flag, ReduceOp::Max);
+  return flag.item<int64_t>() != 0;
+}
+
 double Trainer::train() {
   const int64_t total = cfg_.training_steps;
+  Watchdog watchdog(cfg_.watchdog_seconds, runtime_.rank());
   if (step_ >= total) {
     spdlog::info("run {} is already at step {} of {}: nothing to train", cfg_.run_dir(), step_, total);
     return losses_.empty() ? std::nan("") : losses_.back();
@@ -256,7 +290,12 @@ double Trainer::train() {
   while (step_ < total) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(cfg_.lr, step_);
+    watchdog.beat("train step " + std::to_string(step_));
     StepStats s = train_step();
+    if (step_ == nan_test_step()) {
+      at::NoGradGuard ng;
+      for (auto& p : pm_.params) p.tensor.grad().fill_(std::nan(""));
+    }
     const double norm = zero_ ? zero_->reduce_gradients() : global_grad_norm(pm_, *mesh_);
     const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
     if (!finite) {
@@ -280,7 +319,15 @@ double Trainer::train() {
     losses_.push_back(s.loss);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_step(s, lr, norm, secs);
+    const bool stop = stop_agreed();
+    if (stop && step_ % cfg_.checkpoint_steps != 0 && step_ != total) {
+      watchdog.beat("saving the preemption checkpoint at step " + std::to_string(step_));
+      spdlog::warn("stop requested (signal {}): saving step {} and exiting", stop_requested(), step_);
+      save_checkpoint();
+      break;
+    }
     if (step_ % cfg_.checkpoint_steps == 0 || step_ == total) {
+      watchdog.beat("evaluation and checkpoint at step " + std::to_string(step_));
       const double val = evaluate();
       if (std::isfinite(val)) {
         nlohmann::json row = {{"step", step_}, {"val_loss", val}};
@@ -289,6 +336,10 @@ double Trainer::train() {
       }
       save_checkpoint();
       if (cfg_.sample_every == 0 ? step_ == total : step_ % cfg_.sample_every == 0) sample();
+      if (stop) {
+        spdlog::warn("stop requested (signal {}): step {} saved, exiting", stop_requested(), step_);
+        break;
+      }
     }
   }
   return last;

@@ -72,6 +72,8 @@ class Trainer {
 
  private:
   void load_checkpoint(const std::string& dir);
+  bool stop_agreed();
+  void warn_starved_experts(const StepStats& s);
   StepStats reduce_stats(const RoundSums& sums, int64_t seq_len);
   void log_step(const StepStats& s, double lr, double grad_norm, double seconds);
 
