@@ -4,6 +4,9 @@
 // every rank instead of hanging.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+
 #include "meshtrain/core/check.h"
 #include "meshtrain/parallel/pipeline.h"
 #include "meshtrain/parallel/pipeline_plan.h"
@@ -251,4 +254,39 @@ TEST(Pipeline, BadMicrobatchThrowsOnEveryRankWithoutHanging) {
   cfg.pipeline_schedule = "zigzag";
   EXPECT_THROW(run_round(pm, mesh, cfg, tokens, tokens, RoundSpec{}), Error);
   world->barrier();  // every rank got here: nobody waits in a send or recv
+}
+
+// Not a pass/fail check: per-round time and the measured bubble (time blocked
+// in pipeline send/recv over round time, worst stage) against the theory
+// (pp - 1) / (n_mb + pp - 1). Meaningful only with a core per rank.
+TEST(Pipeline, ReportsStepTimeAndBubble) {
+  const int n = test_runtime().size();
+  auto world = test_runtime().world();
+  Mesh mesh(*world, MeshShape{1, n, 1});
+  Config cfg = base_config("pp-bench");
+  cfg.model.model_dimension = 64;
+  cfg.data.micro_batch_size = 2;
+  const int64_t batch = 16, n_mb = batch / cfg.data.micro_batch_size, rounds = 4;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor inputs = at::randint(0, 96, {batch, 16}, gen, at::kLong);
+  RoundSpec spec;
+  spec.ce_scale = 1.0 / static_cast<double>(batch * 16);
+  for (const auto& schedule : kSchedules) {
+    cfg.pipeline_schedule = schedule;
+    ParallelModel pm = build_parallel_model(cfg, mesh);
+    run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
+    world->barrier();
+    double wait = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    at::Tensor stats = at::tensor({seconds / rounds, wait / seconds}, at::kDouble);
+    world->all_reduce(stats, ReduceOp::Max);
+    const double theory = static_cast<double>(n - 1) / static_cast<double>(n_mb + n - 1);
+    if (world->rank() == 0)
+      std::printf("[pp bench] pp %d %s: %lld microbatches, %.1f ms per round, bubble %.2f (theory %.2f)\n", n,
+                  schedule.c_str(), static_cast<long long>(n_mb), 1e3 * stats[0].item<double>(),
+                  stats[1].item<double>(), theory);
+    EXPECT_GT(stats[0].item<double>(), 0.0);
+  }
 }
