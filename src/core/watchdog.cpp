@@ -39,8 +39,8 @@ void Watchdog::run() {
                               "': a peer rank is dead or stuck in a collective (watchdog_seconds); aborting";
       spdlog::error("{}", msg);
       std::cerr << msg << std::endl;
-      // Not exit(): other threads may hold locks; abort() is async-safe enough
-      // and mpirun turns one rank's death into the end of the job.
+      // Not a normal process shutdown: other threads may hold locks; abort() is
+      // async-safe enough, and mpirun turns one rank's death into the end of the job.
       std::abort();
     }
     cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1)));

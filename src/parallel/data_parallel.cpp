@@ -53,11 +53,13 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
     at::Tensor g;
     for (auto& p : pm.params)
       if (p.layout.global_name == "embed.weight") g = p.tensor.grad();
+    // Tensors live where the parameters do: NCCL only moves device memory.
+    const auto opts = pm.params.front().tensor.options();
     at::Tensor buf = g.defined() ? g.clone() : at::Tensor();
     int64_t n = buf.defined() ? buf.numel() : 0;
-    at::Tensor count = at::full({1}, n, at::kLong);
+    at::Tensor count = at::full({1}, n, opts.dtype(at::kLong));
     mesh.pp().all_reduce(count, ReduceOp::Max);
-    if (!buf.defined()) buf = at::zeros({count.item<int64_t>()}, at::kFloat);
+    if (!buf.defined()) buf = at::zeros({count.item<int64_t>()}, opts.dtype(at::kFloat));
     at::Tensor flat = buf.reshape({-1}).contiguous();
     mesh.pp().all_reduce(flat);
     if (g.defined()) g.copy_(flat.view_as(g));
@@ -71,7 +73,8 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
 
 double global_grad_norm(ParallelModel& pm, Mesh& mesh) {
   at::NoGradGuard no_grad;
-  at::Tensor sq = at::zeros({1}, at::kDouble);
+  // On the parameters' device: with NCCL the reductions below move device memory.
+  at::Tensor sq = at::zeros({1}, pm.params.front().tensor.options().dtype(at::kDouble));
   for (auto& p : pm.params) {
     if (!p.tensor.grad().defined()) continue;
     // Each parameter once: tp replicas only from tp rank 0, tied copies never.

@@ -16,6 +16,7 @@
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/train/generate.h"
+#include "meshtrain/train/precision.h"
 
 namespace meshtrain {
 
@@ -162,7 +163,11 @@ StepStats Trainer::train_step() {
     // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
     // truncation); the pipeline takes its activation shape from inputs.size(1).
     const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
-    RoundSums s = run_round(pm_, *mesh_, cfg_, in.to(device_), tg.to(device_), spec);
+    RoundSums s;
+    {
+      AutocastGuard autocast(cfg_, device_);
+      s = run_round(pm_, *mesh_, cfg_, in.to(device_, /*non_blocking=*/true), tg.to(device_, true), spec);
+    }
     total.ce_sum += s.ce_sum;
     total.tokens += s.tokens;
     total.aux_sum += s.aux_sum;
@@ -195,6 +200,7 @@ double Trainer::evaluate() {
   val_loader_->restore(Cursor{});  // every evaluation reads the same batches
   for (int64_t i = 0; i < cfg_.eval_steps; ++i) {
     Batch b = val_loader_->next();
+    AutocastGuard autocast(cfg_, device_);
     RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
     ce += s.ce_sum;
     tokens += s.tokens;
