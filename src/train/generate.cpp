@@ -11,7 +11,10 @@ namespace meshtrain {
 namespace {
 
 // Next token from logits [V]: argmax at temperature 0, else top-k sampling.
+// Ranks that do not compute logits (pipeline stages before the last) return -1
+// and learn the token from share().
 int32_t sample(at::Tensor logits, const SampleOptions& o, at::Generator& gen) {
+  if (!logits.defined()) return -1;
   logits = logits.to(at::kCPU, at::kFloat);
   if (o.temperature <= 0.0) return static_cast<int32_t>(logits.argmax().item<int64_t>());
   logits = logits / o.temperature;
@@ -28,63 +31,70 @@ at::Tensor as_batch(const std::vector<int32_t>& tokens, size_t begin, const at::
   return at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}).to(device);
 }
 
-// Logits [V] at the last position of `context` (a [1, t] token tensor).
-at::Tensor last_logits(Transformer& model, const at::Tensor& context, KVCache* cache) {
-  const auto h = model.forward_layers(model.embed(context), nullptr, cache);
-  return model.logits(h.narrow(1, h.size(1) - 1, 1)).view({-1});
-}
-
-std::vector<int32_t> continue_one(Transformer& model, std::vector<int32_t> seq, const SampleOptions& o,
-                                  at::Generator& gen, const at::Device& device) {
-  const auto T = static_cast<size_t>(model.config().T);
+std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_logits, const ShareFn& share,
+                                  std::vector<int32_t> seq, const SampleOptions& o, at::Generator& gen,
+                                  const at::Device& device) {
+  const auto T = static_cast<size_t>(cfg.T);
   const size_t prompt_len = seq.size();
   KVCache cache;
   at::Tensor logits;
   for (int64_t step = 0; step < o.max_tokens; ++step) {
     if (!o.use_cache) {
-      logits = last_logits(model, as_batch(seq, seq.size() - std::min(seq.size(), T), device), nullptr);
+      logits = last_logits(as_batch(seq, seq.size() - std::min(seq.size(), T), device), nullptr);
     } else if (step == 0 || cache.length >= static_cast<int64_t>(T)) {
       // Restart from half the context, so a full cache costs one prefill per
       // T/2 tokens rather than one per token.
       const size_t keep = step == 0 ? std::min(seq.size(), T) : std::max<size_t>(T / 2, 1);
       cache = KVCache{};
-      logits = last_logits(model, as_batch(seq, seq.size() - keep, device), &cache);
+      logits = last_logits(as_batch(seq, seq.size() - keep, device), &cache);
     } else {
-      logits = last_logits(model, as_batch(seq, seq.size() - 1, device), &cache);
+      logits = last_logits(as_batch(seq, seq.size() - 1, device), &cache);
     }
-    seq.push_back(sample(logits, o, gen));
+    seq.push_back(share(sample(logits, o, gen)));
   }
   return {seq.begin() + static_cast<std::ptrdiff_t>(prompt_len), seq.end()};
 }
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> generate(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> generate(const ModelConfig& cfg, const at::Device& device, const ForwardFn& forward,
+                                           const ShareFn& share, const std::vector<std::vector<int32_t>>& prompts,
                                            const SampleOptions& options) {
-  MT_CHECK(model.embedding() && model.head(), "generate needs a single-stage model (embedding and head)");
   MT_CHECK(options.max_tokens >= 0, "max_tokens must be >= 0, got ", options.max_tokens);
   MT_CHECK(options.top_k >= 0, "top_k must be >= 0, got ", options.top_k);
-  const int64_t V = model.config().vocab_size;
+  const int64_t V = cfg.vocab_size;
   for (const auto& p : prompts) {
     MT_CHECK(!p.empty(), "generate: empty prompt (hint: start it with at least one token)");
     for (int32_t t : p) MT_CHECK(t >= 0 && t < V, "generate: prompt token ", t, " outside the vocabulary [0, ", V, ")");
   }
-  const auto params = model.parameters();
-  const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
-
   at::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   std::vector<std::vector<int32_t>> out;
+  for (const auto& p : prompts) out.push_back(continue_one(cfg, forward, share, p, options, gen, device));
+  return out;
+}
+
+std::vector<std::vector<int32_t>> generate(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+                                           const SampleOptions& options) {
+  MT_CHECK(model.embedding() && model.head(), "generate needs a single-stage model (embedding and head)");
+  const auto params = model.parameters();
+  const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
+  // Logits [V] at the last position of `context` (a [1, t] token tensor).
+  ForwardFn forward = [&model](const at::Tensor& context, KVCache* cache) {
+    const auto h = model.forward_layers(model.embed(context), nullptr, cache);
+    return model.logits(h.narrow(1, h.size(1) - 1, 1)).view({-1});
+  };
+  ShareFn same = [](int32_t token) { return token; };
+  const bool was_training = model.is_training();
+  model.eval();
   try {
-    for (const auto& p : prompts) out.push_back(continue_one(model, p, options, gen, device));
+    auto out = generate(model.config(), device, forward, same, prompts, options);
+    model.train(was_training);
+    return out;
   } catch (...) {
     model.train(was_training);
     throw;
   }
-  model.train(was_training);
-  return out;
 }
 
 }  // namespace meshtrain

@@ -15,6 +15,7 @@
 #include "meshtrain/optim/rampup.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/precision.h"
 
@@ -218,8 +219,8 @@ std::string Trainer::sample() {
     spdlog::warn("no tokenizer.json in {}: skipping the sample", cfg_.data.data_dir);
     return {};
   }
-  if (mesh_->shape().pp > 1) {
-    spdlog::warn("sampling through a pipeline (pp > 1) is not supported yet: skipping the sample");
+  if (cfg_.sequence_parallel && mesh_->shape().tp > 1) {
+    spdlog::warn("sampling with sequence_parallel is not supported yet: skipping the sample");
     return {};
   }
   SampleOptions so;
@@ -231,7 +232,14 @@ std::string Trainer::sample() {
   std::vector<int32_t> prompt = tokenizer_->encode(cfg_.inference.prompt);
   if (prompt.empty()) prompt.push_back(tokenizer_->eot());
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(cfg_.inference.batch_size), prompt);
-  auto out = generate(*pm_.model, prompts, so);
+  std::vector<std::vector<int32_t>> out;
+  AutocastGuard autocast(cfg_, device_);
+  if (mesh_->shape().pp == 1) {
+    out = generate(*pm_.model, prompts, so);
+  } else {
+    pm_.model->eval();
+    out = generate(cfg_.model, device_, pipeline_forward(pm_, *mesh_), pipeline_share(pm_, *mesh_), prompts, so);
+  }
   pm_.model->train();
   std::string text = cfg_.inference.prompt + tokenizer_->decode(out.at(0));
   spdlog::info("sample: {}", text);

@@ -8,6 +8,7 @@
 // restarted from the last T/2 tokens (so past T tokens the two paths see
 // different contexts; within T they compute the same logits).
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "meshtrain/model/transformer.h"
@@ -26,6 +27,17 @@ struct SampleOptions {
 // must be non-empty and may have different lengths. Runs in eval mode under
 // NoGradGuard; the model's training flag is restored afterwards.
 std::vector<std::vector<int32_t>> generate(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
+                                           const SampleOptions& options);
+
+// The same loop over any way of running the model (a pipeline, see
+// parallel/pipeline_generate.h). forward runs this rank's piece over `context`
+// [1, t] (growing `cache` when given) and returns the next-token logits [V]
+// where this rank computes them, undefined elsewhere; share makes every rank
+// agree on the sampled token (-1 where this rank did not sample).
+using ForwardFn = std::function<at::Tensor(const at::Tensor& context, KVCache* cache)>;
+using ShareFn = std::function<int32_t(int32_t token)>;
+std::vector<std::vector<int32_t>> generate(const ModelConfig& cfg, const at::Device& device, const ForwardFn& forward,
+                                           const ShareFn& share, const std::vector<std::vector<int32_t>>& prompts,
                                            const SampleOptions& options);
 
 }  // namespace meshtrain

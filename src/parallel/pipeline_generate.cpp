@@ -1,0 +1,39 @@
+#include "meshtrain/parallel/pipeline_generate.h"
+
+#include <torch/torch.h>
+
+namespace meshtrain {
+
+ForwardFn pipeline_forward(ParallelModel& pm, Mesh& mesh) {
+  return [&pm, &mesh](const at::Tensor& context, KVCache* cache) -> at::Tensor {
+    Transformer& model = *pm.model;
+    const int stage = mesh.coord().pp, last = mesh.shape().pp - 1;
+    at::Tensor h;
+    if (stage == 0) {
+      h = model.embed(context);
+    } else {
+      // Every stage knows the context length (the tokens are shared), so the
+      // shape of the incoming hidden state is known up front.
+      h = at::empty({context.size(0), context.size(1), model.config().model_dimension},
+                    pm.params.front().tensor.options());
+      mesh.pp().recv(h, stage - 1);
+    }
+    h = model.forward_layers(h, nullptr, cache);
+    if (stage != last) {
+      mesh.pp().send(h.contiguous(), stage + 1);
+      return at::Tensor();
+    }
+    return model.logits(h.narrow(1, h.size(1) - 1, 1)).view({-1});
+  };
+}
+
+ShareFn pipeline_share(ParallelModel& pm, Mesh& mesh) {
+  return [&pm, &mesh](int32_t token) {
+    // The pp communicator's rank is the stage: the last stage sampled.
+    at::Tensor t = at::full({1}, static_cast<int64_t>(token), pm.params.front().tensor.options().dtype(at::kLong));
+    mesh.pp().broadcast(t, mesh.shape().pp - 1);
+    return static_cast<int32_t>(t.item<int64_t>());
+  };
+}
+
+}  // namespace meshtrain
