@@ -168,10 +168,13 @@ out="$(MESHTRAIN_DRY_RUN=1 MESHTRAIN_LAUNCHER=mpirun SLURM_JOB_NUM_NODES=2 SLURM
 expect_has "slurm: mpirun fallback" "$out" '^mpirun -np 8 --map-by ppr:4:node .*build/meshtrain train --config run.json'
 
 # SIGTERM before the time limit reaches the ranks, and the job waits for them.
+# Under the mpirun fallback it is passed on as SIGUSR1 (mpirun forwards that
+# one to its ranks; SIGTERM would make mpirun kill them).
 mkdir -p "$WORK/fake"
 cat >"$WORK/fake/mpirun" <<'STUB'
 #!/usr/bin/env bash
 trap 'echo term >"$TERM_SEEN"; sleep 0.3; exit 0' TERM
+trap 'echo usr1 >"$TERM_SEEN"; sleep 0.3; exit 0' USR1
 echo started >"$TERM_SEEN.started"
 while :; do sleep 0.1; done
 STUB
@@ -184,8 +187,8 @@ for _ in $(seq 50); do [ -e "$TERM_SEEN.started" ] && break; sleep 0.1; done
 kill -TERM "$job"
 wait "$job"
 rc=$?
-if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = term ]; then
-  ok "slurm: SIGTERM forwarded to the ranks"
+if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = usr1 ]; then
+  ok "slurm: SIGTERM passed to mpirun as SIGUSR1 for the ranks"
 else
   bad "slurm: SIGTERM forwarding (exit $rc)" "$(cat "$WORK/slurm.out")"
 fi
