@@ -3,13 +3,148 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/parallel/mappings.h"
+#include "vocab_parallel.h"
 
 namespace meshtrain {
 
+namespace {
+
+// Output features (rows of W) split over tp; the input enters the tp region.
+class ColumnParallelLinear : public Linear {
+ public:
+  ColumnParallelLinear(at::Tensor w, LayerFactory* factory)
+      : weight_(register_parameter("weight", std::move(w))), factory_(factory) {}
+  at::Tensor forward(const at::Tensor& x) override { return at::linear(factory_->enter_tp(x), weight_); }
+
+ private:
+  at::Tensor weight_;
+  LayerFactory* factory_;
+};
+
+// Input features (columns of W) split over tp; the partial outputs are summed
+// (or reduce-scattered along the sequence) on the way out.
+class RowParallelLinear : public Linear {
+ public:
+  RowParallelLinear(at::Tensor w, LayerFactory* factory)
+      : weight_(register_parameter("weight", std::move(w))), factory_(factory) {}
+  at::Tensor forward(const at::Tensor& x) override { return factory_->exit_tp(at::linear(x, weight_)); }
+
+ private:
+  at::Tensor weight_;
+  LayerFactory* factory_;
+};
+
+at::Tensor tp_chunk(const at::Tensor& full, int64_t dim, int64_t tp, int64_t rank, const std::string& name) {
+  MT_CHECK(full.size(dim) % tp == 0, "parameter ", name, ": dim ", dim, " of shape ", full.sizes(),
+           " does not split over tp = ", tp, " (check model_config against device_config.n_device_axis)");
+  const int64_t n = full.size(dim) / tp;
+  return full.narrow(dim, rank * n, n).clone();
+}
+
+class TensorParallelFactory : public LayerFactory {
+ public:
+  TensorParallelFactory(Communicator& tp, bool sequence_parallel) : tp_(tp), sp_(sequence_parallel) {}
+
+  int64_t tp_size() const override { return tp_.size(); }
+  int64_t tp_rank() const override { return tp_.rank(); }
+  bool sequence_parallel() const override { return sp_; }
+
+  std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std) override {
+    const std::string w = name + ".weight";
+    record_layout(w, {{out, in}, 0, w});
+    return std::make_shared<ColumnParallelLinear>(
+        tp_chunk(init_normal(seed(), w, {out, in}, std), 0, tp_size(), tp_rank(), w), this);
+  }
+
+  std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std) override {
+    const std::string w = name + ".weight";
+    record_layout(w, {{out, in}, 1, w});
+    return std::make_shared<RowParallelLinear>(
+        tp_chunk(init_normal(seed(), w, {out, in}, std), 1, tp_size(), tp_rank(), w), this);
+  }
+
+  // Replicated layers see whatever their caller passes (the MoE router gets
+  // the gathered sequence); their gradient is the same on every tp rank.
+  std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std) override {
+    const std::string w = name + ".weight";
+    record_layout(w, {{out, in}, -1, w});
+    return std::make_shared<PlainLinear>(init_normal(seed(), w, {out, in}, std));
+  }
+
+  // The layout's global shape is the padded vocabulary, so checkpoint shards
+  // are equal chunks; it equals vocab_size whenever tp divides it.
+  std::shared_ptr<Embedding> embedding(const std::string& name, int64_t vocab, int64_t d, double std) override {
+    const std::string w = name + ".weight";
+    const VocabRange r = vocab_range(vocab, tp_size(), tp_rank());
+    record_layout(w, {{r.padded, d}, 0, w});
+    return make_vocab_parallel_embedding(vocab_shard(seed(), w, d, std, r), r, this);
+  }
+
+  // The model records the tied copy's tied_copy flag itself (transformer.cpp),
+  // on top of the layout recorded here.
+  std::shared_ptr<LMHead> head(const std::string& name, int64_t d, int64_t vocab, double std,
+                               std::shared_ptr<Embedding> tied) override {
+    const VocabRange r = vocab_range(vocab, tp_size(), tp_rank());
+    if (tied) return make_vocab_parallel_head(at::Tensor(), std::move(tied), r, this, &tp_);
+    const std::string w = name + ".weight";
+    record_layout(w, {{r.padded, d}, 0, w});
+    return make_vocab_parallel_head(vocab_shard(seed(), w, d, std, r), nullptr, r, this, &tp_);
+  }
+
+  at::Tensor param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim,
+                   double std) override {
+    MT_ASSERT(split_dim >= -1 && split_dim < static_cast<int64_t>(global_shape.size()), "split_dim ", split_dim,
+              " out of range for ", name);
+    record_layout(name, {global_shape, split_dim, name});
+    at::Tensor full = init_normal(seed(), name, global_shape, std);
+    return split_dim < 0 ? full : tp_chunk(full, split_dim, tp_size(), tp_rank(), name);
+  }
+
+  // Column layers reading the same tensor (wq/wk/wv, MLA's w_uk/w_uv, the MoE
+  // experts and shared experts) share one entry, so its gradient is reduced
+  // once, as with Megatron's fused QKV, and under sequence parallelism it is
+  // gathered once. The input is held (not just its address) so a freed
+  // tensor's address can never match a new one.
+  at::Tensor enter_tp(const at::Tensor& x) override {
+    const bool grad = at::GradMode::is_enabled();
+    if (entry_in_.defined() && entry_in_.is_same(x) && entry_version_ == x._version() && entry_grad_ == grad)
+      return entry_out_;
+    entry_out_ = sp_ ? gather_from_sequence(x, tp_) : copy_to_tp(x, tp_);
+    entry_in_ = x;
+    entry_version_ = x._version();
+    entry_grad_ = grad;
+    return entry_out_;
+  }
+
+  at::Tensor exit_tp(const at::Tensor& x) override {
+    return sp_ ? reduce_scatter_to_sequence(x, tp_) : reduce_from_tp(x, tp_);
+  }
+  at::Tensor gather_sequence(const at::Tensor& x) override {
+    return sp_ ? gather_sequence_replicated(x, tp_) : x;
+  }
+  at::Tensor scatter_sequence(const at::Tensor& x) override {
+    return sp_ ? meshtrain::scatter_sequence(x, tp_) : x;
+  }
+
+ private:
+  Communicator& tp_;
+  bool sp_;
+  at::Tensor entry_in_, entry_out_;
+  int64_t entry_version_ = 0;
+  bool entry_grad_ = false;
+};
+
+}  // namespace
+
 std::unique_ptr<LayerFactory> make_layer_factory(const Config& cfg, Mesh& mesh) {
-  MT_CHECK(mesh.shape().tp == 1, "not supported yet: n_device_axis tp=", mesh.shape().tp, " (tensor parallelism)");
-  MT_CHECK(!cfg.sequence_parallel, "not supported yet: sequence_parallel");
-  return std::make_unique<LayerFactory>();
+  if (mesh.shape().tp == 1) return std::make_unique<LayerFactory>();
+  // MLA's replicated down-projections would run on sequence shards and its
+  // shared rope key would need the full sequence: not wired for that yet.
+  MT_CHECK(!(cfg.sequence_parallel && cfg.model.attention == "mla"),
+           "not supported yet: sequence_parallel with model_config.attention \"mla\" and tp = ", mesh.shape().tp,
+           " (hint: set sequence_parallel false)");
+  return std::make_unique<TensorParallelFactory>(mesh.tp(), cfg.sequence_parallel);
 }
 
 }  // namespace meshtrain
