@@ -60,7 +60,7 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
 }
 
 MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR)
-    : cfg_(cfg), dhR_(dhR) {
+    : cfg_(cfg), factory_(&factory), dhR_(dhR) {
   const int64_t d = cfg.model_dimension, L = cfg.latent_dim, H = cfg.n_head, hd = cfg.head_dim();
   MT_CHECK(L > 0, "model_config.latent_dim must be > 0 for attention \"mla\"");
   const double s = cfg.init_std;
@@ -85,7 +85,10 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
   if (dhR_ > 0) {
     const auto q_rope = apply_rope(split_heads(w_qr_->forward(cq), dhR_), offset, cfg_.rope_theta);
     q = at::cat({q, q_rope}, -1);
-    k_rope = apply_rope(w_kr_->forward(x), offset, cfg_.rope_theta);
+    // The rope key is computed once (replicated) but read by this rank's heads
+    // only: entering the tp region sums its gradient over all heads (and, under
+    // sequence parallelism, gathers the whole sequence before rotating it).
+    k_rope = apply_rope(factory_->enter_tp(w_kr_->forward(x)), offset, cfg_.rope_theta);
   }
   if (cache) {
     cache->a = c = append(cache->a, c, 1);

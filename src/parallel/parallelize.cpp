@@ -25,6 +25,16 @@ std::vector<StageRange> partition_stages(int64_t n_layers, int pp) {
   return out;
 }
 
+// Under sequence parallelism these replicated parameters see only this rank's
+// sequence shard, so their gradients are partial sums over tp: the norms and
+// MLA's down-projections and rope key. (The MoE router reads the gathered
+// sequence and gets the whole gradient on every rank.)
+bool reads_sequence_shard(const std::string& path) {
+  for (const char* part : {"norm", ".w_dkv.", ".w_dq.", ".w_kr."})
+    if (path.find(part) != std::string::npos) return true;
+  return false;
+}
+
 ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
   ParallelModel pm;
   pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp)[mesh.coord().pp];
@@ -48,7 +58,7 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
     // Norm weights (1-D) get no weight decay, as in GPT-2/Megatron.
     p.decay = p.tensor.dim() >= 2;
     p.sequence_parallel_grad = pm.factory->sequence_parallel() && p.layout.split_dim < 0 &&
-                               p.path.find("norm") != std::string::npos;
+                               reads_sequence_shard(p.path);
     pm.params.push_back(std::move(p));
   }
   return pm;

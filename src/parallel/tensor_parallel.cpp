@@ -139,11 +139,6 @@ class TensorParallelFactory : public LayerFactory {
 
 std::unique_ptr<LayerFactory> make_layer_factory(const Config& cfg, Mesh& mesh) {
   if (mesh.shape().tp == 1) return std::make_unique<LayerFactory>();
-  // MLA's replicated down-projections would run on sequence shards and its
-  // shared rope key would need the full sequence: not wired for that yet.
-  MT_CHECK(!(cfg.sequence_parallel && cfg.model.attention == "mla"),
-           "not supported yet: sequence_parallel with model_config.attention \"mla\" and tp = ", mesh.shape().tp,
-           " (hint: set sequence_parallel false)");
   return std::make_unique<TensorParallelFactory>(mesh.tp(), cfg.sequence_parallel);
 }
 

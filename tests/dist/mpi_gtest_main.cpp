@@ -3,11 +3,13 @@
 // (tagged with the rank), and every rank exits with the same code so mpirun and
 // ctest see a failure wherever it happened.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
 
 #include <cstdio>
 
 #include "dist_env.h"
+#include "meshtrain/core/log.h"
 #include "meshtrain/dist/comm.h"
 
 namespace meshtrain {
@@ -43,6 +45,9 @@ Runtime& test_runtime() { return *g_runtime; }
 int main(int argc, char** argv) {
   meshtrain::Runtime runtime(&argc, &argv);
   meshtrain::g_runtime = &runtime;
+  // The trainer's progress lines from every rank would drown the test output.
+  meshtrain::setup_logging(runtime.rank(), runtime.size());
+  spdlog::set_level(spdlog::level::warn);
   ::testing::InitGoogleTest(&argc, argv);
   if (runtime.rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

@@ -47,6 +47,7 @@ class MLA : public Attention {
 
  private:
   ModelConfig cfg_;
+  LayerFactory* factory_;  // the shared rope key enters the tp region through it
   int64_t dhR_;
   std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;
 };
