@@ -331,6 +331,7 @@ double Trainer::train() {
     ++step_;
     last = s.loss;
     losses_.push_back(s.loss);
+    grad_norms_.push_back(norm);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_step(s, lr, norm, secs);
     const bool stop = stop_agreed();

@@ -9,9 +9,8 @@ using namespace meshtrain;
 
 namespace {
 
-void expect_same(const std::vector<double>& ref, const std::vector<double>& got, double tol) {
-  ASSERT_EQ(ref.size(), got.size());
-  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ref[i], got[i], tol) << "step " << i;
+void expect_same(const test::Curve& ref, const test::Curve& got, double tol) {
+  test::expect_same_curve(ref, got, tol, "dp");
 }
 
 const std::string kData = "/tmp/meshtrain-dp-parity-data";

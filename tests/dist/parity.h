@@ -3,8 +3,10 @@
 // 0, a tiny config, and "train N steps on this mesh, return the losses" through
 // the real Trainer (loader, pipeline, gradient sync, AdamW), so every mesh can
 // be compared with one process.
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -73,20 +75,45 @@ inline Config with_mesh(Config c, int dp, int pp, int tp) {
   return c;
 }
 
-// Trains cfg.training_steps steps from scratch; the per-step mean losses, the
-// same on every rank.
-inline std::vector<double> train_losses(const Config& cfg) {
+// A training run's per-step mean losses (the vector itself) and global
+// gradient norms. Comparing norms as well as losses matters: Adam's update is
+// almost invariant to the gradient's scale, so a wrongly scaled gradient can
+// leave the losses of a few steps unchanged.
+struct Curve : std::vector<double> {
+  std::vector<double> grad_norms;
+};
+
+inline Curve curve_of(const Trainer& t) {
+  Curve c;
+  c.assign(t.losses().begin(), t.losses().end());
+  c.grad_norms = t.grad_norms();
+  return c;
+}
+
+// Expects the same losses and gradient norms within tol (relative for norms).
+inline void expect_same_curve(const Curve& ref, const Curve& got, double tol, const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  ASSERT_EQ(ref.grad_norms.size(), got.grad_norms.size()) << what;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(ref[i], got[i], tol) << what << ": loss of step " << i;
+    EXPECT_NEAR(ref.grad_norms[i], got.grad_norms[i], tol * std::max(1.0, ref.grad_norms[i]))
+        << what << ": grad norm of step " << i;
+  }
+}
+
+// Trains cfg.training_steps steps from scratch; the same on every rank.
+inline Curve train_losses(const Config& cfg) {
   TrainOptions o;
   o.fresh = true;
   o.quiet = true;
   Trainer t(cfg, test_runtime(), o);
   t.train();
-  return t.losses();
+  return curve_of(t);
 }
 
 // The reference: cfg on a 1x1x1 mesh, trained inside every rank on its own
 // (a sub-world of one rank), so a multi-rank test can compare any mesh with it.
-inline std::vector<double> single_process_losses(Config cfg) {
+inline Curve single_process_losses(Config cfg) {
   cfg.device.n_device_axis = {1, 1, 1};
   cfg.name += "-ref-rank" + std::to_string(test_runtime().rank());
   auto world = test_runtime().world();
@@ -96,7 +123,7 @@ inline std::vector<double> single_process_losses(Config cfg) {
   o.quiet = true;
   Trainer t(cfg, test_runtime(), o, self.get());
   t.train();
-  return t.losses();
+  return curve_of(t);
 }
 
 }  // namespace meshtrain::test

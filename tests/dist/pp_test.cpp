@@ -20,9 +20,8 @@ namespace {
 const std::string kData = "/tmp/meshtrain-pp-data";
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 
-void expect_same(const std::vector<double>& ref, const std::vector<double>& got, const std::string& what) {
-  ASSERT_EQ(ref.size(), got.size()) << what;
-  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ref[i], got[i], 1e-5) << what << " step " << i;
+void expect_same(const test::Curve& ref, const test::Curve& got, const std::string& what) {
+  test::expect_same_curve(ref, got, 1e-5, what);
 }
 
 Config base_config(const std::string& name) {
@@ -36,7 +35,7 @@ std::string mesh_name(int dp, int pp, int tp, const std::string& schedule) {
 }
 
 // Trains cfg on (dp, pp, tp) with both schedules and compares with `ref`.
-void expect_parity(const Config& cfg, const std::vector<double>& ref, int dp, int pp, int tp) {
+void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, int tp) {
   for (const auto& schedule : kSchedules) {
     Config c = test::with_mesh(cfg, dp, pp, tp);
     c.pipeline_schedule = schedule;

@@ -269,9 +269,8 @@ TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesUnsharded) {
 
 namespace {
 
-void expect_same(const std::vector<double>& ref, const std::vector<double>& got, double tol, const std::string& what) {
-  ASSERT_EQ(ref.size(), got.size()) << what;
-  for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ref[i], got[i], tol) << what << " step " << i;
+void expect_same(const test::Curve& ref, const test::Curve& got, double tol, const std::string& what) {
+  test::expect_same_curve(ref, got, tol, what);
 }
 
 // Trains cfg on (1,1,n) and, with four ranks, (2,1,2); compares with one process.

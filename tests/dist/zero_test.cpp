@@ -11,7 +11,12 @@ namespace {
 
 const std::string kData = "/tmp/meshtrain-zero-data";
 
-void expect_same(const std::vector<double>& ref, const std::vector<double>& got, double tol) {
+void expect_same(const test::Curve& ref, const test::Curve& got, double tol) {
+  test::expect_same_curve(ref, got, tol, "zero");
+}
+
+// Losses only, for slices of a run.
+void expect_same_losses(const std::vector<double>& ref, const std::vector<double>& got, double tol) {
   ASSERT_EQ(ref.size(), got.size());
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ref[i], got[i], tol) << "step " << i;
 }
@@ -60,7 +65,7 @@ TEST(Zero1, SameLossesWithTensorAndPipelineParallel) {
   for (auto shape : {std::array<int, 3>{2, 1, 2}, std::array<int, 3>{2, 2, 1}}) {
     Config cfg = test::with_mesh(base, shape[0], shape[1], shape[2]);
     cfg.name += "-" + std::to_string(shape[1]) + std::to_string(shape[2]);
-    std::vector<double> got;
+    test::Curve got;
     if (!runs_or_skips([&] { got = test::train_losses(zero(cfg, 1)); })) continue;
     SCOPED_TRACE("mesh " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" + std::to_string(shape[2]));
     expect_same(ref, got, 1e-5);
@@ -112,7 +117,7 @@ TEST(Zero1, CheckpointResumesAcrossZeroStages) {
     {
       Trainer t(a, test_runtime(), fresh);
       t.train();  // saves step 3
-      expect_same({ref.begin(), ref.begin() + 3}, t.losses(), 1e-5);
+      expect_same_losses({ref.begin(), ref.begin() + 3}, t.losses(), 1e-5);
     }
     Config b = a;
     b.zero_stage = 1 - first;
@@ -124,6 +129,6 @@ TEST(Zero1, CheckpointResumesAcrossZeroStages) {
     EXPECT_EQ(t.consumed_samples(), 3 * cfg.data.train_batch_size);
     t.train();
     SCOPED_TRACE("saved with zero " + std::to_string(first) + ", resumed with zero " + std::to_string(1 - first));
-    expect_same({ref.begin() + 3, ref.end()}, t.losses(), 1e-5);
+    expect_same_losses({ref.begin() + 3, ref.end()}, t.losses(), 1e-5);
   }
 }

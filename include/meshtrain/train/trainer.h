@@ -65,6 +65,8 @@ class Trainer {
   int64_t consumed_samples() const { return consumed_samples_; }
   // Losses of every step trained by this object, in order (for tests).
   const std::vector<double>& losses() const { return losses_; }
+  // Global gradient norms of those steps (before clipping).
+  const std::vector<double>& grad_norms() const { return grad_norms_; }
 
   // One optimizer step (grad_step rounds); public for tests.
   StepStats train_step();
@@ -92,6 +94,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t consumed_samples_ = 0;
   std::vector<double> losses_;
+  std::vector<double> grad_norms_;
   std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
 };
 
