@@ -6,11 +6,6 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/train/generate.h"
 
-// generate.cpp lives in mt_train, which this single-library test does not link
-// (it would pull in dist/ and MPI); it depends only on the model, so it is
-// compiled into this test directly.
-#include "../../src/train/generate.cpp"
-
 namespace meshtrain {
 namespace {
 
