@@ -175,6 +175,7 @@ StepStats Trainer::train_step() {
     total.z_sum += s.z_sum;
     total.dropped += s.dropped;
     total.assigned += s.assigned;
+    total.wait_seconds += s.wait_seconds;
     if (total.expert_tokens.size() < s.expert_tokens.size()) total.expert_tokens.resize(s.expert_tokens.size());
     for (size_t l = 0; l < s.expert_tokens.size(); ++l) {
       auto& d = total.expert_tokens[l];
@@ -183,9 +184,18 @@ StepStats Trainer::train_step() {
     }
   }
   consumed_samples_ += batch * cfg_.grad_step;
+  double wait = 0;
+  if (mesh_->shape().pp > 1) {
+    // The pipeline bubble as the stages see it: time blocked waiting for a
+    // neighbour, on the rank that waited most.
+    at::Tensor w = at::full({1}, total.wait_seconds, at::kDouble);
+    mesh_->cpu_world().all_reduce(w, ReduceOp::Max);
+    wait = w.item<double>();
+  }
   // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in train().
   synchronize_gradients(pm_, *mesh_, /*dp=*/!zero_);
   StepStats stats = reduce_stats(total, T);
+  stats.pipeline_wait_seconds = wait;
   stats.batch_size = batch;
   stats.seq_len = T;
   return stats;
@@ -268,6 +278,7 @@ void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double s
   row["lr"] = lr;
   row["grad_norm"] = grad_norm;
   row["tokens_per_sec"] = seconds > 0 ? s.tokens / seconds : 0.0;
+  if (mesh_->shape().pp > 1 && seconds > 0) row["pipeline_bubble"] = s.pipeline_wait_seconds / seconds;
   if (!cfg_.rampup_batch_size.empty()) row["batch_size"] = s.batch_size;
   if (cfg_.seq_len_warmup.total_curriculum_step > 0) row["seq_len"] = s.seq_len;
   if (cfg_.model.ffn == "moe") {

@@ -33,6 +33,7 @@ struct StepStats {
   double dropped_fraction = 0;
   std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global index order), per expert
   double tokens = 0;
+  double pipeline_wait_seconds = 0;  // most time any rank spent blocked on a pipeline neighbour
   int64_t batch_size = 0;  // sequences per accumulation round (rampup_batch_size)
   int64_t seq_len = 0;     // tokens per sequence (seq_len_warmup)
 };
