@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 NP="${NP:-4}"
 MESH="${MESH:-2 1 2}"
-STEPS="${STEPS:-150}"
+STEPS="${STEPS:-1200}"
 CONFIG="${CONFIG:-configs/tiny-moe-mla.json}"
 
 echo "== set-up and build"
@@ -27,7 +27,7 @@ set -- $MESH
 
 echo "== training $CONFIG on $NP ranks, mesh dp=$1 pp=$2 tp=$3, $STEPS steps"
 "${MPIRUN[@]}" -np "$NP" "$BIN" train --config "$CONFIG" --n_device_axis "$1" "$2" "$3" \
-  --training_steps "$STEPS" --fresh
+  --training_steps "$STEPS" --set lr.end_steps="$STEPS" --checkpoint_steps 200 --set sample_every=400 --set log_every=50 --fresh
 
 echo "== evaluating the final checkpoint"
 "${MPIRUN[@]}" -np "$NP" "$BIN" eval --config "$CONFIG" --n_device_axis "$1" "$2" "$3"

@@ -291,7 +291,7 @@ void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double s
   }
   metrics_->log(row);
   if (!opts_.quiet && (step_ % std::max<int64_t>(1, cfg_.log_every) == 0 || step_ == cfg_.training_steps))
-    spdlog::info("{}", format_step_line(row));
+    spdlog::info("{}{}", format_step_line(row), progress_suffix());
 }
 
 bool Trainer::stop_agreed() {
@@ -302,8 +302,17 @@ bool Trainer::stop_agreed() {
   return flag.item<int64_t>() != 0;
 }
 
+std::string Trainer::progress_suffix() const {
+  // The ETA only helps a person watching a terminal; logs and pipes skip it.
+  if (!Progress::stderr_is_terminal() || train_start_step_ < 0) return {};
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start_).count();
+  return ", " + Progress(train_start_step_, cfg_.training_steps).eta(step_, elapsed);
+}
+
 double Trainer::train() {
   const int64_t total = cfg_.training_steps;
+  train_start_ = std::chrono::steady_clock::now();
+  train_start_step_ = step_;
   Watchdog watchdog(cfg_.watchdog_seconds, runtime_.rank());
   if (step_ >= total) {
     spdlog::info("run {} is already at step {} of {}: nothing to train", cfg_.run_dir(), step_, total);

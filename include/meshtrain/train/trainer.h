@@ -2,6 +2,7 @@
 // The training loop, top to bottom as in llm.c: for each step, grad_step
 // accumulation rounds through the pipeline, gradient sync, clip, NaN policy,
 // update, log; every checkpoint_steps: evaluate, checkpoint, sample.
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -77,6 +78,7 @@ class Trainer {
   void load_checkpoint(const std::string& dir);
   bool stop_agreed();
   void warn_starved_experts(const StepStats& s);
+  std::string progress_suffix() const;
   StepStats reduce_stats(const RoundSums& sums, int64_t seq_len);
   void log_step(const StepStats& s, double lr, double grad_norm, double seconds);
 
@@ -96,6 +98,8 @@ class Trainer {
   int64_t consumed_samples_ = 0;
   std::vector<double> losses_;
   std::vector<double> grad_norms_;
+  std::chrono::steady_clock::time_point train_start_;
+  int64_t train_start_step_ = -1;
   std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
 };
 
