@@ -105,8 +105,8 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   int64_t step = 0;
   auto one_step = [&] {
     const StepStats s = trainer.train_step();
-    global_grad_norm(pm, trainer.mesh());  // part of every training step (clipping)
-    trainer.optimizer().step(learning_rate(cfg.lr, step++));
+    // Norm, clipping and the update exactly as train() does them (AdamW or ZeRO-1).
+    trainer.apply_update(s, learning_rate(cfg.lr, step++));
     if (dev.is_cuda()) torch::cuda::synchronize();
     last_loss = s.loss;
   };

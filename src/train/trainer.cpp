@@ -302,6 +302,28 @@ bool Trainer::stop_agreed() {
   return flag.item<int64_t>() != 0;
 }
 
+double Trainer::apply_update(const StepStats& s, double lr) {
+  const double norm = zero_ ? zero_->reduce_gradients() : global_grad_norm(pm_, *mesh_);
+  const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
+  if (!finite) {
+    MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_, " (loss ", s.loss,
+             ", grad norm ", norm, "); nan_policy is \"stop\"");
+    spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip)", step_, s.loss,
+                 norm);
+  } else {
+    if (cfg_.grad_clip_norm > 0 && norm > cfg_.grad_clip_norm) {
+      at::NoGradGuard ng;
+      const double scale = cfg_.grad_clip_norm / (norm + 1e-6);
+      if (zero_) zero_->scale_gradients(scale);
+      for (auto& p : pm_.params)
+        if (p.tensor.grad().defined()) p.tensor.grad().mul_(scale);
+    }
+    if (zero_) zero_->step(lr);
+    else opt_->step(lr);
+  }
+  return norm;
+}
+
 std::string Trainer::progress_suffix() const {
   // The ETA only helps a person watching a terminal; logs and pipes skip it.
   if (!Progress::stderr_is_terminal() || train_start_step_ < 0) return {};
@@ -330,24 +352,7 @@ double Trainer::train() {
       at::NoGradGuard ng;
       for (auto& p : pm_.params) p.tensor.grad().fill_(std::nan(""));
     }
-    const double norm = zero_ ? zero_->reduce_gradients() : global_grad_norm(pm_, *mesh_);
-    const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
-    if (!finite) {
-      MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_, " (loss ", s.loss,
-               ", grad norm ", norm, "); nan_policy is \"stop\"");
-      spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip)", step_, s.loss,
-                   norm);
-    } else {
-      if (cfg_.grad_clip_norm > 0 && norm > cfg_.grad_clip_norm) {
-        at::NoGradGuard ng;
-        const double scale = cfg_.grad_clip_norm / (norm + 1e-6);
-        if (zero_) zero_->scale_gradients(scale);
-        for (auto& p : pm_.params)
-          if (p.tensor.grad().defined()) p.tensor.grad().mul_(scale);
-      }
-      if (zero_) zero_->step(lr);
-      else opt_->step(lr);
-    }
+    const double norm = apply_update(s, lr);
     ++step_;
     last = s.loss;
     losses_.push_back(s.loss);

@@ -72,6 +72,9 @@ class Trainer {
 
   // One optimizer step (grad_step rounds); public for tests.
   StepStats train_step();
+  // After train_step: global grad norm, nan_policy, clipping, optimizer update
+  // (AdamW or ZeRO-1) with learning rate lr; returns the norm (before clipping).
+  double apply_update(const StepStats& s, double lr);
   void save_checkpoint();
 
  private:
