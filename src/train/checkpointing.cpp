@@ -39,6 +39,26 @@ void set_rng_state(const nlohmann::json& j) {
   gen.set_state(st);
 }
 
+// Reads this rank's chunk of `name`. The vocabulary is padded to a multiple of
+// tp (padding rows are zero), so embedding/head tables saved under another tp
+// may have a different row count: their first `vocab` rows are what matters.
+at::Tensor read_chunk(const CheckpointReader& r, const std::string& name, const ShardSpec& want, int64_t vocab) {
+  const auto saved = r.global_shape(name);
+  if (saved == want.global_shape) return r.read(name, want);
+  const auto& g = want.global_shape;
+  const auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  const bool vocab_rows = ends_with("embed.weight") || ends_with("head.weight");
+  MT_CHECK(vocab_rows && saved.size() == 2 && g.size() == 2 && saved[1] == g[1] && saved[0] >= vocab && g[0] >= vocab,
+           "checkpoint ", r.dir(), ": tensor '", name, "' has shape [", saved.size() ? saved[0] : 0, ", ...] but this",
+           " model needs [", g.size() ? g[0] : 0, ", ...]: it was saved from a different model (check model_config)");
+  at::Tensor padded = at::zeros(g, at::TensorOptions().dtype(r.dtype(name)));
+  padded.narrow(0, 0, vocab).copy_(r.read(name).narrow(0, 0, vocab));
+  if (want.split_dim < 0) return padded;
+  return padded.chunk(want.num_shards, want.split_dim)[want.shard].contiguous();
+}
+
 }  // namespace
 
 void Trainer::save_checkpoint() {
@@ -82,6 +102,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   CheckpointReader reader(dir);
   reader.verify();
   at::NoGradGuard no_grad;
+  const int64_t vocab = cfg_.model.vocab_size;
   std::vector<at::Tensor> exp_avg(pm_.params.size()), exp_avg_sq(pm_.params.size());
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     const ParamInfo& p = pm_.params[i];
@@ -89,11 +110,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const std::string name = "model." + p.layout.global_name;
     MT_CHECK(reader.has(name), "checkpoint ", dir, " has no tensor '", name,
              "': it was saved from a different model (check model_config)");
-    p.tensor.copy_(reader.read(name, spec).to(p.tensor.device(), p.tensor.scalar_type()));
+    p.tensor.copy_(read_chunk(reader, name, spec, vocab).to(p.tensor.device(), p.tensor.scalar_type()));
     const std::string m = "optim.exp_avg." + p.layout.global_name, v = "optim.exp_avg_sq." + p.layout.global_name;
     if (reader.has(m) && reader.has(v)) {
-      exp_avg[i] = reader.read(m, spec);
-      exp_avg_sq[i] = reader.read(v, spec);
+      exp_avg[i] = read_chunk(reader, m, spec, vocab);
+      exp_avg_sq[i] = read_chunk(reader, v, spec, vocab);
     }
   }
   if (zero_) {

@@ -102,3 +102,28 @@ TEST(Checkpoint, ReshardEightRanksToOneProcess) {
   }
   world->barrier();
 }
+
+// The vocabulary is padded to a multiple of tp: 95 tokens are 96 rows under
+// tp 2 and 95 on one rank. An untied model saved on (1,1,2) continues on
+// (4,1,1) like one process.
+TEST(Checkpoint, ReshardAcrossVocabularyPadding) {
+  auto world = test_runtime().world();
+  if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  if (!tp_supported()) GTEST_SKIP() << "needs tensor parallelism";
+  Config c = test::tiny_config(test::synthetic_data(kData + "-95", 95), "reshard-vocab");
+  c.model.vocab_size = 95;
+  c.model.tie_embeddings = false;
+  c.checkpoint_steps = 4;
+  c.training_steps = 8;
+  const auto ref = test::single_process_losses(c);
+  const int half = world->rank() < 2 ? 0 : 1;
+  auto sub = split_communicator(*world, half, world->rank());
+  Config first = test::with_mesh(c, 1, 1, 2);
+  first.name = half == 0 ? "reshard-vocab" : "reshard-vocab-b";
+  first.training_steps = 4;
+  run(first, true, sub.get());
+  world->barrier();
+  const auto cont = run(test::with_mesh(c, 4, 1, 1), false, world.get());
+  ASSERT_EQ(cont.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(cont[i], ref[4 + i], 1e-5) << "step " << 5 + i;
+}
