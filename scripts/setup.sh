@@ -47,4 +47,9 @@ if [ ! -e "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || [ ! -e "$SITE/nvidia/cu13
   echo "setup: installing the CUDA runtime + CUPTI wheels that libtorch_cpu loads"
   "$PY" -m pip install -q --disable-pip-version-check "cuda-toolkit[cudart,cupti]==13.0.2"
 fi
+# Python's safetensors: the checkpoint test checks that exported files load there.
+if ! "$PY" -c "import safetensors" 2>/dev/null; then
+  echo "setup: installing safetensors (Python) for the export test"
+  "$PY" -m pip install -q --disable-pip-version-check safetensors
+fi
 echo "$SITE/torch/share/cmake" > "$DEPS/torch_prefix"

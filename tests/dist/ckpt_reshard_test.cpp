@@ -26,25 +26,12 @@ Config base(const std::string& name) {
   return c;
 }
 
-bool tp_supported() {
-  // Tensor parallelism lands separately; until then a tp mesh is refused.
-  Config c = base("probe");
-  try {
-    auto w = test_runtime().world();
-    Trainer t(test::with_mesh(c, 1, 1, w->size()), test_runtime(), TrainOptions{true}, w.get());
-    return true;
-  } catch (const std::exception& e) {
-    return std::string(e.what()).find("not supported yet") == std::string::npos;
-  }
-}
-
 }  // namespace
 
 TEST(Checkpoint, ExactResumeOnShardedMesh) {
   auto world = test_runtime().world();
   if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  const bool tp = tp_supported();
-  Config c = test::with_mesh(base("exact"), tp ? 2 : 4, 1, tp ? 2 : 1);
+  Config c = test::with_mesh(base("exact"), 2, 1, 2);
   const auto straight = run(c, true, world.get());
   Config a = c;
   a.name = "exact-resumed";
@@ -59,14 +46,13 @@ TEST(Checkpoint, ExactResumeOnShardedMesh) {
 TEST(Checkpoint, ReshardHalvesToFullWorld) {
   auto world = test_runtime().world();
   if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  const bool tp = tp_supported();
   Config c = base("reshard-a");
   const auto ref = test::single_process_losses(c);
-  // Save on (1,1,2) [or (2,1,1) without tp] in the first half of the world;
+  // Save on (1,1,2) in the first half of the world;
   // the second half trains an unrelated copy so every rank stays busy.
   const int half = world->rank() < 2 ? 0 : 1;
   auto sub = split_communicator(*world, half, world->rank());
-  Config first = test::with_mesh(c, tp ? 1 : 2, 1, tp ? 2 : 1);
+  Config first = test::with_mesh(c, 1, 1, 2);
   first.name = half == 0 ? "reshard-a" : "reshard-b";
   first.training_steps = 4;
   run(first, true, sub.get());
@@ -83,7 +69,6 @@ TEST(Checkpoint, ReshardHalvesToFullWorld) {
 TEST(Checkpoint, ReshardEightRanksToOneProcess) {
   auto world = test_runtime().world();
   if (world->size() != 8) GTEST_SKIP() << "needs 8 ranks";
-  if (!tp_supported()) GTEST_SKIP() << "needs tensor parallelism for (2,2,2)";
   Config c = base("reshard-8");
   c.data.micro_batch_size = 2;
   const auto ref = test::single_process_losses(c);
@@ -109,7 +94,6 @@ TEST(Checkpoint, ReshardEightRanksToOneProcess) {
 TEST(Checkpoint, ReshardAcrossVocabularyPadding) {
   auto world = test_runtime().world();
   if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
-  if (!tp_supported()) GTEST_SKIP() << "needs tensor parallelism";
   Config c = test::tiny_config(test::synthetic_data(kData + "-95", 95), "reshard-vocab");
   c.model.vocab_size = 95;
   c.model.tie_embeddings = false;

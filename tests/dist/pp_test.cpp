@@ -44,18 +44,6 @@ void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, in
   }
 }
 
-bool tensor_parallel_available(const Config& cfg) {
-  try {
-    auto world = test_runtime().world();
-    Mesh mesh(*world, MeshShape{test_runtime().size() / 4, 2, 2});
-    make_layer_factory(cfg, mesh);
-    return true;
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("not supported yet") != std::string::npos) return false;
-    throw;
-  }
-}
-
 // Replays every stage's plan with rendezvous send/recv (a send completes only
 // when its receiver is at the matching receive): true if all plans finish.
 bool plans_complete(const std::string& schedule, int pp, int64_t n_mb, bool backward, std::string* why) {
@@ -157,7 +145,6 @@ TEST(Pipeline, DenseMatchesOneProcess) {
     expect_parity(cfg, ref, 2, n / 2, 1);
   }
   if (n == 8) {
-    if (!tensor_parallel_available(cfg)) GTEST_SKIP() << "needs tensor parallelism";
     expect_parity(cfg, ref, 2, 2, 2);
   }
 }
