@@ -41,17 +41,8 @@ TEST(DataParallel, AccumulationAndMicrobatchesKeepParity) {
 // slicing the batch changes nothing.
 TEST(DataParallel, MoeMlaSameLossesAsOneProcess) {
   const int n = test_runtime().size();
-  Config cfg = test::tiny_config(test::synthetic_data(kData, 96), "dp-moe-mla");
-  cfg.model.attention = "mla";
-  cfg.model.latent_dim = 16;
-  cfg.model.dhR = 4;
-  cfg.model.ffn = "moe";
-  cfg.model.n_experts = 4;
-  cfg.model.k = 2;
-  cfg.model.n_shared = 1;
+  Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "dp-moe-mla"));
   cfg.model.capacity_factor = 1.0;  // tight: some assignments are dropped
-  cfg.model.mlp_hidden = 32;
-  cfg.alpha = 0.01;
   cfg.training_steps = 4;
   const auto ref = test::single_process_losses(cfg);
   expect_same(ref, test::train_losses(test::with_mesh(cfg, n, 1, 1)), 1e-5);

@@ -70,6 +70,21 @@ inline Config tiny_config(const std::string& data_dir, const std::string& run_na
   return c;
 }
 
+// The tiny Jaxformer model: MLA attention and MoE feed-forward.
+inline Config moe_mla(Config c) {
+  c.model.attention = "mla";
+  c.model.latent_dim = 16;
+  c.model.dhR = 4;
+  c.model.ffn = "moe";
+  c.model.n_experts = 4;
+  c.model.k = 2;
+  c.model.n_shared = 1;
+  c.model.capacity_factor = 1.25;
+  c.model.mlp_hidden = 32;
+  c.alpha = 0.01;
+  return c;
+}
+
 inline Config with_mesh(Config c, int dp, int pp, int tp) {
   c.device.n_device_axis = {dp, pp, tp};
   return c;

@@ -169,17 +169,8 @@ TEST(Pipeline, UnevenSplitMatchesOneProcess) {
 
 TEST(Pipeline, MoeMlaMatchesOneProcess) {
   const int n = test_runtime().size();
-  Config cfg = base_config("pp-moe-mla");
+  Config cfg = test::moe_mla(base_config("pp-moe-mla"));
   cfg.model.blocks = 2;
-  cfg.model.attention = "mla";
-  cfg.model.latent_dim = 16;
-  cfg.model.dhR = 4;
-  cfg.model.ffn = "moe";
-  cfg.model.n_experts = 4;
-  cfg.model.k = 2;
-  cfg.model.n_shared = 1;
-  cfg.model.mlp_hidden = 32;
-  cfg.alpha = 0.01;
   cfg.data.micro_batch_size = 1;
   // Each stage adds its own layers' aux loss to its backward; a stage that
   // dropped it would drift from the reference within a few steps.

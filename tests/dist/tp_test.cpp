@@ -282,19 +282,6 @@ void expect_parity(Config cfg, const std::string& what) {
   EXPECT_LT(ref.back(), ref.front()) << what << " learns";
 }
 
-Config moe_mla(Config c) {
-  c.model.attention = "mla";
-  c.model.latent_dim = 16;
-  c.model.dhR = 4;
-  c.model.ffn = "moe";
-  c.model.n_experts = 4;
-  c.model.k = 2;
-  c.model.n_shared = 1;
-  c.model.capacity_factor = 1.25;
-  c.model.mlp_hidden = 32;
-  c.alpha = 0.01;
-  return c;
-}
 
 }  // namespace
 
@@ -319,19 +306,19 @@ TEST(TensorParallelModel, DenseUntiedPaddedVocabSameLossesAsOneProcess) {
 }
 
 TEST(TensorParallelModel, MoeMlaSameLossesAsOneProcess) {
-  Config cfg = moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-moe-mla"));
+  Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-moe-mla"));
   expect_parity(cfg, "moe+mla");
 }
 
 TEST(TensorParallelModel, MoeSequenceParallelSameLossesAsOneProcess) {
-  Config cfg = moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-moe-sp"));
+  Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-moe-sp"));
   cfg.model.attention = "mha";
   cfg.sequence_parallel = true;
   expect_parity(cfg, "moe sp");
 }
 
 TEST(TensorParallelModel, MlaSequenceParallelSameLossesAsOneProcess) {
-  Config cfg = moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-mla-sp"));
+  Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-mla-sp"));
   cfg.sequence_parallel = true;
   expect_parity(cfg, "moe+mla sp");
 }
@@ -342,7 +329,7 @@ TEST(TensorParallelModel, MlaSequenceParallelSameLossesAsOneProcess) {
 // the copies directly after training.
 TEST(TensorParallelModel, ReplicatedParametersStayIdenticalOverTp) {
   for (bool sp : {false, true}) {
-    Config cfg = moe_mla(test::tiny_config(test::synthetic_data(kData, 96), sp ? "tp-rep-sp" : "tp-rep"));
+    Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), sp ? "tp-rep-sp" : "tp-rep"));
     cfg.sequence_parallel = sp;
     cfg.training_steps = 6;
     TrainOptions o;
