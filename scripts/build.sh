@@ -14,9 +14,8 @@ if command -v ccache >/dev/null; then
 fi
 extra=()
 [ -n "${MESHTRAIN_CUDA:-}" ] && extra+=(-DMESHTRAIN_CUDA=ON)
-if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$PREFIX" "${launcher[@]}" "${extra[@]}" >/dev/null
-fi
+# Configure every time (a second or two): new test files are picked up.
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$PREFIX" "${launcher[@]}" "${extra[@]}" >/dev/null
 jobs="${BUILD_JOBS:-$(nproc)}"
 if (($#)); then
   cmake --build "$BUILD" -j "$jobs" --target "$@"
