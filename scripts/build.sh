@@ -10,6 +10,8 @@ launcher=()
 if command -v ccache >/dev/null; then
   # Precompiled headers need these sloppiness settings to be cached.
   export CCACHE_SLOPPINESS="pch_defines,time_macros,include_file_mtime,include_file_ctime"
+  # Paths relative to the checkout, so clones of the repo share the cache.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 extra=()
