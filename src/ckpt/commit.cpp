@@ -1,4 +1,4 @@
-#include "warn.h"
+#include "meshtrain/core/log.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -25,7 +25,7 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
 void remove_quietly(const fs::path& p, const char* why) {
   std::error_code ec;
   fs::remove_all(p, ec);
-  if (ec) ckpt_log::warn("could not remove " + p.string() + " (" + why + "): " + ec.message());
+  if (ec) spdlog::warn("{}", "could not remove " + p.string() + " (" + why + "): " + ec.message());
 }
 
 // Keeps the checkpoint just saved and the newest max_to_keep-1 older ones.

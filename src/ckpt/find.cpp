@@ -1,4 +1,4 @@
-#include "warn.h"
+#include "meshtrain/core/log.h"
 
 #include <algorithm>
 #include <cctype>
@@ -43,12 +43,12 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
     try {
       name = trimmed(ckpt_io::read_file(latest.string()));
     } catch (const std::exception& e) {
-      ckpt_log::warn("ignoring " + latest.string() + ": " + e.what());
+      spdlog::warn("{}", "ignoring " + latest.string() + ": " + e.what());
     }
     if (parse_checkpoint_dir_name(name))
       candidates.push_back(name);
     else if (!name.empty())
-      ckpt_log::warn("ignoring " + latest.string() + ": \"" + name + "\" is not a checkpoint directory name");
+      spdlog::warn("{}", "ignoring " + latest.string() + ": \"" + name + "\" is not a checkpoint directory name");
   }
   std::vector<std::pair<int64_t, std::string>> by_step;
   for (const auto& e : fs::directory_iterator(root)) {
@@ -62,7 +62,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
   for (const auto& name : candidates) {
     const std::string why = problem_with(root / name);
     if (why.empty()) return (root / name).string();
-    ckpt_log::warn("skipping checkpoint " + (root / name).string() + ": " + why);
+    spdlog::warn("{}", "skipping checkpoint " + (root / name).string() + ": " + why);
   }
   return std::nullopt;
 }
