@@ -1,7 +1,7 @@
 #pragma once
 // MT_CHECK: a user error (bad config, bad file, bad rank count) -> meshtrain::Error
 // with the message and a hint; MT_ASSERT: a bug in meshtrain itself. Both throw,
-// never exit(): main() turns the exception into one log line and, with several
+// never a process exit: main() turns the exception into one log line and, with several
 // ranks, an MPI_Abort so no rank is left waiting in a collective.
 #include <sstream>
 #include <stdexcept>

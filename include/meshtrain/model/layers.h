@@ -94,7 +94,7 @@ class LayerFactory {
   // split_dim over tp (-1: replicated).
   virtual at::Tensor param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim, double std);
   // Region entry (fwd identity, bwd all-reduce; under sequence parallelism:
-  // all-gather along dim 1 fwd, reduce-scatter bwd) and exit (the mirror).
+  // all-gather along dim 1 fwd, reduce-scatter bwd) and exit_tp (the mirror).
   virtual at::Tensor enter_tp(const at::Tensor& x) { return x; }
   virtual at::Tensor exit_tp(const at::Tensor& x) { return x; }
   // Replicated compute on the full sequence (e.g. the MoE router under sequence
