@@ -4,9 +4,19 @@
 // the MPI handle stays inside mpi_comm.cpp and is reached through the parent.
 #include <memory>
 
+#include "meshtrain/core/check.h"
 #include "meshtrain/dist/comm.h"
 
 namespace meshtrain {
+
+// A collective's `dim` argument made non-negative and checked against t;
+// errors name the backend and the op.
+inline int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* backend, const char* op) {
+  MT_CHECK(t.dim() > 0, backend, " ", op, ": needs a tensor with at least one dim, got a scalar");
+  const int64_t d = dim < 0 ? dim + t.dim() : dim;
+  MT_CHECK(d >= 0 && d < t.dim(), backend, " ", op, ": dim ", dim, " out of range for shape ", t.sizes());
+  return d;
+}
 
 // A private duplicate of MPI_COMM_WORLD (errors returned, not fatal), so our
 // traffic never matches messages of other libraries on the world communicator.

@@ -42,12 +42,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* op) {
-  MT_CHECK(t.dim() > 0, "nccl ", op, ": needs a tensor with at least one dim, got a scalar");
-  const int64_t d = dim < 0 ? dim + t.dim() : dim;
-  MT_CHECK(d >= 0 && d < t.dim(), "nccl ", op, ": dim ", dim, " out of range for shape ", t.sizes());
-  return d;
-}
+int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* op) { return meshtrain::norm_dim(t, dim, "nccl", op); }
 
 class NcclCommunicator final : public Communicator {
  public:

@@ -26,6 +26,19 @@ Config base(const std::string& name) {
   return c;
 }
 
+// Trains `c` for 4 steps on (1,1,2) in the first half of a 4-rank world and
+// saves it under `name`; the second half trains an unrelated copy so every
+// rank stays busy. Returns when all four ranks are done.
+void save_on_first_half(Config c, const std::string& name, Communicator& world) {
+  const int half = world.rank() < 2 ? 0 : 1;
+  auto sub = split_communicator(world, half, world.rank());
+  c = test::with_mesh(c, 1, 1, 2);
+  c.name = half == 0 ? name : name + "-b";
+  c.training_steps = 4;
+  run(c, true, sub.get());
+  world.barrier();
+}
+
 }  // namespace
 
 TEST(Checkpoint, ExactResumeOnShardedMesh) {
@@ -48,15 +61,7 @@ TEST(Checkpoint, ReshardHalvesToFullWorld) {
   if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   Config c = base("reshard-a");
   const auto ref = test::single_process_losses(c);
-  // Save on (1,1,2) in the first half of the world;
-  // the second half trains an unrelated copy so every rank stays busy.
-  const int half = world->rank() < 2 ? 0 : 1;
-  auto sub = split_communicator(*world, half, world->rank());
-  Config first = test::with_mesh(c, 1, 1, 2);
-  first.name = half == 0 ? "reshard-a" : "reshard-b";
-  first.training_steps = 4;
-  run(first, true, sub.get());
-  world->barrier();
+  save_on_first_half(c, "reshard-a", *world);
   // Continue on (2,2,1) over all four ranks.
   Config second = test::with_mesh(c, 2, 2, 1);
   second.name = "reshard-a";
@@ -100,13 +105,7 @@ TEST(Checkpoint, ReshardAcrossVocabularyPadding) {
   c.checkpoint_steps = 4;
   c.training_steps = 8;
   const auto ref = test::single_process_losses(c);
-  const int half = world->rank() < 2 ? 0 : 1;
-  auto sub = split_communicator(*world, half, world->rank());
-  Config first = test::with_mesh(c, 1, 1, 2);
-  first.name = half == 0 ? "reshard-vocab" : "reshard-vocab-b";
-  first.training_steps = 4;
-  run(first, true, sub.get());
-  world->barrier();
+  save_on_first_half(c, "reshard-vocab", *world);
   const auto cont = run(test::with_mesh(c, 4, 1, 1), false, world.get());
   ASSERT_EQ(cont.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(cont[i], ref[4 + i], 1e-5) << "step " << 5 + i;
