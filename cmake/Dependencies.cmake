@@ -1,4 +1,4 @@
-# Finds every dependency of DESIGN.md and exposes it as one imported target:
+# Finds every dependency of meshtrain (docs/ARCHITECTURE.md, "Dependencies") and exposes it as one imported target:
 #   mt_torch (libtorch), mt_mpi (OpenMPI), mt_nccl (NCCL, empty when absent),
 #   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest.
 

@@ -26,7 +26,7 @@ namespace {
 
 using namespace meshtrain;
 
-// Flags shared by every subcommand that takes --config (DESIGN.md, "Command line").
+// Flags shared by every subcommand that takes --config (docs/ARCHITECTURE.md, "Command line").
 struct ConfigFlags {
   std::string config;
   std::vector<std::string> sets;

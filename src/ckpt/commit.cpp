@@ -5,8 +5,9 @@
 
 #include "file_io.h"
 #include "manifest_format.h"
+#include "meshtrain/core/fs.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
-#include "meshtrain/ckpt/crc32c.h"
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
@@ -19,13 +20,6 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::rename(from, to, ec);
   MT_CHECK(!ec, "cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
-}
-
-// Deletion failures only cost disk space, so they warn instead of failing a save that is already complete.
-void remove_quietly(const fs::path& p, const char* why) {
-  std::error_code ec;
-  fs::remove_all(p, ec);
-  if (ec) spdlog::warn("{}", "could not remove " + p.string() + " (" + why + "): " + ec.message());
 }
 
 // Keeps the checkpoint just saved and the newest max_to_keep-1 older ones.
@@ -45,11 +39,11 @@ void prune(const fs::path& root, int64_t saved_step, int64_t max_to_keep) {
     const auto step = parse_checkpoint_dir_name(name);
     if (step && *step < saved_step) older.emplace_back(*step, e.path());
   }
-  for (const auto& p : stale) remove_quietly(p, "stale staging dir");
+  for (const auto& p : stale) remove_quietly(p.string(), "stale staging dir");
   if (max_to_keep <= 0) return;
   std::sort(older.rbegin(), older.rend());
   for (size_t i = static_cast<size_t>(max_to_keep - 1); i < older.size(); ++i)
-    remove_quietly(older[i].second, "beyond max_to_keep");
+    remove_quietly(older[i].second.string(), "beyond max_to_keep");
 }
 
 }  // namespace
@@ -71,13 +65,13 @@ std::string commit_checkpoint(const std::string& run_dir, const std::string& sta
   const fs::path replaced = root / (name + ckpt_format::kStagingMarker + "-replaced");
   const bool had_old = fs::exists(final_dir);
   if (had_old) {
-    remove_quietly(replaced, "leftover of an earlier re-save");
+    remove_quietly(replaced.string(), "leftover of an earlier re-save");
     rename_or_throw(final_dir, replaced);
   }
   rename_or_throw(staging, final_dir);
   ckpt_io::fsync_dir(root.string());
   ckpt_io::write_file_atomic((root / ckpt_format::kLatest).string(), name + "\n");
-  if (had_old) remove_quietly(replaced, "replaced by a re-save");
+  if (had_old) remove_quietly(replaced.string(), "replaced by a re-save");
   prune(root, step, max_to_keep);
   return final_dir.string();
 }

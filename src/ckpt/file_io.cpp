@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "meshtrain/ckpt/crc32c.h"
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain::ckpt_io {

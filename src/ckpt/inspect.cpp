@@ -2,17 +2,12 @@
 
 #include <sstream>
 
+#include "meshtrain/core/text.h"
 #include "meshtrain/ckpt/checkpoint.h"
 
 namespace meshtrain {
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 // One line per top-level key: scalars as they are, containers by size, so a
 // whole config or RNG state doesn't flood the listing.

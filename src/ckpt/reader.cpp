@@ -6,9 +6,10 @@
 
 #include "file_io.h"
 #include "manifest_format.h"
+#include "meshtrain/core/text.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
-#include "meshtrain/ckpt/crc32c.h"
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
@@ -16,12 +17,6 @@ namespace meshtrain {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 nlohmann::json parse_json_file(const fs::path& p) {
   MT_CHECK(fs::exists(p), "missing ", p.string());

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "meshtrain/core/fs.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/core/check.h"
 
@@ -48,11 +49,6 @@ std::vector<nlohmann::json> all_gather_json(Communicator& comm, const nlohmann::
     out.push_back(nlohmann::json::parse(std::string(p, lens[r].item<int64_t>())));
   }
   return out;
-}
-
-void remove_quietly(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
@@ -100,7 +96,7 @@ void save_checkpoint(const std::string& run_dir, int64_t step, const std::vector
       outcome["dir"] = commit_checkpoint(run_dir, dir, step, manifest, trainer_state, max_to_keep);
     } catch (const std::exception& e) {
       outcome["error"] = e.what();
-      remove_quietly(dir);
+      remove_quietly(dir, "staging dir of a failed save");
     }
   }
   outcome = broadcast_json(world, outcome, 0);

@@ -4,8 +4,9 @@
 #include <filesystem>
 #include <set>
 
+#include "meshtrain/core/text.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
-#include "meshtrain/ckpt/crc32c.h"
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
@@ -16,12 +17,6 @@ std::string rank_file_name(int rank) {
   char s[40];
   std::snprintf(s, sizeof s, "rank_%05d.safetensors", rank);
   return s;
-}
-
-std::string shape_str(c10::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 }  // namespace
@@ -38,7 +33,7 @@ RankShards write_rank_shards(const std::string& dir, int rank, const std::vector
     MT_CHECK(t.tensor.defined(), "tensor \"", t.name, "\" on rank ", rank, " is undefined");
     const auto want = shard_shape(t.spec, t.name);
     MT_CHECK(t.tensor.sizes().vec() == want, "tensor \"", t.name, "\" on rank ", rank, " has shape ",
-             shape_str(t.tensor.sizes()), " but shard ", t.spec.shard, " of ", t.spec.num_shards,
+             shape_str(t.tensor.sizes().vec()), " but shard ", t.spec.shard, " of ", t.spec.num_shards,
              " of its global shape ", shape_str(t.spec.global_shape), " is ", shape_str(want));
     RankShards::Shard s;
     s.name = t.name;

@@ -39,13 +39,6 @@ Runtime::~Runtime() {
   if (owns_mpi_ && !finalized) MPI_Finalize();
 }
 
-std::string Runtime::hostname() const {
-  char name[MPI_MAX_PROCESSOR_NAME];
-  int len = 0;
-  MPI_Get_processor_name(name, &len);
-  return std::string(name, len);
-}
-
 void Runtime::abort(int code) const {
   MPI_Abort(MPI_COMM_WORLD, code);
   // MPI_Abort is not declared noreturn; never fall back into the caller.

@@ -1,4 +1,4 @@
-#include "meshtrain/train/metrics.h"
+#include "meshtrain/metrics/metrics.h"
 
 #include <filesystem>
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "meshtrain/train/metrics.h"
+#include "meshtrain/metrics/metrics.h"
 
 namespace meshtrain {
 

@@ -1,14 +1,14 @@
 // Writes TensorBoard's event.proto messages (field numbers from
 // tensorflow/core/util/event.proto and summary.proto) framed as TFRecords.
-#include "meshtrain/train/tensorboard.h"
-
-#include <unistd.h>
+#include "meshtrain/metrics/tensorboard.h"
 
 #include <chrono>
 #include <ctime>
 #include <filesystem>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/host.h"
 #include "proto_wire.h"
 
 namespace meshtrain {
@@ -25,12 +25,6 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-std::string hostname() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
 std::string event_header(int64_t step) {
   std::string e;
   proto::put_double(e, kWallTime, now_seconds());
@@ -39,6 +33,11 @@ std::string event_header(int64_t step) {
 }
 
 }  // namespace
+
+uint32_t masked_crc32c(const void* data, size_t n) {
+  const uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::error_code ec;

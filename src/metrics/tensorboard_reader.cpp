@@ -4,7 +4,7 @@
 #include <iterator>
 
 #include "meshtrain/core/check.h"
-#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/metrics/tensorboard.h"
 #include "proto_wire.h"
 
 namespace meshtrain {

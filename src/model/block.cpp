@@ -41,7 +41,7 @@ at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int6
   // Decoding (a cache) and evaluation keep no graph: nothing to recompute.
   const bool recompute = is_training() && cache == nullptr;
   if (recompute && checkpointing_ == ActivationCheckpointing::Full) {
-    return checkpoint([this](const at::Tensor& x, ForwardAux* a) { return layer(x, a, nullptr, 0, false); }, h, aux);
+    return recompute_in_backward([this](const at::Tensor& x, ForwardAux* a) { return layer(x, a, nullptr, 0, false); }, h, aux);
   }
   return layer(h, aux, cache, offset, recompute && checkpointing_ == ActivationCheckpointing::Selective);
 }
@@ -53,7 +53,7 @@ at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_
   const Segment ffn = [this](const at::Tensor& in, ForwardAux* a) {
     return moe_ ? moe_->forward(in, a) : mlp_->forward(in);
   };
-  const auto y = recompute_ffn ? checkpoint(ffn, x, aux) : ffn(x, aux);
+  const auto y = recompute_ffn ? recompute_in_backward(ffn, x, aux) : ffn(x, aux);
   return h + at::dropout(y, p, is_training());
 }
 

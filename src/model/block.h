@@ -8,7 +8,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/attention.h"
-#include "meshtrain/model/checkpoint.h"
+#include "meshtrain/model/recompute.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/model/transformer.h"

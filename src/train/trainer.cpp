@@ -48,9 +48,6 @@ int64_t nan_test_step() {
   return v ? std::atoll(v) : -1;
 }
 
-// Features whose keys are accepted but not implemented yet: refused, never ignored.
-const std::vector<std::string> kNotYet = {};
-
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const Communicator* world)
@@ -63,7 +60,6 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   is_rank0_ = world->rank() == 0;
   validate(cfg_);
   validate_world(cfg_, world->size());
-  for (const auto& msg : unsupported_features(cfg_, kNotYet)) MT_FAIL(msg);
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
 
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
@@ -169,19 +165,7 @@ StepStats Trainer::train_step() {
       AutocastGuard autocast(cfg_, device_);
       s = run_round(pm_, *mesh_, cfg_, in.to(device_, /*non_blocking=*/true), tg.to(device_, true), spec);
     }
-    total.ce_sum += s.ce_sum;
-    total.tokens += s.tokens;
-    total.aux_sum += s.aux_sum;
-    total.z_sum += s.z_sum;
-    total.dropped += s.dropped;
-    total.assigned += s.assigned;
-    total.wait_seconds += s.wait_seconds;
-    if (total.expert_tokens.size() < s.expert_tokens.size()) total.expert_tokens.resize(s.expert_tokens.size());
-    for (size_t l = 0; l < s.expert_tokens.size(); ++l) {
-      auto& d = total.expert_tokens[l];
-      if (d.empty()) d.assign(s.expert_tokens[l].size(), 0.0);
-      for (size_t e = 0; e < d.size(); ++e) d[e] += s.expert_tokens[l][e];
-    }
+    total += s;
   }
   consumed_samples_ += batch * cfg_.grad_step;
   double wait = 0;

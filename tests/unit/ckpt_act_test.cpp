@@ -14,7 +14,7 @@
 #include <map>
 #include <string>
 
-#include "meshtrain/model/checkpoint.h"
+#include "meshtrain/model/recompute.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/transformer.h"
 

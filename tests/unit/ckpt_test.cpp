@@ -15,7 +15,7 @@
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
-#include "meshtrain/ckpt/crc32c.h"
+#include "meshtrain/core/crc32c.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/core/check.h"
 

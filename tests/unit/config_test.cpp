@@ -442,14 +442,5 @@ TEST(ConfigLoad, CloudOutputDirMapsToLocalRuns) {
   EXPECT_NE(warnings[0].find("data is read from local data_config.data_dir"), std::string::npos);
 }
 
-TEST(ConfigFeatures, UnsupportedFeaturesListsNonDefaultKeys) {
-  Config c = with({"model_config.attention=mla", "model_config.latent_dim=16", "zero_stage=1"});
-  auto msgs = unsupported_features(c, {"model_config.attention", "zero_stage", "sequence_parallel"});
-  ASSERT_EQ(msgs.size(), 2u);
-  EXPECT_EQ(msgs[0], "not supported yet: model_config.attention = \"mla\"");
-  EXPECT_EQ(msgs[1], "not supported yet: zero_stage = 1");
-  EXPECT_TRUE(unsupported_features(Config{}, {"model_config.attention", "zero_stage"}).empty());
-}
-
 }  // namespace
 }  // namespace meshtrain

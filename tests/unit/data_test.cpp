@@ -289,7 +289,9 @@ TEST(PrepareData, TinyFortuneCorpus) {
   }
   write_text(dir / "corpus/wisdom", a);
   write_text(dir / "corpus/sub/cafe", b);
-  write_text(dir / "corpus/wisdom.dat", std::string("\0\0\0\2binary index", 18));
+  // The literal is 16 bytes of data (it holds NULs, so its length is given).
+  constexpr char kIndex[] = "\0\0\0\2binary index";
+  write_text(dir / "corpus/wisdom.dat", std::string(kIndex, sizeof kIndex - 1));
   write_text(dir / "corpus/blob", std::string("\x7f" "ELF\0\0\0", 7));
   fs::create_symlink("wisdom", dir / "corpus/wisdom.u8");
   EXPECT_EQ(collect_input_files({(dir / "corpus").string()}).size(), 3u);  // wisdom, sub/cafe, blob

@@ -9,8 +9,9 @@
 #include <vector>
 
 #include "meshtrain/core/check.h"
-#include "meshtrain/train/metrics.h"
-#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/core/crc32c.h"
+#include "meshtrain/metrics/metrics.h"
+#include "meshtrain/metrics/tensorboard.h"
 
 namespace fs = std::filesystem;
 using meshtrain::Error;

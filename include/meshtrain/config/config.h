@@ -1,5 +1,5 @@
 #pragma once
-// The run's configuration: plain structs in the Jaxformer layout (DESIGN.md,
+// The run's configuration: plain structs in the Jaxformer layout (docs/ARCHITECTURE.md,
 // "Config"). No tensors here. load.h fills them from JSON + CLI overrides;
 // validate() rejects impossible combinations before any work, naming the key.
 #include <array>

@@ -45,8 +45,4 @@ void validate(const Config& c);
 // The mesh must use exactly the ranks mpirun started.
 void validate_world(const Config& c, int world_size);
 
-// For each dotted key in not_yet (e.g. "model_config.attention") whose value
-// differs from the default: "not supported yet: <key> = <value>".
-std::vector<std::string> unsupported_features(const Config& c, const std::vector<std::string>& not_yet);
-
 }  // namespace meshtrain

@@ -3,7 +3,7 @@
 // takes the same global batch whatever the mesh: global_batch sequences of T+1
 // tokens starting at the cursor (sequence i = tokens[pos + i*T, pos + (i+1)*T + 1)),
 // and each dp rank keeps its contiguous share, so the data order never depends
-// on dp (DESIGN.md, "equivalence"). The cursor makes the stream resumable.
+// on dp (docs/ARCHITECTURE.md, "equivalence"). The cursor makes the stream resumable.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// Token shards in llm.c's format (DESIGN.md, "Files"): a header of 256 int32
+// Token shards in llm.c's format (docs/ARCHITECTURE.md, "Files"): a header of 256 int32
 // (magic 20240520, version, token count) then the tokens, uint16 for version 1
 // and uint32 for version 2. 1-D integer .npy arrays are read as well.
 #include <cstdint>

@@ -17,7 +17,6 @@ class Runtime {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  std::string hostname() const;
 
   // Aborts every rank of the world (after an error on one of them).
   [[noreturn]] void abort(int code) const;

@@ -4,7 +4,7 @@
 // and the token is broadcast back so every stage extends the same sequence.
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/parallel/parallelize.h"
-#include "meshtrain/train/generate.h"
+#include "meshtrain/model/decode_step.h"
 
 namespace meshtrain {
 

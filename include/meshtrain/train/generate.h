@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "meshtrain/model/decode_step.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -29,13 +30,8 @@ struct SampleOptions {
 std::vector<std::vector<int32_t>> generate(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,
                                            const SampleOptions& options);
 
-// The same loop over any way of running the model (a pipeline, see
-// parallel/pipeline_generate.h). forward runs this rank's piece over `context`
-// [1, t] (growing `cache` when given) and returns the next-token logits [V]
-// where this rank computes them, undefined elsewhere; share makes every rank
-// agree on the sampled token (-1 where this rank did not sample).
-using ForwardFn = std::function<at::Tensor(const at::Tensor& context, KVCache* cache)>;
-using ShareFn = std::function<int32_t(int32_t token)>;
+// The same loop over any way of running the model (one decoding step,
+// model/decode_step.h; a pipeline's is in parallel/pipeline_generate.h).
 std::vector<std::vector<int32_t>> generate(const ModelConfig& cfg, const at::Device& device, const ForwardFn& forward,
                                            const ShareFn& share, const std::vector<std::vector<int32_t>>& prompts,
                                            const SampleOptions& options);

@@ -15,7 +15,7 @@
 #include "meshtrain/parallel/parallelize.h"
 #include "meshtrain/parallel/pipeline.h"
 #include "meshtrain/parallel/zero.h"
-#include "meshtrain/train/metrics.h"
+#include "meshtrain/metrics/metrics.h"
 
 namespace meshtrain {
 

@@ -1,4 +1,4 @@
-#include "meshtrain/model/checkpoint.h"
+#include "meshtrain/model/recompute.h"
 
 #include <torch/torch.h>
 
@@ -106,7 +106,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
 }  // namespace
 
-at::Tensor checkpoint(const Segment& fn, const at::Tensor& x, ForwardAux* aux) {
+at::Tensor recompute_in_backward(const Segment& fn, const at::Tensor& x, ForwardAux* aux) {
   ForwardAux sink;  // the caller does not collect MoE terms
   if (aux == nullptr) aux = &sink;
   if (!at::GradMode::is_enabled() || !x.requires_grad()) return fn(x, aux);

@@ -32,13 +32,13 @@ enum class ActivationCheckpointing { None, Full, Selective };
 ActivationCheckpointing parse_activation_checkpointing(const std::string& mode);
 
 // A segment: hidden state in, hidden state out; it may add MoE terms to aux
-// (never nullptr when called from checkpoint()). It must be deterministic given
+// (never nullptr when called from recompute_in_backward()). It must be deterministic given
 // the generator state, and must not depend on anything changed between forward
 // and backward.
 using Segment = std::function<at::Tensor(const at::Tensor& x, ForwardAux* aux)>;
 
 // fn(x, aux) with its activations recomputed in backward. Without grad mode or
 // when x needs no gradient it just calls fn (nothing to recompute for).
-at::Tensor checkpoint(const Segment& fn, const at::Tensor& x, ForwardAux* aux);
+at::Tensor recompute_in_backward(const Segment& fn, const at::Tensor& x, ForwardAux* aux);
 
 }  // namespace meshtrain

@@ -1,4 +1,4 @@
-#include "meshtrain/ckpt/crc32c.h"
+#include "meshtrain/core/crc32c.h"
 
 #include <array>
 #include <cerrno>

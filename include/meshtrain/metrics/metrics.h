@@ -1,6 +1,6 @@
 #pragma once
 // Where training numbers go: run_dir/metrics.jsonl (one JSON object per line, the
-// contract in DESIGN.md "Files"), the same scalars as TensorBoard events in
+// contract in docs/ARCHITECTURE.md "Files"), the same scalars as TensorBoard events in
 // run_dir/tb/, and the console line a person watches.
 #include <cstdint>
 #include <fstream>
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/train/tensorboard.h"
+#include "meshtrain/metrics/tensorboard.h"
 
 namespace meshtrain {
 

@@ -11,10 +11,8 @@
 
 namespace meshtrain {
 
-// CRC-32C (Castagnoli), the checksum TFRecord uses; `masked_crc32c` is the
-// rotated-and-offset form stored in the file (a CRC of data that itself holds
-// CRCs is weak, hence the mask).
-uint32_t crc32c(const void* data, size_t n);
+// TFRecord stores CRC-32C (core/crc32c.h) in a rotated-and-offset form (a CRC
+// of data that itself holds CRCs is weak, hence the mask).
 uint32_t masked_crc32c(const void* data, size_t n);
 
 // Appends scalar events to `dir/events.out.tfevents.<unix time>.<hostname>`.
