@@ -9,7 +9,12 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
+#include <map>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/config/load.h"
@@ -26,47 +31,99 @@ namespace {
 
 using namespace meshtrain;
 
+// Integers as written: every character a digit (after an optional sign), the
+// value fits int64 (CLI11 alone would saturate 99999999999999999999 to
+// INT64_MAX) and is >= lo. CLI11 puts the flag's name before the message.
+CLI::Validator integer_at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [p, ec] = std::from_chars(text.data() + (text.size() > 1 && text[0] == '+'), end, v);
+        if (ec == std::errc::result_out_of_range) return "value " + text + " does not fit a 64-bit integer";
+        if (ec != std::errc() || p != end || text.empty()) return "value '" + text + "' is not an integer";
+        if (v < lo) return "value " + text + " must be >= " + std::to_string(lo);
+        return "";
+      },
+      "INT>=" + std::to_string(lo));
+}
+
+// A finite number >= lo.
+CLI::Validator number_at_least(double lo) {
+  return CLI::Validator(
+      [lo](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0') return "value '" + text + "' is not a number";
+        if (errno == ERANGE || !std::isfinite(v)) return "value " + text + " is out of range";
+        if (v < lo) return "value " + text + " must be >= " + std::to_string(lo);
+        return "";
+      },
+      "NUMBER>=" + std::to_string(lo));
+}
+
+// A string flag must say something: --name "" is a mistake, not "the default".
+CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& text) { return text.empty() ? std::string("must not be empty") : ""; }, "TEXT");
+}
+
 // Flags shared by every subcommand that takes --config (docs/ARCHITECTURE.md, "Command line").
 struct ConfigFlags {
   std::string config;
   std::vector<std::string> sets;
   std::vector<int64_t> n_device_axis;
   std::string name, output_dir;
-  int64_t train_batch_size = -1, checkpoint_steps = -1, eval_steps = -1, training_steps = -1, seed = -1;
+  int64_t train_batch_size = 0, checkpoint_steps = 0, eval_steps = 0, training_steps = 0;
+  uint64_t seed = 0;
+  std::map<std::string, CLI::Option*> given;
 
   void add_to(CLI::App* app) {
     app->add_option("--config", config, "JSON config file")->required()->check(CLI::ExistingFile);
     app->add_option("--set", sets, "override a config key: --set model_config.n_head=4 (repeatable)");
-    app->add_option("--n_device_axis", n_device_axis, "mesh DP PP TP")->expected(3);
+    app->add_option("--n_device_axis", n_device_axis, "mesh DP PP TP")->expected(3)->check(integer_at_least(1));
     // A flag given twice keeps its last value, like a --set given twice.
     const auto last = CLI::MultiOptionPolicy::TakeLast;
-    app->add_option("--name", name, "run name (run dir = output_dir/name)")->multi_option_policy(last);
-    app->add_option("--output_dir", output_dir, "where runs live")->multi_option_policy(last);
-    app->add_option("--train_batch_size", train_batch_size, "sequences per accumulation round")
-        ->multi_option_policy(last);
-    app->add_option("--checkpoint_steps", checkpoint_steps, "evaluate + checkpoint every N steps")
-        ->multi_option_policy(last);
-    app->add_option("--eval_steps", eval_steps, "validation batches per evaluation")->multi_option_policy(last);
-    app->add_option("--training_steps", training_steps, "total optimizer steps")->multi_option_policy(last);
-    app->add_option("--seed", seed, "random seed")->multi_option_policy(last);
+    given["name"] = app->add_option("--name", name, "run name (run dir = output_dir/name), taken literally")
+                        ->multi_option_policy(last)
+                        ->check(non_empty());
+    given["output_dir"] = app->add_option("--output_dir", output_dir, "where runs live, taken literally")
+                              ->multi_option_policy(last)
+                              ->check(non_empty());
+    given["data_config.train_batch_size"] =
+        app->add_option("--train_batch_size", train_batch_size, "sequences per accumulation round")
+            ->multi_option_policy(last)
+            ->check(integer_at_least(1));
+    given["checkpoint_steps"] = app->add_option("--checkpoint_steps", checkpoint_steps,
+                                                "evaluate + checkpoint every N steps")
+                                    ->multi_option_policy(last)
+                                    ->check(integer_at_least(1));
+    given["eval_steps"] = app->add_option("--eval_steps", eval_steps, "validation batches per evaluation")
+                              ->multi_option_policy(last)
+                              ->check(integer_at_least(0));
+    given["training_steps"] = app->add_option("--training_steps", training_steps, "total optimizer steps")
+                                  ->multi_option_policy(last)
+                                  ->check(integer_at_least(0));
+    given["seed"] = app->add_option("--seed", seed, "random seed")->multi_option_policy(last)->check(integer_at_least(0));
   }
 
-  // The Jaxformer flags are --set overrides of the keys they name.
+  // The Jaxformer flags are --set overrides of the keys they name; strings go
+  // in as JSON string literals, so their text is taken exactly as given.
   LoadedConfig load() const {
     std::vector<std::string> all = sets;
-    auto num = [&](const char* key, int64_t v) {
-      if (v >= 0) all.push_back(std::string(key) + "=" + std::to_string(v));
-    };
     if (!n_device_axis.empty())
       all.push_back("device_config.n_device_axis=[" + std::to_string(n_device_axis[0]) + "," +
                     std::to_string(n_device_axis[1]) + "," + std::to_string(n_device_axis[2]) + "]");
-    if (!name.empty()) all.push_back("name=\"" + name + "\"");
-    if (!output_dir.empty()) all.push_back("output_dir=\"" + output_dir + "\"");
-    num("data_config.train_batch_size", train_batch_size);
-    num("checkpoint_steps", checkpoint_steps);
-    num("eval_steps", eval_steps);
-    num("training_steps", training_steps);
-    num("seed", seed);
+    const auto add = [&](const std::string& key, const nlohmann::json& value) {
+      if (given.at(key)->count() > 0) all.push_back(key + "=" + value.dump());
+    };
+    add("name", name);
+    add("output_dir", output_dir);
+    add("data_config.train_batch_size", train_batch_size);
+    add("checkpoint_steps", checkpoint_steps);
+    add("eval_steps", eval_steps);
+    add("training_steps", training_steps);
+    add("seed", seed);
     LoadedConfig lc = load_config(config, all);
     for (const auto& w : lc.warnings) spdlog::warn("{}", w);
     return lc;
@@ -86,30 +143,37 @@ int run(int argc, char** argv, Runtime& runtime) {
   train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
 
   std::string eval_ckpt, gen_ckpt;
+  bool eval_random = false, gen_random = false;
   auto* eval = app.add_subcommand("eval", "validation loss of a checkpoint");
   eval_flags.add_to(eval);
-  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (default: newest of the run)");
+  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (default: newest of the run)")->check(non_empty());
+  eval->add_flag("--random_weights", eval_random, "evaluate the untrained model when the run has no checkpoint");
 
   std::string prompt;
-  int64_t max_tokens = -1, top_k = -1;
-  double temperature = -1;
+  int64_t max_tokens = 0, top_k = 0;
+  double temperature = 0;
   auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
   gen_flags.add_to(gen);
-  gen->add_option("--checkpoint", gen_ckpt, "checkpoint dir (default: newest of the run)");
-  gen->add_option("--prompt", prompt, "prompt text");
-  gen->add_option("--max_tokens", max_tokens, "tokens to sample");
-  gen->add_option("--top_k", top_k, "sample among the k most likely (0: all)");
-  gen->add_option("--temperature", temperature, "softmax temperature (0: greedy)");
+  gen->add_option("--checkpoint", gen_ckpt, "checkpoint dir (default: newest of the run)")->check(non_empty());
+  gen->add_flag("--random_weights", gen_random, "sample from the untrained model when the run has no checkpoint");
+  auto* prompt_opt = gen->add_option("--prompt", prompt, "prompt text");
+  auto* max_tokens_opt = gen->add_option("--max_tokens", max_tokens, "tokens to sample")->check(integer_at_least(0));
+  auto* top_k_opt =
+      gen->add_option("--top_k", top_k, "sample among the k most likely (0: all)")->check(integer_at_least(0));
+  auto* temperature_opt =
+      gen->add_option("--temperature", temperature, "softmax temperature (0: greedy)")->check(number_at_least(0));
 
   PrepareOptions prep;
   auto* prepare = app.add_subcommand("prepare-data", "text files -> tokenizer + token shards");
   prepare->add_option("--input", prep.inputs, "text files or folders")->required();
-  prepare->add_option("--output", prep.output_dir, "output data dir")->required();
-  auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size");
-  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file, "tiktoken vocabulary file");
+  prepare->add_option("--output", prep.output_dir, "output data dir")->required()->check(non_empty());
+  auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size")
+                 ->check(integer_at_least(257));
+  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file, "tiktoken vocabulary file")->check(non_empty());
   vs->excludes(tk);
-  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation");
-  prepare->add_option("--seed", prep.seed, "document shuffle seed");
+  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation")
+      ->check(number_at_least(0));
+  prepare->add_option("--seed", prep.seed, "document shuffle seed")->check(integer_at_least(0));
 
   ConfigFlags plan_flags, bench_flags;
   double device_gib = 0;
@@ -117,7 +181,8 @@ int run(int argc, char** argv, Runtime& runtime) {
   std::string plan_dev;
   auto* plan = app.add_subcommand("plan", "parameters (total/active), memory per rank, FLOPs per token");
   plan_flags.add_to(plan);
-  plan->add_option("--device-memory-gb", device_gib, "device memory in GiB: say whether the run fits");
+  plan->add_option("--device-memory-gb", device_gib, "device memory in GiB: say whether the run fits")
+      ->check(number_at_least(0));
   plan->add_option("--device", plan_dev, "plan for cpu or cuda (default: the config's device, auto: this machine)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   plan->add_flag("--json", plan_json, "print one JSON object instead of the report");
@@ -125,9 +190,10 @@ int run(int argc, char** argv, Runtime& runtime) {
   BenchOptions bench_opts;
   auto* bench = app.add_subcommand("bench", "time training steps: tokens/s, MFU, peak memory");
   bench_flags.add_to(bench);
-  bench->add_option("--steps", bench_opts.steps, "timed steps");
-  bench->add_option("--warmup", bench_opts.warmup, "untimed warm-up steps");
-  bench->add_option("--peak-tflops", bench_opts.peak_tflops, "device peak TFLOP/s for MFU (default: known GPUs)");
+  bench->add_option("--steps", bench_opts.steps, "timed steps")->check(integer_at_least(1));
+  bench->add_option("--warmup", bench_opts.warmup, "untimed warm-up steps")->check(integer_at_least(0));
+  bench->add_option("--peak-tflops", bench_opts.peak_tflops, "device peak TFLOP/s for MFU (default: known GPUs)")
+      ->check(number_at_least(0));
 
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);
@@ -136,7 +202,7 @@ int run(int argc, char** argv, Runtime& runtime) {
   inspect->add_option("dir", inspect_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
   auto* exp = ckpt->add_subcommand("export", "write one unsharded safetensors file");
   exp->add_option("dir", export_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
-  exp->add_option("--output", export_out, "output .safetensors file")->required();
+  exp->add_option("--output", export_out, "output .safetensors file")->required()->check(non_empty());
 
   try {
     app.parse(argc, argv);
@@ -153,18 +219,21 @@ int run(int argc, char** argv, Runtime& runtime) {
   } else if (*eval) {
     TrainOptions o;
     o.checkpoint = eval_ckpt;
+    o.require_checkpoint = !eval_random;
     Trainer trainer(eval_flags.load().config, runtime, o);
     const double v = trainer.evaluate();
     spdlog::info("step {}: val_loss {:.4f}", trainer.step(), v);
     if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
   } else if (*gen) {
     LoadedConfig lc = gen_flags.load();
-    if (!prompt.empty()) lc.config.inference.prompt = prompt;
-    if (max_tokens >= 0) lc.config.inference.max_tokens = max_tokens;
-    if (top_k >= 0) lc.config.inference.top_k = top_k;
-    if (temperature >= 0) lc.config.inference.temperature = temperature;
+    if (prompt_opt->count()) lc.config.inference.prompt = prompt;
+    if (max_tokens_opt->count()) lc.config.inference.max_tokens = max_tokens;
+    if (top_k_opt->count()) lc.config.inference.top_k = top_k;
+    if (temperature_opt->count()) lc.config.inference.temperature = temperature;
+    validate(lc.config);  // the flags above bypassed load_config's checks (max_tokens bound)
     TrainOptions o;
     o.checkpoint = gen_ckpt;
+    o.require_checkpoint = !gen_random;
     Trainer trainer(lc.config, runtime, o);
     const std::string text = trainer.sample();
     if (runtime.rank() == 0) std::cout << text << std::endl;
@@ -198,6 +267,10 @@ int main(int argc, char** argv) {
   }
   try {
     return run(argc, argv, *runtime);
+  } catch (const meshtrain::Stopped& e) {
+    // Every rank agreed to stop (or only one process works): no abort needed.
+    if (spdlog::default_logger()) spdlog::warn("{}", e.what());
+    return 128 + e.signal_number();
   } catch (const std::exception& e) {
     if (spdlog::default_logger()) spdlog::error("{}", e.what());
     std::cerr.flush();

@@ -22,12 +22,23 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
   MT_CHECK(!ec, "cannot rename ", from.string(), " to ", to.string(), ": ", ec.message());
 }
 
+// Moves p to p + suffix (or suffix.1, .2 ... when taken): kept, but no longer a checkpoint name.
+void set_aside(const fs::path& p, const std::string& suffix) {
+  fs::path to = p.string() + suffix;
+  for (int i = 1; fs::exists(to); ++i) to = p.string() + suffix + "." + std::to_string(i);
+  rename_or_throw(p, to);
+  spdlog::warn("{}", "kept " + p.string() + " as " + to.string());
+}
+
 // Keeps the checkpoint just saved and the newest max_to_keep-1 older ones.
 // Checkpoints newer than the one just saved belong to a run that was resumed
-// from further back; they are left alone rather than silently destroyed.
-void prune(const fs::path& root, int64_t saved_step, int64_t max_to_keep) {
+// from further back; they are set aside (renamed) so that a later resume,
+// which takes the newest step, continues this history, not the abandoned one.
+// Checkpoints in `keep` are never removed.
+void prune(const fs::path& root, int64_t saved_step, int64_t max_to_keep, const std::vector<std::string>& keep) {
   std::vector<std::pair<int64_t, fs::path>> older;
-  std::vector<fs::path> stale;
+  std::vector<fs::path> stale, newer;
+  const auto kept = [&](const std::string& name) { return std::find(keep.begin(), keep.end(), name) != keep.end(); };
   // Collect first: removing entries while iterating a directory is unspecified.
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string name = e.path().filename().string();
@@ -37,9 +48,18 @@ void prune(const fs::path& root, int64_t saved_step, int64_t max_to_keep) {
       continue;
     }
     const auto step = parse_checkpoint_dir_name(name);
-    if (step && *step < saved_step) older.emplace_back(*step, e.path());
+    if (!step || kept(name)) continue;
+    if (*step < saved_step) older.emplace_back(*step, e.path());
+    if (*step > saved_step) newer.push_back(e.path());
   }
   for (const auto& p : stale) remove_quietly(p.string(), "stale staging dir");
+  for (const auto& p : newer) {
+    try {
+      set_aside(p, ".superseded");
+    } catch (const std::exception& e) {  // the save itself is complete; say so and go on
+      spdlog::warn("{}", e.what());
+    }
+  }
   if (max_to_keep <= 0) return;
   std::sort(older.rbegin(), older.rend());
   for (size_t i = static_cast<size_t>(max_to_keep - 1); i < older.size(); ++i)
@@ -49,7 +69,8 @@ void prune(const fs::path& root, int64_t saved_step, int64_t max_to_keep) {
 }  // namespace
 
 std::string commit_checkpoint(const std::string& run_dir, const std::string& staging_dir, int64_t step,
-                              nlohmann::json manifest, const nlohmann::json& trainer_state, int64_t max_to_keep) {
+                              nlohmann::json manifest, const nlohmann::json& trainer_state, int64_t max_to_keep,
+                              const std::vector<std::string>& keep) {
   const fs::path staging(staging_dir);
   const auto state = ckpt_io::write_file((staging / ckpt_format::kTrainerState).string(), trainer_state.dump(2));
   manifest["files"][ckpt_format::kTrainerState] = {{"bytes", state.bytes}, {"checksum", crc32c_string(state.crc32c)}};
@@ -63,6 +84,9 @@ std::string commit_checkpoint(const std::string& run_dir, const std::string& sta
   // moment either the old or the new checkpoint sits under the final name or
   // (after a crash between the two renames) a staging name that is ignored.
   const fs::path replaced = root / (name + ckpt_format::kStagingMarker + "-replaced");
+  // A checkpoint the run could not read is evidence, never overwritten.
+  if (fs::exists(final_dir) && std::find(keep.begin(), keep.end(), name) != keep.end())
+    set_aside(final_dir, ".unreadable");
   const bool had_old = fs::exists(final_dir);
   if (had_old) {
     remove_quietly(replaced.string(), "leftover of an earlier re-save");
@@ -72,7 +96,7 @@ std::string commit_checkpoint(const std::string& run_dir, const std::string& sta
   ckpt_io::fsync_dir(root.string());
   ckpt_io::write_file_atomic((root / ckpt_format::kLatest).string(), name + "\n");
   if (had_old) remove_quietly(replaced.string(), "replaced by a re-save");
-  prune(root, step, max_to_keep);
+  prune(root, step, max_to_keep, keep);
   return final_dir.string();
 }
 

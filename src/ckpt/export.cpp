@@ -9,6 +9,7 @@ namespace meshtrain {
 
 void export_checkpoint(const std::string& ckpt_dir, const std::string& out_file, const std::string& prefix_filter) {
   const CheckpointReader reader(ckpt_dir);
+  reader.verify();  // an export is trusted downstream: never pass corrupt bytes on
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& name : reader.names())
     if (name.compare(0, prefix_filter.size(), prefix_filter) == 0) tensors.emplace_back(name, reader.read(name));

@@ -1,11 +1,8 @@
 #include "meshtrain/core/log.h"
 
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
 
-#include "file_io.h"
-#include "manifest_format.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
 
@@ -25,44 +22,30 @@ std::string problem_with(const fs::path& dir) {
   }
 }
 
-std::string trimmed(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  return s;
-}
-
 }  // namespace
 
-std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   const fs::path root(checkpoints_root(run_dir));
-  if (!fs::is_directory(root)) return std::nullopt;
-
-  std::vector<std::string> candidates;
-  const fs::path latest = root / ckpt_format::kLatest;
-  if (fs::exists(latest)) {
-    std::string name;
-    try {
-      name = trimmed(ckpt_io::read_file(latest.string()));
-    } catch (const std::exception& e) {
-      spdlog::warn("{}", "ignoring " + latest.string() + ": " + e.what());
-    }
-    if (parse_checkpoint_dir_name(name))
-      candidates.push_back(name);
-    else if (!name.empty())
-      spdlog::warn("{}", "ignoring " + latest.string() + ": \"" + name + "\" is not a checkpoint directory name");
-  }
   std::vector<std::pair<int64_t, std::string>> by_step;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
   for (const auto& e : fs::directory_iterator(root)) {
-    const std::string name = e.path().filename().string();
-    const auto step = parse_checkpoint_dir_name(name);
-    if (step && e.is_directory() && (candidates.empty() || name != candidates[0])) by_step.emplace_back(*step, name);
+    const auto step = parse_checkpoint_dir_name(e.path().filename().string());
+    if (step && e.is_directory()) by_step.emplace_back(*step, e.path().string());
   }
   std::sort(by_step.rbegin(), by_step.rend());
-  for (auto& [step, name] : by_step) candidates.push_back(name);
+  std::vector<std::string> out;
+  for (auto& [step, dir] : by_step) out.push_back(dir);
+  return out;
+}
 
-  for (const auto& name : candidates) {
-    const std::string why = problem_with(root / name);
-    if (why.empty()) return (root / name).string();
-    spdlog::warn("{}", "skipping checkpoint " + (root / name).string() + ": " + why);
+std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
+  // `latest` is written after the rename that completes a save, so a crash or
+  // a full disk in between leaves it naming an older step: the steps decide.
+  for (const auto& dir : list_checkpoints(run_dir)) {
+    const std::string why = problem_with(dir);
+    if (why.empty()) return dir;
+    spdlog::warn("{}", "skipping checkpoint " + dir + ": " + why);
   }
   return std::nullopt;
 }

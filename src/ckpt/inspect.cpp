@@ -22,6 +22,7 @@ std::string summary(const nlohmann::json& v) {
 
 std::string inspect_checkpoint(const std::string& ckpt_dir) {
   const CheckpointReader r(ckpt_dir);
+  r.verify();  // inspecting is how people judge a checkpoint: a corrupt one must say so
   const auto& m = r.manifest();
   int64_t bytes = 0;
   for (const auto& [file, info] : m.at("files").items()) bytes += info.at("bytes").get<int64_t>();

@@ -34,10 +34,51 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
+// The dotted key the parser is inside ("model_config.n_head", "rampup_batch_size[1]"),
+// kept up to date by the parser callback so an error can name where it happened.
+class KeyTracker {
+ public:
+  bool on_event(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: frames_.push_back({"", -1}); break;
+      case json::parse_event_t::array_start: frames_.push_back({"", 0}); break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!frames_.empty()) frames_.pop_back();
+        advance();
+        break;
+      case json::parse_event_t::key: if (!frames_.empty()) frames_.back().key = parsed.get<std::string>(); break;
+      case json::parse_event_t::value: advance(); break;
+    }
+    return true;
+  }
+  std::string path() const {
+    std::string out;
+    for (const auto& f : frames_) {
+      if (f.index >= 0) out += "[" + std::to_string(f.index) + "]";
+      else if (!f.key.empty()) out += (out.empty() ? "" : ".") + f.key;
+    }
+    return out;
+  }
+
+ private:
+  struct Frame {
+    std::string key;
+    int64_t index;  // -1: an object
+  };
+  void advance() {
+    if (!frames_.empty() && frames_.back().index >= 0) ++frames_.back().index;
+  }
+  std::vector<Frame> frames_;
+};
+
 json parse_file(const std::string& path, const std::string& text) {
+  KeyTracker keys;
   try {
     // Comments are allowed: configs are hand-edited and benefit from a note.
-    return json::parse(text, nullptr, true, /*ignore_comments=*/true);
+    return json::parse(
+        text, [&keys](int depth, json::parse_event_t event, json& parsed) { return keys.on_event(depth, event, parsed); },
+        true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
     // e.byte counts from 1 and points at the character that broke the parse.
     size_t end = std::min(e.byte == 0 ? 0 : e.byte - 1, text.size());
@@ -49,7 +90,17 @@ json parse_file(const std::string& path, const std::string& text) {
     std::string reason = e.what();
     auto colon = reason.find(": ");
     if (colon != std::string::npos) reason = reason.substr(colon + 2);
-    MT_FAIL("config file '", path, "' is not valid JSON: line ", line, ", column ", column, ": ", reason);
+    const std::string key = keys.path();
+    MT_FAIL("config file '", path, "' is not valid JSON: line ", line, ", column ", column,
+            key.empty() ? std::string() : " (in key '" + key + "')", ": ", reason);
+  } catch (const json::exception& e) {
+    // E.g. 1e400: valid JSON syntax, but no double holds it.
+    std::string reason = e.what();
+    auto bracket = reason.find("] ");
+    if (bracket != std::string::npos) reason = reason.substr(bracket + 2);
+    const std::string key = keys.path();
+    MT_FAIL("config file '", path, "': ", key.empty() ? std::string("a value") : "config key '" + key + "'",
+            " cannot be read: ", reason);
   }
 }
 

@@ -10,6 +10,15 @@ namespace meshtrain {
 
 namespace {
 
+constexpr double kMaxWatchdogSeconds = 86400;
+// Generation is bounded: a typo like max_tokens=1e9 would sample for hours.
+constexpr int64_t kMaxNewTokens = 65536;
+constexpr int64_t kMaxInferenceBatch = 1024;
+
+void at_most(int64_t v, int64_t hi, const char* key, const char* why) {
+  MT_CHECK(v <= hi, key, " must be <= ", hi, " (", why, "), got ", v);
+}
+
 void at_least(int64_t v, int64_t lo, const char* key) {
   MT_CHECK(v >= lo, key, " must be >= ", lo, ", got ", v);
 }
@@ -30,6 +39,17 @@ void one_of(const std::string& v, std::initializer_list<const char*> allowed, co
 }
 
 void not_empty(const std::string& v, const char* key) { MT_CHECK(!v.empty(), key, " must not be empty"); }
+
+// Names that become directories: a control character (a "\n" from a JSON
+// escape, a NUL) would make a path no one can type.
+void plain_path(const std::string& v, const char* key) {
+  not_empty(v, key);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const auto c = static_cast<unsigned char>(v[i]);
+    MT_CHECK(c >= 0x20 && c != 0x7f, key, " must not contain control characters: byte 0x", "0123456789abcdef"[c >> 4],
+             "0123456789abcdef"[c & 15], " at position ", i, " of \"", v, "\"");
+  }
+}
 
 void validate_model(const ModelConfig& m, const DataConfig& d) {
   at_least(m.model_dimension, 1, "model_config.model_dimension");
@@ -70,7 +90,7 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
 }
 
 void validate_data(const DataConfig& d) {
-  not_empty(d.data_dir, "data_config.data_dir");
+  plain_path(d.data_dir, "data_config.data_dir");
   not_empty(d.train_folder_name, "data_config.train_folder_name");
   not_empty(d.val_folder_name, "data_config.val_folder_name");
   at_least(d.T, 1, "data_config.T");
@@ -143,6 +163,11 @@ void validate_mesh(const Config& c) {
     MT_CHECK(share % d.micro_batch_size == 0, "data_config.micro_batch_size (", d.micro_batch_size,
              ") must divide the per-dp-rank batch data_config.train_batch_size / dp = ", d.train_batch_size, " / ",
              dp, " = ", share);
+    // Evaluation runs the same microbatched schedule: fail now, not at the first evaluation after hours of training.
+    const int64_t val_share = d.val_batch_size / dp;
+    MT_CHECK(val_share <= d.micro_batch_size || val_share % d.micro_batch_size == 0,
+             "data_config.micro_batch_size (", d.micro_batch_size, ") must divide the per-dp-rank validation batch data_config.val_batch_size / dp = ", d.val_batch_size,
+             " / ", dp, " = ", val_share);
   }
   MT_CHECK(m.n_head % tp == 0, "model_config.n_head (", m.n_head, ") must be divisible by tp = ", tp,
            " (device_config.n_device_axis[2])");
@@ -157,8 +182,8 @@ void validate_mesh(const Config& c) {
 }
 
 void validate_run(const Config& c) {
-  not_empty(c.name, "name");
-  not_empty(c.output_dir, "output_dir");
+  plain_path(c.name, "name");
+  plain_path(c.output_dir, "output_dir");
   at_least(c.training_steps, 0, "training_steps");
   at_least(c.grad_step, 1, "grad_step");
   at_least(c.checkpoint_steps, 1, "checkpoint_steps");
@@ -173,13 +198,18 @@ void validate_run(const Config& c) {
   MT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage must be 0 or 1, got ", c.zero_stage);
   one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
   one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");
-  MT_CHECK(c.watchdog_seconds >= 0, "config key 'watchdog_seconds' must be >= 0 (0 disables), got ", c.watchdog_seconds);
+  at_least(c.max_nan_skips, 1, "max_nan_skips");
+  // A day is far beyond any step; the bound keeps the timeout's arithmetic exact.
+  MT_CHECK(c.watchdog_seconds >= 0 && c.watchdog_seconds <= kMaxWatchdogSeconds, "watchdog_seconds must be in [0, ",
+           kMaxWatchdogSeconds, "] seconds (0 disables the watchdog), got ", c.watchdog_seconds);
 
   const auto& i = c.inference;
   at_least(i.batch_size, 1, "inference_config.batch_size");
   at_least(i.top_k, 0, "inference_config.top_k");
   non_negative(i.temperature, "inference_config.temperature");
   at_least(i.max_tokens, 0, "inference_config.max_tokens");
+  at_most(i.max_tokens, kMaxNewTokens, "inference_config.max_tokens", "new tokens per sample");
+  at_most(i.batch_size, kMaxInferenceBatch, "inference_config.batch_size", "samples at once");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/stop_signal.h"
 #include "meshtrain/data/tokenizer.h"
 #include "pretokenize.h"
 
@@ -156,6 +157,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& documents, int64_t vo
     tok.add_merge(l, r, merged);
     tok.tokens_.push_back(tok.tokens_[static_cast<size_t>(l)] + tok.tokens_[static_cast<size_t>(r)]);
     table.merge(key, merged, step++);
+    if (step % 64 == 0) throw_if_stop_requested("prepare-data (training the tokenizer)");
   }
   // Documents that run out of pairs give a smaller vocabulary; callers see it
   // in vocab_size().

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/stop_signal.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
 
@@ -54,6 +55,7 @@ std::vector<std::string> write_split(const fs::path& folder, const std::string& 
   const int64_t n_shards = std::max<int64_t>(1, (total + shard_tokens - 1) / shard_tokens);
   std::vector<std::string> names;
   for (int64_t s = 0; s < n_shards; ++s) {
+    throw_if_stop_requested("prepare-data (writing " + name + " shards)");
     int64_t begin = total * s / n_shards, end = total * (s + 1) / n_shards;
     char file[64];
     std::snprintf(file, sizeof(file), "%s_%06lld.bin", name.c_str(), static_cast<long long>(s));
@@ -66,7 +68,9 @@ std::vector<std::string> write_split(const fs::path& folder, const std::string& 
 
 std::vector<int32_t> tokenize(const Tokenizer& tok, const std::vector<std::string>& docs) {
   std::vector<int32_t> out;
-  for (const auto& doc : docs) {
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (i % 256 == 0) throw_if_stop_requested("prepare-data (tokenizing)");
+    const auto& doc = docs[i];
     auto ids = tok.encode(doc);
     out.insert(out.end(), ids.begin(), ids.end());
     out.push_back(tok.eot());
@@ -89,7 +93,7 @@ std::vector<std::string> collect_input_files(const std::vector<std::string>& inp
   std::vector<fs::path> candidates;
   for (const auto& input : inputs) {
     fs::path p(input);
-    MT_CHECK(fs::exists(p), "prepare-data: input ", input, " does not exist");
+    MT_CHECK(fs::exists(p), "prepare-data: --input '", input, "' does not exist");
     if (fs::is_directory(p)) {
       std::vector<fs::path> found;
       for (const auto& e : fs::recursive_directory_iterator(p)) {
@@ -165,6 +169,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
   int64_t skipped = 0;
   const auto files = collect_input_files(opt.inputs);
   for (const auto& f : files) {
+    throw_if_stop_requested("prepare-data (reading inputs)");
     std::string text = read_file(f);
     if (looks_binary(text)) {
       ++skipped;
@@ -214,6 +219,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
       m << manifest.dump(2) << '\n';
       MT_CHECK(m.good(), "error writing ", (tmp / "manifest.json").string());
     }
+    throw_if_stop_requested("prepare-data");  // last chance before the output is replaced
     fs::remove_all(out);
     fs::rename(tmp, out);
   } catch (...) {

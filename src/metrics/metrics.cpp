@@ -1,8 +1,11 @@
 #include "meshtrain/metrics/metrics.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
 
 namespace meshtrain {
 
@@ -20,6 +23,37 @@ void scalars_to_tb(TensorBoardWriter& tb, const std::string& tag, const nlohmann
   // Strings, booleans and nulls have no place on a TensorBoard chart.
 }
 
+// A crash or a full disk mid-write leaves a last line without its newline;
+// appending after it would glue the next row onto it. Cut back to the end of
+// the last complete line.
+void drop_partial_last_line(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size == 0) return;
+  std::ifstream in(path, std::ios::binary);
+  MT_CHECK(in.good(), "cannot read '", path, "' to check its last line");
+  uintmax_t end = size;  // bytes to keep
+  char buf[4096];
+  while (end > 0) {
+    const uintmax_t chunk = std::min<uintmax_t>(end, sizeof(buf));
+    in.seekg(static_cast<std::streamoff>(end - chunk));
+    in.read(buf, static_cast<std::streamsize>(chunk));
+    MT_CHECK(in.good(), "cannot read '", path, "' to check its last line");
+    uintmax_t i = chunk;
+    while (i > 0 && buf[i - 1] != '\n') --i;
+    if (i > 0) {
+      end = end - chunk + i;
+      break;
+    }
+    end -= chunk;
+  }
+  if (end == size) return;
+  std::filesystem::resize_file(path, end, ec);
+  MT_CHECK(!ec, "'", path, "' ends with a partial line (", size - end, " bytes) that cannot be removed: ",
+           ec.message());
+  spdlog::warn("removed a partial last line ({} bytes, from an interrupted write) from {}", size - end, path);
+}
+
 }  // namespace
 
 MetricsLogger::MetricsLogger(const std::string& run_dir, bool enabled, bool tensorboard)
@@ -31,6 +65,7 @@ MetricsLogger::MetricsLogger(const std::string& run_dir, bool enabled, bool tens
   std::filesystem::create_directories(dir, ec);
   MT_CHECK(!ec, "cannot create run directory '", run_dir, "': ", ec.message());
   // Append: a resumed run continues the same history instead of erasing it.
+  drop_partial_last_line(jsonl_path_);
   jsonl_.open(jsonl_path_, std::ios::app);
   MT_CHECK(jsonl_.good(), "cannot open '", jsonl_path_, "' for appending");
   if (tensorboard) tb_ = std::make_unique<TensorBoardWriter>((dir / "tb").string());

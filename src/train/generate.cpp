@@ -39,6 +39,7 @@ std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_
   KVCache cache;
   at::Tensor logits;
   for (int64_t step = 0; step < o.max_tokens; ++step) {
+    if (o.check_stop) o.check_stop();
     if (!o.use_cache) {
       logits = last_logits(as_batch(seq, seq.size() - std::min(seq.size(), T), device), nullptr);
     } else if (step == 0 || cache.length >= static_cast<int64_t>(T)) {

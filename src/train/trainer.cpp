@@ -10,8 +10,8 @@
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
+#include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/stop_signal.h"
-#include "meshtrain/core/watchdog.h"
 #include "meshtrain/optim/rampup.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -41,17 +41,14 @@ std::string data_folder(const Config& cfg, const std::string& sub) {
   return p.string();
 }
 
-// Test hook: MESHTRAIN_TEST_NAN_AT_STEP=K poisons the gradients of step K
-// (0-based) on every rank, so tests can check nan_policy end to end.
-int64_t nan_test_step() {
-  const char* v = std::getenv("MESHTRAIN_TEST_NAN_AT_STEP");
-  return v ? std::atoll(v) : -1;
-}
-
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const Communicator* world)
-    : cfg_(cfg), runtime_(runtime), opts_(std::move(opts)), device_(pick_device(cfg)) {
+    : cfg_(cfg),
+      runtime_(runtime),
+      opts_(std::move(opts)),
+      device_(pick_device(cfg)),
+      test_hooks_(TestHooks::from_environment()) {
   std::unique_ptr<Communicator> own_world;
   if (!world) {
     own_world = runtime.world();
@@ -60,6 +57,11 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   is_rank0_ = world->rank() == 0;
   validate(cfg_);
   validate_world(cfg_, world->size());
+  // From here on every phase is watched: a hang in NCCL init or a checkpoint
+  // load ends the job like a hang in a step.
+  watchdog_ = std::make_unique<Watchdog>(cfg_.watchdog_seconds, world->rank(), world->size(),
+                                         world->size() > 1 ? cfg_.run_dir() + "/heartbeats" : "");
+  watchdog_->beat("start-up: mesh and communicators");
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
 
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
@@ -67,6 +69,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   mesh_ = std::make_unique<Mesh>(*world, shape, device_.is_cuda() ? Backend::Nccl : Backend::Mpi);
 
   // Data first: a missing folder should fail before the model is built.
+  watchdog_->beat("start-up: data loaders");
   const int dp_rank = mesh_->coord().dp, dp = shape.dp;
   train_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.train_folder_name), cfg_.data.T,
                                                cfg_.data.train_batch_size, dp_rank, dp, cfg_.model.vocab_size);
@@ -79,6 +82,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
              " is smaller than the tokenizer's vocabulary (", tokenizer_->vocab_size(), " in ", tok.string(), ")");
   }
 
+  watchdog_->beat("start-up: building the model");
   torch::manual_seed(cfg_.seed);
   pm_ = build_parallel_model(cfg_, *mesh_);
   pm_.model->to(device_);
@@ -98,12 +102,10 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers [{}, {})", shape.dp, shape.pp, shape.tp,
                device_.str(), mesh_->world().backend(), pm_.range.first_layer, pm_.range.end_layer);
 
-  if (!opts_.checkpoint.empty()) {
-    load_checkpoint(opts_.checkpoint);
-  } else if (!opts_.fresh) {
-    if (auto latest = find_latest_checkpoint(cfg_.run_dir())) load_checkpoint(*latest);
-  }
-  metrics_ = std::make_unique<MetricsLogger>(cfg_.run_dir(), is_rank0_);
+  watchdog_->beat("start-up: loading the checkpoint");
+  setup_checkpointing();
+  resume();
+  watchdog_->beat("start-up done");
 }
 
 Trainer::~Trainer() = default;
@@ -143,6 +145,8 @@ StepStats Trainer::reduce_stats(const RoundSums& sums, int64_t seq_len) {
 }
 
 StepStats Trainer::train_step() {
+  test_hooks_.before_step(step_ + 1, runtime_.rank());
+  watchdog_->beat("train step " + std::to_string(step_ + 1));
   pm_.model->train();
   for (auto& p : pm_.params) p.tensor.mutable_grad() = at::Tensor();
   // Batch-size rampup and sequence-length warmup (optim/rampup.h) set this
@@ -178,6 +182,7 @@ StepStats Trainer::train_step() {
   }
   // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in train().
   synchronize_gradients(pm_, *mesh_, /*dp=*/!zero_);
+  test_hooks_.after_backward(step_ + 1, pm_);
   StepStats stats = reduce_stats(total, T);
   stats.pipeline_wait_seconds = wait;
   stats.batch_size = batch;
@@ -193,12 +198,22 @@ double Trainer::evaluate() {
   double ce = 0, tokens = 0;
   const Cursor saved = val_loader_->cursor();
   val_loader_->restore(Cursor{});  // every evaluation reads the same batches
-  for (int64_t i = 0; i < cfg_.eval_steps; ++i) {
-    Batch b = val_loader_->next();
-    AutocastGuard autocast(cfg_, device_);
-    RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
-    ce += s.ce_sum;
-    tokens += s.tokens;
+  try {
+    for (int64_t i = 0; i < cfg_.eval_steps; ++i) {
+      watchdog_->beat("evaluation batch " + std::to_string(i + 1));
+      stop_point("evaluation");
+      Batch b = val_loader_->next();
+      AutocastGuard autocast(cfg_, device_);
+      RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
+      ce += s.ce_sum;
+      tokens += s.tokens;
+    }
+  } catch (...) {
+    // A stop throws out of the loop; the checkpoint saved next must hold the
+    // training state, not the evaluation's.
+    val_loader_->restore(saved);
+    pm_.model->train();
+    throw;
   }
   val_loader_->restore(saved);
   at::Tensor t = at::tensor({ce, tokens}, at::kDouble);
@@ -223,16 +238,25 @@ std::string Trainer::sample() {
   so.temperature = cfg_.inference.temperature;
   so.use_cache = cfg_.inference.use_cache;
   so.seed = cfg_.seed + static_cast<uint64_t>(step_);
+  so.check_stop = [this] {
+    watchdog_->beat("sampling");
+    stop_point("sampling");
+  };
   std::vector<int32_t> prompt = tokenizer_->encode(cfg_.inference.prompt);
   if (prompt.empty()) prompt.push_back(tokenizer_->eot());
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(cfg_.inference.batch_size), prompt);
   std::vector<std::vector<int32_t>> out;
   AutocastGuard autocast(cfg_, device_);
-  if (mesh_->shape().pp == 1) {
-    out = generate(*pm_.model, prompts, so);
-  } else {
-    pm_.model->eval();
-    out = generate(cfg_.model, device_, pipeline_forward(pm_, *mesh_), pipeline_share(pm_, *mesh_), prompts, so);
+  try {
+    if (mesh_->shape().pp == 1) {
+      out = generate(*pm_.model, prompts, so);
+    } else {
+      pm_.model->eval();
+      out = generate(cfg_.model, device_, pipeline_forward(pm_, *mesh_), pipeline_share(pm_, *mesh_), prompts, so);
+    }
+  } catch (...) {
+    pm_.model->train();  // a stop throws out of the sampling loop
+    throw;
   }
   pm_.model->train();
   std::string text = cfg_.inference.prompt + tokenizer_->decode(out.at(0));
@@ -278,22 +302,33 @@ void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double s
     spdlog::info("{}{}", format_step_line(row), progress_suffix());
 }
 
-bool Trainer::stop_agreed() {
-  // Every rank must leave the loop at the same step, so the flag of any rank
-  // (a signal may reach only some of them) is shared before acting on it.
-  at::Tensor flag = at::full({1}, static_cast<int64_t>(stop_requested()), at::kLong);
-  mesh_->cpu_world().all_reduce(flag, ReduceOp::Max);
-  return flag.item<int64_t>() != 0;
+int Trainer::stop_agreed() {
+  // Every rank must stop at the same point, so the signal of any rank (a
+  // signal may reach only some of them) is shared before acting on it.
+  at::Tensor sig = at::full({1}, static_cast<int64_t>(stop_requested()), at::kLong);
+  mesh_->cpu_world().all_reduce(sig, ReduceOp::Max);
+  return static_cast<int>(sig.item<int64_t>());
+}
+
+void Trainer::stop_point(const std::string& during) {
+  if (const int sig = stop_agreed()) throw Stopped(sig, during);
 }
 
 double Trainer::apply_update(const StepStats& s, double lr) {
   const double norm = zero_ ? zero_->reduce_gradients() : global_grad_norm(pm_, *mesh_);
   const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
   if (!finite) {
-    MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_, " (loss ", s.loss,
+    // step_ + 1: the number this step gets in the log and metrics.jsonl.
+    MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_ + 1, " (loss ", s.loss,
              ", grad norm ", norm, "); nan_policy is \"stop\"");
-    spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip)", step_, s.loss,
-                 norm);
+    ++nan_skips_in_a_row_;
+    spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip, {} of at most {} "
+                 "in a row)", step_ + 1, s.loss, norm, nan_skips_in_a_row_, cfg_.max_nan_skips);
+    // Skipping forever would burn the run's budget on a diverged model and exit 0.
+    MT_CHECK(nan_skips_in_a_row_ < cfg_.max_nan_skips, "nan_policy skip: steps ", step_ + 2 - nan_skips_in_a_row_,
+             " to ", step_ + 1, " (", nan_skips_in_a_row_, " in a row, max_nan_skips) all had a non-finite loss or ",
+             "gradient; giving up. The checkpoints saved so far are untouched; lower lr.max_lr or resume from an ",
+             "earlier checkpoint");
   } else {
     if (cfg_.grad_clip_norm > 0 && norm > cfg_.grad_clip_norm) {
       at::NoGradGuard ng;
@@ -304,6 +339,7 @@ double Trainer::apply_update(const StepStats& s, double lr) {
     }
     if (zero_) zero_->step(lr);
     else opt_->step(lr);
+    nan_skips_in_a_row_ = 0;
   }
   return norm;
 }
@@ -315,11 +351,30 @@ std::string Trainer::progress_suffix() const {
   return ", " + Progress(train_start_step_, cfg_.training_steps).eta(step_, elapsed);
 }
 
+void Trainer::open_run_dir() {
+  if (metrics_) return;
+  // Rank 0 writes the run dir; the others learn whether it could lock it.
+  std::string error;
+  if (is_rank0_) {
+    try {
+      run_lock_ = std::make_unique<RunLock>(cfg_.run_dir());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor failed = at::full({1}, static_cast<int64_t>(!error.empty()), at::kLong);
+  mesh_->cpu_world().all_reduce(failed, ReduceOp::Max);
+  MT_CHECK(failed.item<int64_t>() == 0, is_rank0_ ? error : "rank 0 could not lock the run dir " + cfg_.run_dir());
+  // Only after the lock: opening repairs metrics.jsonl, which must not race another run.
+  metrics_ = std::make_unique<MetricsLogger>(cfg_.run_dir(), is_rank0_);
+}
+
 double Trainer::train() {
+  open_run_dir();
   const int64_t total = cfg_.training_steps;
   train_start_ = std::chrono::steady_clock::now();
   train_start_step_ = step_;
-  Watchdog watchdog(cfg_.watchdog_seconds, runtime_.rank());
+  Watchdog& watchdog = *watchdog_;
   if (step_ >= total) {
     spdlog::info("run {} is already at step {} of {}: nothing to train", cfg_.run_dir(), step_, total);
     return losses_.empty() ? std::nan("") : losses_.back();
@@ -327,15 +382,14 @@ double Trainer::train() {
   spdlog::info("training {} -> {} steps, {} tokens per step, run dir {}", step_, total,
                cfg_.data.train_batch_size * cfg_.grad_step * cfg_.data.T, cfg_.run_dir());
   double last = std::nan("");
+  if (const int sig = stop_agreed()) {
+    spdlog::warn("stop requested (signal {}) before the first step: nothing trained, nothing to save", sig);
+    return last;
+  }
   while (step_ < total) {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(cfg_.lr, step_);
-    watchdog.beat("train step " + std::to_string(step_));
     StepStats s = train_step();
-    if (step_ == nan_test_step()) {
-      at::NoGradGuard ng;
-      for (auto& p : pm_.params) p.tensor.grad().fill_(std::nan(""));
-    }
     const double norm = apply_update(s, lr);
     ++step_;
     last = s.loss;
@@ -343,25 +397,37 @@ double Trainer::train() {
     grad_norms_.push_back(norm);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_step(s, lr, norm, secs);
-    const bool stop = stop_agreed();
-    if (stop && step_ % cfg_.checkpoint_steps != 0 && step_ != total) {
-      watchdog.beat("saving the preemption checkpoint at step " + std::to_string(step_));
-      spdlog::warn("stop requested (signal {}): saving step {} and exiting", stop_requested(), step_);
+    int stop = stop_agreed();
+    const bool boundary = step_ % cfg_.checkpoint_steps == 0 || step_ == total;
+    // A stop skips what is left to do but the save, so it is prompt and loses no step.
+    if (boundary && !stop) {
+      watchdog.beat("evaluation at step " + std::to_string(step_));
+      try {
+        const double val = evaluate();
+        if (std::isfinite(val)) {
+          nlohmann::json row = {{"step", step_}, {"val_loss", val}};
+          metrics_->log(row);
+          spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step_, s.loss, val);
+        }
+      } catch (const Stopped& e) {
+        stop = e.signal_number();
+        spdlog::warn("{}: the evaluation of step {} is dropped", e.what(), step_);
+      }
+    }
+    if (boundary || stop) {
+      watchdog.beat("saving the checkpoint of step " + std::to_string(step_));
       save_checkpoint();
+    }
+    if (stop) {
+      spdlog::warn("stop requested (signal {}): step {} saved, exiting", stop, step_);
       break;
     }
-    if (step_ % cfg_.checkpoint_steps == 0 || step_ == total) {
-      watchdog.beat("evaluation and checkpoint at step " + std::to_string(step_));
-      const double val = evaluate();
-      if (std::isfinite(val)) {
-        nlohmann::json row = {{"step", step_}, {"val_loss", val}};
-        metrics_->log(row);
-        spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step_, s.loss, val);
-      }
-      save_checkpoint();
-      if (cfg_.sample_every == 0 ? step_ == total : step_ % cfg_.sample_every == 0) sample();
-      if (stop) {
-        spdlog::warn("stop requested (signal {}): step {} saved, exiting", stop_requested(), step_);
+    if (boundary && (cfg_.sample_every == 0 ? step_ == total : step_ % cfg_.sample_every == 0)) {
+      watchdog.beat("sampling at step " + std::to_string(step_));
+      try {
+        sample();
+      } catch (const Stopped& e) {
+        spdlog::warn("{}: step {} is saved, exiting", e.what(), step_);
         break;
       }
     }

@@ -18,27 +18,12 @@
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/core/check.h"
+#include "local_communicator.h"
 
 namespace meshtrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A world of one process: every collective is the identity.
-class LocalCommunicator : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string backend() const override { return "local"; }
-  void all_reduce(at::Tensor&, ReduceOp) override {}
-  at::Tensor all_gather(const at::Tensor& t, int64_t) override { return t.clone(); }
-  at::Tensor reduce_scatter(const at::Tensor& t, int64_t) override { return t.clone(); }
-  void broadcast(at::Tensor&, int) override {}
-  void send(const at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to send to"); }
-  void recv(at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to receive from"); }
-  at::Tensor all_to_all(const at::Tensor& t) override { return t.clone(); }
-  void barrier() override {}
-};
 
 class CkptTest : public ::testing::Test {
  protected:

@@ -9,10 +9,12 @@
 //     manifest.json           per tensor: global shape, dtype, split, shard -> file/key;
 //                             per file: size and CRC32C
 //     trainer_state.json      step, RNG, data cursor, config: whatever the trainer passes
-//   latest                    "step_00000100", the newest save
+//   latest                    "step_00000100", the newest save (for people and tools;
+//                             a resume picks the newest complete step itself)
 //
-// ckpt/ knows tensors and their shard layout, never model types: the trainer
-// flattens its state into NamedTensors and tells which rank writes each shard.
+// ckpt/ knows tensors and their shard layout, never model types: components
+// (ckpt/stateful.h) give their state as NamedTensors, telling which rank writes
+// each shard, and the Checkpointer (ckpt/checkpointer.h) loops over them.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -51,13 +53,20 @@ struct NamedTensor {
 // Collective over `world`; returns on every rank once the checkpoint is
 // complete on disk and `latest` names it. A failure on any rank throws on every
 // rank and leaves the previous checkpoints untouched. Re-saving a step replaces
-// it. Keeps the newest max_to_keep checkpoints (<= 0: keep all).
+// it. Keeps the newest max_to_keep checkpoints (<= 0: keep all). Checkpoints
+// named in `keep` (directory names, e.g. ones the run could not read) are
+// never deleted nor overwritten: a re-save of their step moves them aside.
 void save_checkpoint(const std::string& run_dir, int64_t step, const std::vector<NamedTensor>& local,
-                     const nlohmann::json& trainer_state, Communicator& world, int64_t max_to_keep);
+                     const nlohmann::json& trainer_state, Communicator& world, int64_t max_to_keep,
+                     const std::vector<std::string>& keep = {});
+
+// The checkpoint directories of a run (complete names only, no staging dirs),
+// newest step first, unverified.
+std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
 // The newest complete checkpoint whose files all match their sizes and
-// checksums: `latest` first, then the others by descending step. Invalid ones
-// are skipped with a warning. Returns the checkpoint directory.
+// checksums, by step (`latest` may lag behind after a crash). Invalid ones are
+// skipped with a warning. Returns the checkpoint directory.
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir);
 
 class CheckpointReader {

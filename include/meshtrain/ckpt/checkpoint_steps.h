@@ -54,8 +54,13 @@ nlohmann::json build_manifest(int64_t step, int world_size, const std::vector<Ra
 // Rank 0, after every rank wrote: writes trainer_state.json and manifest.json
 // into the staging dir, renames it to its final name (replacing an older save
 // of the same step), points `latest` at it, then removes checkpoints beyond
-// max_to_keep and stale staging dirs. Returns the final directory.
+// max_to_keep and stale staging dirs. Checkpoints newer than the one saved
+// belong to an abandoned history (the run was resumed from further back): they
+// are renamed step_XXXXXXXX.superseded so no resume picks them, never deleted.
+// Names in `keep` are never removed: pruning passes them by, and a re-save of
+// their step renames them step_XXXXXXXX.unreadable. Returns the final directory.
 std::string commit_checkpoint(const std::string& run_dir, const std::string& staging_dir, int64_t step,
-                              nlohmann::json manifest, const nlohmann::json& trainer_state, int64_t max_to_keep);
+                              nlohmann::json manifest, const nlohmann::json& trainer_state, int64_t max_to_keep,
+                              const std::vector<std::string>& keep = {});
 
 }  // namespace meshtrain

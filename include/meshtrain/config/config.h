@@ -113,6 +113,7 @@ struct Config {
   std::string activation_checkpointing = "none";  // none | full | selective
   int64_t max_to_keep = 3;
   std::string nan_policy = "skip";             // skip | stop
+  int64_t max_nan_skips = 10;                  // nan_policy skip: give up after this many skips in a row
   int64_t log_every = 1;
   int64_t sample_every = 0;                    // print a sample every N steps (0: at the end only)
   int64_t torch_threads = 1;                   // intra-op threads per rank on CPU

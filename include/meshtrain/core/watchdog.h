@@ -1,37 +1,65 @@
 #pragma once
 // A collective that never completes (a peer rank died or hangs) would block
 // this rank forever. The watchdog is a thread that aborts the process when the
-// trainer has not reported progress for `timeout_seconds`, after logging which
-// phase was stuck; mpirun then tears the whole job down, so every rank exits
-// non-zero within a bounded time instead of hanging.
-#include <atomic>
+// rank has not reported progress (beat) for `timeout_seconds`; mpirun then
+// tears the whole job down, so every rank exits non-zero within a bounded time
+// instead of hanging.
+//
+// Naming the stuck rank: a rank blocked in a collective looks the same as the
+// rank that never reached it, so each rank's watchdog thread writes its
+// progress (a count of beats and the current phase) to
+// heartbeat_dir/rank_NNNNN whenever it changes. Every rank beats the same
+// sequence of phases, so on a timeout the ranks whose count is behind the
+// others' are the ones that stopped; the message names them and their phase.
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace meshtrain {
 
+// What one rank last reported.
+struct RankProgress {
+  int rank = 0;
+  bool known = false;  // false: no heartbeat from it (yet)
+  int64_t beats = 0;
+  std::string phase;
+};
+
+// Which ranks fell behind, for the watchdog's message: "rank 3 stopped in
+// 'train step 12' while the others went on" or, when no rank is behind, where
+// they all are. Pure, so it is tested without hanging anything.
+std::string describe_stuck_ranks(const std::vector<RankProgress>& ranks);
+
 class Watchdog {
  public:
-  // timeout_seconds <= 0: disabled (no thread).
-  Watchdog(double timeout_seconds, int rank);
+  // timeout_seconds <= 0: disabled (no thread). heartbeat_dir empty: no
+  // heartbeat files (a single process needs none).
+  Watchdog(double timeout_seconds, int rank, int world_size = 1, std::string heartbeat_dir = "");
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Progress: resets the timer and names what this rank is doing now.
+  // Progress: resets the timer and names what this rank is doing now. Every
+  // rank must beat the same sequence (the counts are compared across ranks).
   void beat(const std::string& phase);
 
  private:
   void run();
+  void write_heartbeat(int64_t beats, const std::string& phase);
+  std::vector<RankProgress> read_heartbeats() const;
 
   double timeout_;
   int rank_;
+  int world_size_;
+  std::string dir_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::string phase_ = "start-up";
+  int64_t beats_ = 0;
   std::chrono::steady_clock::time_point last_;
   bool stop_ = false;
   std::thread thread_;

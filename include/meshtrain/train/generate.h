@@ -22,6 +22,9 @@ struct SampleOptions {
   double temperature = 1.0;  // 0: greedy (argmax)
   bool use_cache = true;
   uint64_t seed = 0;         // sampling generator (CPU), so runs repeat exactly
+  // Called before each new token; throws to stop early (a signal, see
+  // core/stop_signal.h). Every rank must call it alike: it may be collective.
+  std::function<void()> check_stop;
 };
 
 // Returns, per prompt, only the generated tokens (max_tokens of them). Prompts

@@ -6,8 +6,11 @@
 #include <memory>
 #include <string>
 
+#include "meshtrain/ckpt/checkpointer.h"
 #include "meshtrain/config/config.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/run_lock.h"
+#include "meshtrain/core/watchdog.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/dist/mesh.h"
@@ -16,12 +19,14 @@
 #include "meshtrain/parallel/pipeline.h"
 #include "meshtrain/parallel/zero.h"
 #include "meshtrain/metrics/metrics.h"
+#include "meshtrain/train/test_hooks.h"
 
 namespace meshtrain {
 
 struct TrainOptions {
-  bool fresh = false;              // ignore existing checkpoints in the run dir
+  bool fresh = false;              // ignore existing checkpoints in the run dir (never deleting unreadable ones)
   std::string checkpoint;          // load this checkpoint dir instead of the newest
+  bool require_checkpoint = false; // no checkpoint to load is an error (eval, generate)
   bool load_data_cursor = true;    // restore the loaders' positions from the checkpoint
   bool quiet = false;              // no per-step console lines
 };
@@ -78,8 +83,18 @@ class Trainer {
   void save_checkpoint();
 
  private:
-  void load_checkpoint(const std::string& dir);
-  bool stop_agreed();
+  // Registers the checkpoint components (train/components.h) and loads the
+  // checkpoint the options ask for (train/checkpointing.cpp).
+  void setup_checkpointing();
+  void resume();
+  void check_resumed_config(const std::string& dir, const nlohmann::json& trainer_state) const;
+  void apply_header(const nlohmann::json& trainer_state);
+  // Locks the run dir (one training per run dir) and opens metrics.jsonl; train() calls it.
+  void open_run_dir();
+  // The stop signal any rank received (0: none); collective.
+  int stop_agreed();
+  // Throws Stopped on every rank when any rank received a stop signal; collective.
+  void stop_point(const std::string& during);
   void warn_starved_experts(const StepStats& s);
   std::string progress_suffix() const;
   StepStats reduce_stats(const RoundSums& sums, int64_t seq_len);
@@ -89,16 +104,22 @@ class Trainer {
   Runtime& runtime_;
   bool is_rank0_ = true;
   TrainOptions opts_;
+  std::unique_ptr<Watchdog> watchdog_;  // first: it watches the start-up too
   std::unique_ptr<Mesh> mesh_;
   ParallelModel pm_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<ZeroOptimizer> zero_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<RunLock> run_lock_;      // rank 0, while training
+  std::unique_ptr<MetricsLogger> metrics_;  // opened by train()
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::vector<std::unique_ptr<Stateful>> components_;
   at::Device device_;
+  TestHooks test_hooks_;
   int64_t step_ = 0;
   int64_t consumed_samples_ = 0;
+  int64_t nan_skips_in_a_row_ = 0;  // nan_policy skip gives up at cfg.max_nan_skips
   std::vector<double> losses_;
   std::vector<double> grad_norms_;
   std::chrono::steady_clock::time_point train_start_;

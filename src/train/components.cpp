@@ -1,0 +1,157 @@
+#include "meshtrain/train/components.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/core/text.h"
+
+namespace meshtrain {
+
+namespace {
+
+ShardSpec spec_of(const ParamLayout& l, Mesh& mesh) {
+  ShardSpec s;
+  s.global_shape = l.global_shape;
+  s.split_dim = l.split_dim;
+  if (l.split_dim >= 0) {
+    s.shard = mesh.coord().tp;
+    s.num_shards = mesh.shape().tp;
+  }
+  return s;
+}
+
+// One owner per shard: dp rank 0, tp rank 0 for replicated tensors, and never
+// the tied head copy (the embedding's stage writes it).
+bool writes(const ParamLayout& l, Mesh& mesh) {
+  const auto& c = mesh.coord();
+  return c.dp == 0 && !l.tied_copy && (l.split_dim >= 0 || c.tp == 0);
+}
+
+// "dim 1 is 512 in the checkpoint but this model needs 256 ([64, 512] vs [64, 256])".
+std::string shape_difference(const std::vector<int64_t>& saved, const std::vector<int64_t>& want) {
+  if (saved.size() != want.size())
+    return "the checkpoint has " + std::to_string(saved.size()) + " dims " + shape_str(saved) + ", this model needs " +
+           std::to_string(want.size()) + " " + shape_str(want);
+  for (size_t d = 0; d < saved.size(); ++d)
+    if (saved[d] != want[d])
+      return "dim " + std::to_string(d) + " is " + std::to_string(saved[d]) + " in the checkpoint but this model " +
+             "needs " + std::to_string(want[d]) + " (" + shape_str(saved) + " vs " + shape_str(want) + ")";
+  return "same shape " + shape_str(saved);
+}
+
+// This rank's chunk of `name`. The vocabulary is padded to a multiple of tp
+// (padding rows are zero), so embedding/head tables saved under another tp
+// may have a different row count: their first `vocab` rows are what matters.
+at::Tensor read_chunk(const ComponentReader& in, const std::string& name, const ShardSpec& want, int64_t vocab) {
+  MT_CHECK(in.has(name), "checkpoint ", in.dir(), " is incomplete: it has no tensor '", in.full_name(name), "'");
+  const auto saved = in.global_shape(name);
+  if (saved == want.global_shape) return in.read(name, want);
+  const auto& g = want.global_shape;
+  const auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  const bool vocab_rows = ends_with("embed.weight") || ends_with("head.weight");
+  MT_CHECK(vocab_rows && saved.size() == 2 && g.size() == 2 && saved[1] == g[1] && saved[0] >= vocab && g[0] >= vocab,
+           "checkpoint ", in.dir(), ": tensor '", in.full_name(name), "': ", shape_difference(saved, g),
+           ": it was saved from a different model (check model_config)");
+  at::Tensor padded = at::zeros(g, at::TensorOptions().dtype(in.dtype(name)));
+  padded.narrow(0, 0, vocab).copy_(in.read(name).narrow(0, 0, vocab));
+  if (want.split_dim < 0) return padded;
+  return padded.chunk(want.num_shards, want.split_dim)[want.shard].contiguous();
+}
+
+}  // namespace
+
+ComponentState ModelState::state() const {
+  ComponentState s;
+  for (const ParamInfo& p : pm_.params)
+    s.tensors.push_back({p.layout.global_name, p.tensor.detach().cpu(), spec_of(p.layout, mesh_), writes(p.layout, mesh_)});
+  return s;
+}
+
+void ModelState::load_state(const ComponentReader& in) {
+  for (const ParamInfo& p : pm_.params) {
+    const at::Tensor t = read_chunk(in, p.layout.global_name, spec_of(p.layout, mesh_), vocab_);
+    p.tensor.detach().copy_(t.to(p.tensor.device(), p.tensor.scalar_type()));
+  }
+}
+
+ComponentState OptimizerState::state() const {
+  // Under ZeRO-1 gathered from the dp slices, so the checkpoint reads back on
+  // any dp and any zero_stage.
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;
+  if (zero_) {
+    std::tie(exp_avg, exp_avg_sq) = zero_->gather_moments();
+  } else {
+    for (const auto& o : adamw_->params()) {
+      exp_avg.push_back(o.exp_avg);
+      exp_avg_sq.push_back(o.exp_avg_sq);
+    }
+  }
+  ComponentState s;
+  for (size_t i = 0; i < pm_.params.size(); ++i) {
+    const ParamLayout& l = pm_.params[i].layout;
+    s.tensors.push_back({"exp_avg." + l.global_name, exp_avg[i].cpu(), spec_of(l, mesh_), writes(l, mesh_)});
+    s.tensors.push_back({"exp_avg_sq." + l.global_name, exp_avg_sq[i].cpu(), spec_of(l, mesh_), writes(l, mesh_)});
+  }
+  s.values["steps"] = zero_ ? zero_->steps_taken() : adamw_->steps_taken();
+  return s;
+}
+
+void OptimizerState::load_state(const ComponentReader& in) {
+  MT_CHECK(in.values().contains("steps"), "checkpoint ", in.dir(), " is incomplete: no optimizer step count");
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;
+  for (const ParamInfo& p : pm_.params) {
+    const ShardSpec spec = spec_of(p.layout, mesh_);
+    exp_avg.push_back(read_chunk(in, "exp_avg." + p.layout.global_name, spec, vocab_));
+    exp_avg_sq.push_back(read_chunk(in, "exp_avg_sq." + p.layout.global_name, spec, vocab_));
+  }
+  const int64_t steps = in.values().at("steps").get<int64_t>();
+  if (zero_) {
+    zero_->load_moments(exp_avg, exp_avg_sq);  // keeps this rank's dp slice
+    zero_->set_steps_taken(steps);
+    return;
+  }
+  auto& params = adamw_->params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].exp_avg.copy_(exp_avg[i].to(params[i].exp_avg.device()));
+    params[i].exp_avg_sq.copy_(exp_avg_sq[i].to(params[i].exp_avg_sq.device()));
+  }
+  adamw_->set_steps_taken(steps);
+}
+
+ComponentState DataState::state() const {
+  ComponentState s;
+  s.values["train_cursor"] = train_.cursor();
+  s.values["val_cursor"] = val_.cursor();
+  return s;
+}
+
+void DataState::load_state(const ComponentReader& in) {
+  if (!restore_) return;
+  MT_CHECK(in.values().contains("train_cursor") && in.values().contains("val_cursor"), "checkpoint ", in.dir(),
+           " is incomplete: no data loader positions");
+  train_.restore(in.values().at("train_cursor").get<Cursor>());
+  val_.restore(in.values().at("val_cursor").get<Cursor>());
+}
+
+ComponentState RngState::state() const {
+  at::Generator gen = gen_;  // a handle: get_state() is not const
+  const at::Tensor st = gen.get_state();
+  ComponentState s;
+  s.values["state"] = std::vector<uint8_t>(st.data_ptr<uint8_t>(), st.data_ptr<uint8_t>() + st.numel());
+  return s;
+}
+
+void RngState::load_state(const ComponentReader& in) {
+  // Older checkpoints may predate the saved RNG: the seed's stream goes on.
+  if (!in.values().contains("state")) return;
+  const auto bytes = in.values().at("state").get<std::vector<uint8_t>>();
+  at::Tensor st = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  if (!bytes.empty()) std::memcpy(st.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  gen_.set_state(st);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,64 @@
+#include "meshtrain/train/test_hooks.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
+
+namespace meshtrain {
+
+namespace {
+
+int64_t env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  MT_CHECK(*end == '\0' && x >= 0, name, "='", v, "' must be a non-negative integer");
+  return x;
+}
+
+}  // namespace
+
+TestHooks TestHooks::from_environment() {
+  TestHooks h;
+  // "K" or "K-L" (steps K to L).
+  if (const char* v = std::getenv("MESHTRAIN_TEST_NAN_AT_STEP"); v && *v) {
+    char* end = nullptr;
+    h.nan_from_ = std::strtoll(v, &end, 10);
+    h.nan_to_ = *end == '-' ? std::strtoll(end + 1, &end, 10) : h.nan_from_;
+    MT_CHECK(*end == '\0' && h.nan_from_ >= 0 && h.nan_to_ >= h.nan_from_, "MESHTRAIN_TEST_NAN_AT_STEP='", v,
+             "' must be K or K-L (steps, K <= L)");
+  }
+  h.stall_at_step_ = env_int("MESHTRAIN_TEST_STALL_AT_STEP");
+  if (const char* ranks = std::getenv("MESHTRAIN_TEST_STALL_RANKS")) {
+    std::stringstream ss(ranks);
+    for (std::string r; std::getline(ss, r, ',');)
+      if (!r.empty()) h.stall_ranks_.push_back(std::atoi(r.c_str()));
+  }
+  return h;
+}
+
+void TestHooks::after_backward(int64_t step, ParallelModel& pm) const {
+  if (step < nan_from_ || step > nan_to_) return;
+  at::NoGradGuard ng;
+  for (auto& p : pm.params)
+    if (p.tensor.grad().defined()) p.tensor.grad().fill_(std::nan(""));
+}
+
+void TestHooks::before_step(int64_t step, int rank) const {
+  if (step != stall_at_step_ || std::find(stall_ranks_.begin(), stall_ranks_.end(), rank) == stall_ranks_.end())
+    return;
+  spdlog::warn("test hook: rank {} stalls before step {}", rank, step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+}  // namespace meshtrain
