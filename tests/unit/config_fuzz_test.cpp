@@ -69,7 +69,8 @@ TEST_F(ConfigFuzz, EveryCaseLoadsOrNamesTheKey) {
   const json base = json::parse(base_text);
   // Every key the config has, dotted.
   std::vector<std::string> known;
-  for (const auto& [k, v] : to_json(Config{}).items()) {
+  const json defaults = to_json(Config{});  // alive for the loop: items() only refers to it
+  for (const auto& [k, v] : defaults.items()) {
     if (!v.is_object()) known.push_back(k);
     else
       for (const auto& [sub, x] : v.items()) known.push_back(k + "." + sub);
