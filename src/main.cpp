@@ -146,7 +146,8 @@ int run(int argc, char** argv, Runtime& runtime) {
   bool eval_random = false, gen_random = false;
   auto* eval = app.add_subcommand("eval", "validation loss of a checkpoint");
   eval_flags.add_to(eval);
-  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (default: newest of the run)")->check(non_empty());
+  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (default: newest of the run)")
+      ->check(CLI::ExistingDirectory);
   eval->add_flag("--random_weights", eval_random, "evaluate the untrained model when the run has no checkpoint");
 
   std::string prompt;
@@ -154,7 +155,8 @@ int run(int argc, char** argv, Runtime& runtime) {
   double temperature = 0;
   auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
   gen_flags.add_to(gen);
-  gen->add_option("--checkpoint", gen_ckpt, "checkpoint dir (default: newest of the run)")->check(non_empty());
+  gen->add_option("--checkpoint", gen_ckpt, "checkpoint dir (default: newest of the run)")
+      ->check(CLI::ExistingDirectory);
   gen->add_flag("--random_weights", gen_random, "sample from the untrained model when the run has no checkpoint");
   auto* prompt_opt = gen->add_option("--prompt", prompt, "prompt text");
   auto* max_tokens_opt = gen->add_option("--max_tokens", max_tokens, "tokens to sample")->check(integer_at_least(0));
