@@ -1,6 +1,7 @@
 # Finds every dependency of meshtrain (docs/ARCHITECTURE.md, "Dependencies") and exposes it as one imported target:
 #   mt_torch (libtorch), mt_mpi (OpenMPI), mt_nccl (NCCL, empty when absent),
-#   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest.
+#   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest,
+#   mt_textio (PCRE2, zlib, zstd: prepare-data's regex and decompression).
 
 find_package(nlohmann_json REQUIRED)
 find_package(spdlog REQUIRED)
@@ -64,3 +65,11 @@ if(MT_NCCL_INCLUDE AND MT_NCCL_LIB AND MT_CUDART_LIB)
 else()
   message(STATUS "NCCL: not found, GPU collectives disabled")
 endif()
+
+# ---- prepare-data: PCRE2 (tiktoken's regexes), zlib and zstd (compressed inputs)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(MT_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(MT_ZSTD REQUIRED IMPORTED_TARGET libzstd)
+find_package(ZLIB REQUIRED)
+add_library(mt_textio INTERFACE)
+target_link_libraries(mt_textio INTERFACE PkgConfig::MT_PCRE2 PkgConfig::MT_ZSTD ZLIB::ZLIB)

@@ -106,8 +106,11 @@ int run(int argc, char** argv, Runtime& runtime) {
   prepare->add_option("--input", prep.inputs, "text files or folders")->required();
   prepare->add_option("--output", prep.output_dir, "output data dir")->required();
   auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size");
-  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file, "tiktoken vocabulary file");
+  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file,
+                                 "*.tiktoken vocabulary, or tokenizer.json (meshtrain's or Hugging Face byte-level BPE)");
   vs->excludes(tk);
+  prepare->add_option("--pattern", prep.pattern,
+                      "pre-tokenizer regex or gpt2|cl100k|o200k (default: the vocabulary's own; gpt2 when training)");
   prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation");
   prepare->add_option("--seed", prep.seed, "document shuffle seed");
 

@@ -181,8 +181,8 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
   docs.resize(docs.size() - n_val);
   const std::vector<std::string>& train = docs;
 
-  Tokenizer tok = opt.vocab_size > 0 ? Tokenizer::train(train, opt.vocab_size)
-                                     : Tokenizer::from_tiktoken(opt.tokenizer_file);
+  Tokenizer tok = opt.vocab_size > 0 ? Tokenizer::train(train, opt.vocab_size, opt.pattern.empty() ? "gpt2" : opt.pattern)
+                                     : load_tokenizer(opt.tokenizer_file, opt.pattern);
   const int version = tok.vocab_size() <= 65536 ? 1 : 2;
   const auto train_tokens = tokenize(tok, train);
   const auto val_tokens = tokenize(tok, val);

@@ -235,7 +235,7 @@ std::string Trainer::sample() {
     out = generate(cfg_.model, device_, pipeline_forward(pm_, *mesh_), pipeline_share(pm_, *mesh_), prompts, so);
   }
   pm_.model->train();
-  std::string text = cfg_.inference.prompt + tokenizer_->decode(out.at(0));
+  std::string text = cfg_.inference.prompt + tokenizer_->decode_text(out.at(0));
   spdlog::info("sample: {}", text);
   return text;
 }

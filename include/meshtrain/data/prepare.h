@@ -13,7 +13,8 @@ struct PrepareOptions {
   std::vector<std::string> inputs;  // files or folders (recursive)
   std::string output_dir;
   int64_t vocab_size = 0;           // > 0: train a BPE tokenizer of this size ...
-  std::string tokenizer_file;       // ... or load this tiktoken file (exactly one of the two)
+  std::string tokenizer_file;       // ... or use this *.tiktoken / tokenizer.json (exactly one of the two)
+  std::string pattern;              // pre-tokenizer: gpt2, cl100k, o200k or a regex ("": the vocabulary's)
   double val_fraction = 0.05;       // share of documents held out (at least one)
   int64_t shard_tokens = 10'000'000;
   uint64_t seed = 0;                // document shuffle
