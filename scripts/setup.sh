@@ -53,4 +53,10 @@ if ! "$PY" -c "import safetensors" 2>/dev/null; then
   echo "setup: installing safetensors (Python) for the export test"
   "$PY" -m pip install -q --disable-pip-version-check safetensors
 fi
+# pyarrow: its wheel carries Arrow/Parquet C++ (headers + libs) that
+# prepare-data links for .parquet inputs (cmake/Dependencies.cmake).
+if ! "$PY" -c "import pyarrow" 2>/dev/null; then
+  echo "setup: installing pyarrow (Arrow/Parquet C++ for prepare-data)"
+  "$PY" -m pip install -q --disable-pip-version-check pyarrow
+fi
 echo "$SITE/torch/share/cmake" > "$DEPS/torch_prefix"
