@@ -29,10 +29,12 @@ struct InputPlan {
   std::vector<SkippedFile> skipped;
 };
 
-// text_split: "paragraph" (default), "line" or "file" (one document each).
+// Every file under the inputs (folders recursively, hidden ones skipped), in
+// name order, each either used with its format or skipped with a reason.
 InputPlan plan_inputs(const std::vector<std::string>& inputs);
 
-// The documents of one file, in order.
+// The documents of one file, in order. text_split (plain text only):
+// "paragraph" (blank lines; fortune files at "%" lines), "line" or "file".
 class DocumentReader {
  public:
   virtual ~DocumentReader() = default;
