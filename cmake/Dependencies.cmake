@@ -1,6 +1,8 @@
 # Finds every dependency of meshtrain (docs/ARCHITECTURE.md, "Dependencies") and exposes it as one imported target:
 #   mt_torch (libtorch), mt_mpi (OpenMPI), mt_nccl (NCCL, empty when absent),
-#   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest.
+#   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest,
+#   mt_textio (PCRE2, zlib, zstd: prepare-data's regex and decompression),
+#   mt_parquet (Arrow/Parquet C++ from the pyarrow wheel; empty when absent).
 
 find_package(nlohmann_json REQUIRED)
 find_package(spdlog REQUIRED)
@@ -63,4 +65,38 @@ if(MT_NCCL_INCLUDE AND MT_NCCL_LIB AND MT_CUDART_LIB)
   target_link_options(mt_nccl INTERFACE "-Wl,-rpath,${MT_NCCL_DIR}")
 else()
   message(STATUS "NCCL: not found, GPU collectives disabled")
+endif()
+
+# ---- prepare-data: PCRE2 (tiktoken's regexes), zlib and zstd (compressed inputs)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(MT_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(MT_ZSTD REQUIRED IMPORTED_TARGET libzstd)
+find_package(ZLIB REQUIRED)
+add_library(mt_textio INTERFACE)
+target_link_libraries(mt_textio INTERFACE PkgConfig::MT_PCRE2 PkgConfig::MT_ZSTD ZLIB::ZLIB)
+
+# ---- Parquet: Arrow/Parquet C++ shipped inside the pyarrow wheel, found beside
+# torch the way libtorch is (scripts/setup.sh installs pyarrow into .deps/venv).
+# Only src/data/parquet_reader.cpp uses it, compiled as C++20 (Arrow's headers
+# need it); without pyarrow, .parquet inputs are skipped with that reason.
+add_library(mt_parquet INTERFACE)
+if(MT_TORCH_CONFIG_DIR)
+  get_filename_component(MT_PY_SITE "${MT_TORCH_CONFIG_DIR}/../../../.." ABSOLUTE)
+elseif(Torch_DIR)
+  get_filename_component(MT_PY_SITE "${Torch_DIR}/../../../.." ABSOLUTE)
+endif()
+find_path(MT_ARROW_INCLUDE arrow/api.h PATHS ${MT_PY_SITE}/pyarrow/include NO_DEFAULT_PATH)
+file(GLOB MT_ARROW_LIB ${MT_PY_SITE}/pyarrow/libarrow.so.[0-9]*)
+file(GLOB MT_PARQUET_LIB ${MT_PY_SITE}/pyarrow/libparquet.so.[0-9]*)
+if(MT_ARROW_INCLUDE AND MT_ARROW_LIB AND MT_PARQUET_LIB)
+  list(GET MT_ARROW_LIB 0 MT_ARROW_LIB)
+  list(GET MT_PARQUET_LIB 0 MT_PARQUET_LIB)
+  message(STATUS "Parquet: ${MT_PARQUET_LIB}")
+  target_include_directories(mt_parquet SYSTEM INTERFACE ${MT_ARROW_INCLUDE})
+  target_link_libraries(mt_parquet INTERFACE ${MT_PARQUET_LIB} ${MT_ARROW_LIB})
+  target_compile_definitions(mt_parquet INTERFACE MESHTRAIN_HAVE_PARQUET=1)
+  target_link_options(mt_parquet INTERFACE "-Wl,-rpath,${MT_PY_SITE}/pyarrow")
+  set(MT_HAVE_PARQUET ON)
+else()
+  message(STATUS "Parquet: pyarrow's Arrow/Parquet C++ not found under ${MT_PY_SITE}/pyarrow, .parquet inputs are skipped")
 endif()

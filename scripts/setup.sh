@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything meshtrain needs on a fresh Debian 12 machine, idempotently:
 # apt packages (compiler, OpenMPI, nlohmann-json, spdlog, CLI11, GoogleTest,
-# ccache, the fortunes corpus) and libtorch 2.11.0 from PyPI into .deps/venv
+# ccache, the fortunes corpus, PCRE2/zlib/zstd for prepare-data) and libtorch 2.11.0 from PyPI into .deps/venv
 # (git-ignored). Prints nothing when everything is already there.
 # Env: MESHTRAIN_TORCH_PREFIX=<dir with TorchConfig.cmake> uses an existing
 # PyTorch (GPU machines: python3 -c 'import torch;print(torch.utils.cmake_prefix_path)').
@@ -12,7 +12,8 @@ TORCH_VERSION=2.11.0
 
 apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
-          libgtest-dev fortunes fortunes-min shellcheck)
+          libgtest-dev fortunes fortunes-min shellcheck
+          libpcre2-dev zlib1g-dev libzstd-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -51,5 +52,11 @@ fi
 if ! "$PY" -c "import safetensors" 2>/dev/null; then
   echo "setup: installing safetensors (Python) for the export test"
   "$PY" -m pip install -q --disable-pip-version-check safetensors
+fi
+# pyarrow: its wheel carries Arrow/Parquet C++ (headers + libs) that
+# prepare-data links for .parquet inputs (cmake/Dependencies.cmake).
+if ! "$PY" -c "import pyarrow" 2>/dev/null; then
+  echo "setup: installing pyarrow (Arrow/Parquet C++ for prepare-data)"
+  "$PY" -m pip install -q --disable-pip-version-check pyarrow
 fi
 echo "$SITE/torch/share/cmake" > "$DEPS/torch_prefix"

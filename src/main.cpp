@@ -9,9 +9,12 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -66,6 +69,19 @@ CLI::Validator number_at_least(double lo) {
 // A string flag must say something: --name "" is a mistake, not "the default".
 CLI::Validator non_empty() {
   return CLI::Validator([](std::string& text) { return text.empty() ? std::string("must not be empty") : ""; }, "TEXT");
+}
+
+// prepare-data's progress line, redrawn in place; only on a terminal, so logs
+// and pipes never fill with carriage returns.
+void show_progress(const PrepareProgress& p) {
+  const double mb = static_cast<double>(p.bytes_done) / 1e6, secs = std::max(p.seconds, 1e-3);
+  const double rate = mb / secs;
+  const double left = static_cast<double>(p.bytes_total - p.bytes_done) / 1e6;
+  const double pct = p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 100;
+  std::fprintf(stderr, "\rprepare-data: %5.1f%%  %.1f/%.1f MB  %.1f MB/s  %lld docs  %lld tokens  ETA %.0f s   ", pct,
+               mb, static_cast<double>(p.bytes_total) / 1e6, rate, static_cast<long long>(p.documents),
+               static_cast<long long>(p.tokens), rate > 0 ? left / rate : 0.0);
+  std::fflush(stderr);
 }
 
 // Flags shared by every subcommand that takes --config (docs/ARCHITECTURE.md, "Command line").
@@ -171,11 +187,25 @@ int run(int argc, char** argv, Runtime& runtime) {
   prepare->add_option("--output", prep.output_dir, "output data dir")->required()->check(non_empty());
   auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size")
                  ->check(integer_at_least(257));
-  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file, "tiktoken vocabulary file")->check(non_empty());
+  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file,
+                                 "*.tiktoken vocabulary, or tokenizer.json (meshtrain's or Hugging Face byte-level BPE)")
+                 ->check(non_empty());
   vs->excludes(tk);
-  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation")
+  prepare->add_option("--pattern", prep.pattern,
+                      "pre-tokenizer regex or gpt2|cl100k|o200k (default: the vocabulary's own; gpt2 when training)")
+      ->check(non_empty());
+  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation (default 0.05)")
       ->check(number_at_least(0));
-  prepare->add_option("--seed", prep.seed, "document shuffle seed")->check(integer_at_least(0));
+  prepare->add_option("--seed", prep.seed, "seed of the train/val document split")->check(integer_at_least(0));
+  prepare->add_option("--text-key", prep.text_key, "JSON Lines / JSON / Parquet field with the text (default text)")
+      ->check(non_empty());
+  prepare->add_option("--text-split", prep.text_split,
+                      "plain text documents: paragraph (blank lines; fortune files at %), line or file")
+      ->check(CLI::IsMember({"paragraph", "line", "file"}));
+  prepare->add_option("--workers", prep.workers, "tokenizing threads (default 0: all cores)")
+      ->check(integer_at_least(0));
+  prepare->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard (default 10000000)")
+      ->check(integer_at_least(1));
 
   ConfigFlags plan_flags, bench_flags;
   double device_gib = 0;
@@ -240,7 +270,14 @@ int run(int argc, char** argv, Runtime& runtime) {
     const std::string text = trainer.sample();
     if (runtime.rank() == 0) std::cout << text << std::endl;
   } else if (*prepare) {
-    if (runtime.rank() == 0) spdlog::info("{}", to_string(prepare_data(prep)));
+    if (runtime.rank() == 0) {
+      const bool tty = ::isatty(STDERR_FILENO) != 0;
+      if (tty) prep.progress = show_progress;
+      const PrepareSummary s = prepare_data(prep);
+      if (tty) std::fprintf(stderr, "\n");
+      for (const auto& [file, reason] : s.skipped) spdlog::warn("prepare-data: skipped {}: {}", file, reason);
+      spdlog::info("{}", to_string(s));
+    }
   } else if (*plan) {
     const Config cfg = plan_flags.load().config;
     const std::string report = plan_report(cfg, plan_device(cfg, plan_dev), device_gib, plan_json);

@@ -78,6 +78,25 @@ void read_value(const json& v, const std::string& path, std::array<int64_t, 3>& 
   for (size_t i = 0; i < 3; ++i) out[i] = integral(v[i], path + "[" + std::to_string(i) + "]", true);
 }
 
+void read_value(const json& v, const std::string& path, std::vector<DatasetWeight>& out) {
+  if (!v.is_array()) wrong_type(v, path, "an array of {\"path\": folder, \"weight\": number}");
+  out.clear();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    const json& e = v[i];
+    if (!e.is_object()) wrong_type(e, at, "an object {\"path\": folder, \"weight\": number}");
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      MT_CHECK(it.key() == "path" || it.key() == "weight", at, ": unknown key '", it.key(),
+               "' (expected path and weight)");
+    }
+    DatasetWeight d;
+    MT_CHECK(e.contains("path"), at, ": missing \"path\"");
+    read_value(e["path"], at + ".path", d.path);
+    if (e.contains("weight")) read_value(e["weight"], at + ".weight", d.weight);
+    out.push_back(d);
+  }
+}
+
 void read_value(const json& v, const std::string& path, std::vector<int64_t>& out) {
   if (!v.is_array()) wrong_type(v, path, "an array of integers");
   out.clear();

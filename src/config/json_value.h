@@ -9,6 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/config/config.h"
+
+namespace meshtrain {
+// Written back as {"path": ..., "weight": ...} (found by argument lookup).
+inline void to_json(nlohmann::json& j, const DatasetWeight& d) { j = {{"path", d.path}, {"weight", d.weight}}; }
+}  // namespace meshtrain
+
 namespace meshtrain::schema {
 
 // "number (1.5)", "string (\"4\")", "boolean (true)": what a user wrote.
@@ -21,6 +28,7 @@ void read_value(const nlohmann::json& v, const std::string& path, bool& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::string& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::array<int64_t, 3>& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::vector<int64_t>& out);
+void read_value(const nlohmann::json& v, const std::string& path, std::vector<DatasetWeight>& out);
 
 // "section.key", or "key" at the top level.
 inline std::string key_path(const std::string& section, const std::string& key) {

@@ -43,6 +43,8 @@ void visit_fields(C& c, V&& v) {
   v("data_config", "data_dir", d.data_dir);
   v("data_config", "train_folder_name", d.train_folder_name);
   v("data_config", "val_folder_name", d.val_folder_name);
+  v("data_config", "format", d.format);
+  v("data_config", "datasets", d.datasets);
   v("data_config", "T", d.T);
   v("data_config", "train_batch_size", d.train_batch_size);
   v("data_config", "val_batch_size", d.val_batch_size);

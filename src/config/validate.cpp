@@ -1,6 +1,7 @@
 // Static checks that run before any work: a bad value or an impossible mesh
 // fails here with the key's name instead of deep inside a collective.
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 
 #include "meshtrain/config/load.h"
@@ -93,6 +94,13 @@ void validate_data(const DataConfig& d) {
   plain_path(d.data_dir, "data_config.data_dir");
   not_empty(d.train_folder_name, "data_config.train_folder_name");
   not_empty(d.val_folder_name, "data_config.val_folder_name");
+  one_of(d.format, {"llmc", "nanogpt"}, "data_config.format");
+  for (size_t i = 0; i < d.datasets.size(); ++i) {
+    const auto& ds = d.datasets[i];
+    MT_CHECK(!ds.path.empty(), "data_config.datasets[", i, "].path must not be empty");
+    MT_CHECK(std::isfinite(ds.weight) && ds.weight > 0, "data_config.datasets[", i, "].weight must be positive, got ",
+             ds.weight);
+  }
   at_least(d.T, 1, "data_config.T");
   at_least(d.train_batch_size, 1, "data_config.train_batch_size");
   at_least(d.val_batch_size, 1, "data_config.val_batch_size");

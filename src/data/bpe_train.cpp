@@ -120,10 +120,13 @@ class PairTable {
   std::priority_queue<Candidate> heap_;
 };
 
-std::vector<Word> count_words(const std::vector<std::string>& documents) {
+std::vector<Word> count_words(const std::vector<std::string>& documents, const detail::Pretokenizer& pre) {
   std::unordered_map<std::string_view, int64_t> counts;
+  std::vector<std::string_view> pieces;
   for (const auto& doc : documents) {
-    for (std::string_view piece : detail::pretokenize(doc)) ++counts[piece];
+    pieces.clear();
+    pre.split(doc, pieces);
+    for (std::string_view piece : pieces) ++counts[piece];
   }
   std::vector<Word> words;
   words.reserve(counts.size());
@@ -139,7 +142,8 @@ std::vector<Word> count_words(const std::vector<std::string>& documents) {
 
 }  // namespace
 
-Tokenizer Tokenizer::train(const std::vector<std::string>& documents, int64_t vocab_size) {
+Tokenizer Tokenizer::train(const std::vector<std::string>& documents, int64_t vocab_size,
+                           const std::string& pattern) {
   MT_CHECK(vocab_size >= 257, "tokenizer vocab_size must be at least 257 (256 bytes + end-of-text), got ",
            vocab_size);
   MT_CHECK(vocab_size <= std::numeric_limits<int32_t>::max(), "tokenizer vocab_size ", vocab_size,
@@ -147,14 +151,14 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& documents, int64_t vo
   Tokenizer tok;
   tok.kind_ = Kind::kTrained;
   for (int b = 0; b < 256; ++b) tok.tokens_.emplace_back(1, static_cast<char>(b));
-  PairTable table(count_words(documents));
+  tok.pattern_ = detail::resolve_pattern(pattern);
+  PairTable table(count_words(documents, detail::Pretokenizer(tok.pattern_)));
   int64_t step = 0;
   uint64_t key = 0;
   while (static_cast<int64_t>(tok.tokens_.size()) < vocab_size - 1 && table.best(&key)) {
     auto merged = static_cast<int32_t>(tok.tokens_.size());
     int32_t l = key_left(key), r = key_right(key);
-    tok.merge_list_.emplace_back(l, r);
-    tok.add_merge(l, r, merged);
+    tok.merges_.push_back({l, r, merged});
     tok.tokens_.push_back(tok.tokens_[static_cast<size_t>(l)] + tok.tokens_[static_cast<size_t>(r)]);
     table.merge(key, merged, step++);
     if (step % 64 == 0) throw_if_stop_requested("prepare-data (training the tokenizer)");
@@ -163,7 +167,8 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& documents, int64_t vo
   // in vocab_size().
   tok.eot_ = static_cast<int32_t>(tok.tokens_.size());
   tok.tokens_.emplace_back(kEndOfText);
-  tok.finish_byte_table("trained tokenizer");
+  tok.specials_ = {{kEndOfText, tok.eot_}};
+  tok.finish("trained tokenizer");
   return tok;
 }
 

@@ -4,16 +4,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
-#include <set>
+#include <numeric>
 #include <sstream>
+#include <thread>
 
+#include "input_files.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/stop_signal.h"
+#include "meshtrain/data/shard_writer.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
 
@@ -22,60 +30,265 @@ namespace fs = std::filesystem;
 namespace meshtrain {
 namespace {
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  MT_CHECK(in, "cannot read input file ", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+using Clock = std::chrono::steady_clock;
+
+// Documents are assigned to train or val in blocks of this many, in input
+// order: each block holds its share of the fraction, the documents picked
+// by a seeded hash, so the split is exact, random, reproducible and
+// streamable, and never follows file boundaries.
+constexpr size_t kBlockDocs = 128;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
 }
 
-// Like git: a NUL byte near the start marks a binary file.
-bool looks_binary(const std::string& text) {
-  return text.substr(0, 8000).find('\0') != std::string::npos;
-}
-
-bool is_blank(const std::string& s) {
-  return s.find_first_not_of(" \t\r\n") == std::string::npos;
-}
-
-// Fisher-Yates with raw mt19937_64 draws: std::shuffle and the standard
-// distributions differ between standard libraries, the engine does not.
-void shuffle_documents(std::vector<std::string>& docs, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (size_t i = docs.size(); i > 1; --i) std::swap(docs[i - 1], docs[rng() % i]);
-}
-
-// Balanced shards of at most shard_tokens each: no tiny tail shard that a
-// loader with a large batch would refuse.
-std::vector<std::string> write_split(const fs::path& folder, const std::string& name,
-                                     const std::vector<int32_t>& tokens, int64_t shard_tokens, int version) {
-  fs::create_directories(folder);
-  const int64_t total = static_cast<int64_t>(tokens.size());
-  const int64_t n_shards = std::max<int64_t>(1, (total + shard_tokens - 1) / shard_tokens);
-  std::vector<std::string> names;
-  for (int64_t s = 0; s < n_shards; ++s) {
-    throw_if_stop_requested("prepare-data (writing " + name + " shards)");
-    int64_t begin = total * s / n_shards, end = total * (s + 1) / n_shards;
-    char file[64];
-    std::snprintf(file, sizeof(file), "%s_%06lld.bin", name.c_str(), static_cast<long long>(s));
-    write_shard((folder / file).string(),
-                std::vector<int32_t>(tokens.begin() + begin, tokens.begin() + end), version);
-    names.emplace_back(file);
+// The documents of every input file in order, in blocks with their split.
+class DocumentStream {
+ public:
+  DocumentStream(const detail::InputPlan& plan, const PrepareOptions& opt) : plan_(plan), opt_(opt) {
+    for (const auto& f : plan_.files) total_bytes_ += f.bytes;
   }
-  return names;
+
+  // Next block of documents and whether each goes to validation; false at the end.
+  bool next_block(std::vector<std::string>& docs, std::vector<char>& is_val) {
+    docs.clear();
+    if (!have_lookahead_ && !read_one(lookahead_)) return false;
+    have_lookahead_ = false;
+    docs.push_back(std::move(lookahead_));
+    std::string doc;
+    while (docs.size() < kBlockDocs && read_one(doc)) docs.push_back(std::move(doc));
+    const bool last = !(have_lookahead_ = read_one(lookahead_));
+    assign(docs, last, is_val);
+    return true;
+  }
+
+  int64_t bytes_done() const { return finished_bytes_ + (reader_ ? reader_->consumed() : 0); }
+  int64_t total_bytes() const { return total_bytes_; }
+  int64_t documents() const { return documents_; }
+
+ private:
+  bool read_one(std::string& doc) {
+    while (true) {
+      if (!reader_) {
+        if (file_ >= plan_.files.size()) return false;
+        reader_ = detail::open_documents(plan_.files[file_], opt_.text_key, opt_.text_split);
+      }
+      if (reader_->next(doc)) {
+        ++documents_;
+        return true;
+      }
+      finished_bytes_ += plan_.files[file_].bytes;
+      reader_.reset();
+      ++file_;
+    }
+  }
+
+  void assign(const std::vector<std::string>& docs, bool last, std::vector<char>& is_val) {
+    const auto m = static_cast<int64_t>(docs.size());
+    const int64_t end = assigned_ + m;
+    const double f = opt_.val_fraction;
+    auto target = static_cast<int64_t>(std::llround(static_cast<double>(end) * f));
+    // At least one validation document, and at least one for training.
+    if (last && f > 0) target = std::max<int64_t>(target, 1);
+    if (last) target = std::min<int64_t>(target, end - 1);
+    const int64_t k = std::clamp<int64_t>(target - val_so_far_, 0, m);
+    std::vector<std::pair<uint64_t, int64_t>> order;
+    for (int64_t i = 0; i < m; ++i) order.emplace_back(splitmix64(opt_.seed ^ splitmix64(assigned_ + i)), i);
+    std::sort(order.begin(), order.end());
+    is_val.assign(docs.size(), 0);
+    for (int64_t i = 0; i < k; ++i) is_val[static_cast<size_t>(order[static_cast<size_t>(i)].second)] = 1;
+    val_so_far_ += k;
+    assigned_ = end;
+  }
+
+  const detail::InputPlan& plan_;
+  const PrepareOptions& opt_;
+  size_t file_ = 0;
+  std::unique_ptr<detail::DocumentReader> reader_;
+  int64_t finished_bytes_ = 0, total_bytes_ = 0, documents_ = 0;
+  int64_t assigned_ = 0, val_so_far_ = 0;
+  std::string lookahead_;
+  bool have_lookahead_ = false;
+};
+
+// Calls opt.progress at most twice a second.
+class ProgressTicker {
+ public:
+  ProgressTicker(const PrepareOptions& opt, Clock::time_point start) : opt_(opt), start_(start), last_(start) {}
+  void tick(const DocumentStream& s, int64_t tokens, bool force = false) {
+    if (!opt_.progress) return;
+    auto now = Clock::now();
+    if (!force && now - last_ < std::chrono::milliseconds(500)) return;
+    last_ = now;
+    PrepareProgress p;
+    p.bytes_done = s.bytes_done();
+    p.bytes_total = s.total_bytes();
+    p.documents = s.documents();
+    p.tokens = tokens;
+    p.seconds = std::chrono::duration<double>(now - start_).count();
+    opt_.progress(p);
+  }
+
+ private:
+  const PrepareOptions& opt_;
+  Clock::time_point start_, last_;
+};
+
+Tokenizer make_tokenizer(const PrepareOptions& opt, const detail::InputPlan& plan) {
+  if (opt.vocab_size <= 0) return load_tokenizer(opt.tokenizer_file, opt.pattern);
+  // Train on the training documents only (up to the byte budget), so the
+  // tokenizer never sees validation text.
+  DocumentStream stream(plan, opt);
+  std::vector<std::string> train, block;
+  std::vector<char> is_val;
+  int64_t bytes = 0;
+  while (bytes < opt.tokenizer_train_bytes && stream.next_block(block, is_val)) {
+    throw_if_stop_requested("prepare-data (reading the tokenizer's training text)");
+    for (size_t i = 0; i < block.size(); ++i) {
+      if (is_val[i] || bytes >= opt.tokenizer_train_bytes) continue;
+      bytes += static_cast<int64_t>(block[i].size());
+      train.push_back(std::move(block[i]));
+    }
+  }
+  return Tokenizer::train(train, opt.vocab_size, opt.pattern.empty() ? "gpt2" : opt.pattern);
 }
 
-std::vector<int32_t> tokenize(const Tokenizer& tok, const std::vector<std::string>& docs) {
-  std::vector<int32_t> out;
-  for (size_t i = 0; i < docs.size(); ++i) {
-    if (i % 256 == 0) throw_if_stop_requested("prepare-data (tokenizing)");
-    const auto& doc = docs[i];
-    auto ids = tok.encode(doc);
-    out.insert(out.end(), ids.begin(), ids.end());
-    out.push_back(tok.eot());
+struct Tokenized {
+  std::vector<int32_t> train, val;
+  int64_t train_docs = 0, val_docs = 0;
+};
+
+struct SplitResult {
+  int64_t train_docs = 0, val_docs = 0;
+  std::vector<std::string> train_shards, val_shards;
+  int64_t train_tokens = 0, val_tokens = 0;
+};
+
+// Reader (this thread) -> workers -> writer, with at most max_in_flight
+// blocks between reading and writing.
+SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPlan& plan, const Tokenizer& tok,
+                               const fs::path& out, int workers, Clock::time_point start) {
+  struct Block {
+    int64_t seq;
+    std::vector<std::string> docs;
+    std::vector<char> is_val;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Block> queue;
+  std::map<int64_t, Tokenized> done;
+  int64_t in_flight = 0, blocks = 0, tokens_written = 0;
+  bool reading_done = false, aborted = false;
+  std::exception_ptr error;
+  const int64_t max_in_flight = 2 * workers + 2;
+
+  auto fail = [&](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!error) error = e;
+    aborted = true;
+    cv.notify_all();
+  };
+
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) {
+    pool.emplace_back([&] {
+      try {
+        EncodeCache cache;
+        while (true) {
+          Block b;
+          {
+            std::unique_lock<std::mutex> lock(mu);
+            cv.wait(lock, [&] { return aborted || !queue.empty() || reading_done; });
+            if (aborted || queue.empty()) return;
+            b = std::move(queue.front());
+            queue.pop_front();
+          }
+          Tokenized t;
+          for (size_t i = 0; i < b.docs.size(); ++i) {
+            auto& dst = b.is_val[i] ? t.val : t.train;
+            tok.encode(b.docs[i], cache, dst);
+            dst.push_back(tok.eot());
+            ++(b.is_val[i] ? t.val_docs : t.train_docs);
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          done.emplace(b.seq, std::move(t));
+          cv.notify_all();
+        }
+      } catch (...) {
+        fail(std::current_exception());
+      }
+    });
   }
-  return out;
+
+  SplitResult result;
+  const bool uint32 = tok.vocab_size() > 65536;
+  std::thread writer([&] {
+    try {
+      ShardWriter train((out / "train").string(), "train", opt.shard_tokens, uint32);
+      ShardWriter val((out / "val").string(), "val", opt.shard_tokens, uint32);
+      for (int64_t next = 0;; ++next) {
+        Tokenized t;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return aborted || done.count(next) || (reading_done && next == blocks); });
+          if (aborted) return;
+          if (!done.count(next)) break;
+          t = std::move(done[next]);
+          done.erase(next);
+        }
+        train.append(t.train);
+        val.append(t.val);
+        result.train_docs += t.train_docs;
+        result.val_docs += t.val_docs;
+        std::lock_guard<std::mutex> lock(mu);
+        tokens_written += static_cast<int64_t>(t.train.size() + t.val.size());
+        --in_flight;
+        cv.notify_all();
+      }
+      result.train_tokens = train.tokens();
+      result.val_tokens = val.tokens();
+      result.train_shards = train.finish();
+      result.val_shards = val.finish();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+
+  try {
+    DocumentStream stream(plan, opt);
+    ProgressTicker ticker(opt, start);
+    Block b;
+    while (stream.next_block(b.docs, b.is_val)) {
+      // A stop request fails the pipeline like any error: the staging folder
+      // is removed and the output stays as it was.
+      throw_if_stop_requested("prepare-data (tokenizing)");
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return aborted || in_flight < max_in_flight; });
+      if (aborted) break;
+      b.seq = blocks++;
+      ++in_flight;
+      queue.push_back(std::move(b));
+      cv.notify_all();
+      const int64_t tokens = tokens_written;
+      lock.unlock();
+      ticker.tick(stream, tokens);
+    }
+    ticker.tick(stream, tokens_written, true);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    reading_done = true;
+    cv.notify_all();
+  }
+  for (auto& t : pool) t.join();
+  writer.join();
+  if (error) std::rethrow_exception(error);
+  return result;
 }
 
 // output_dir may be replaced only when it is empty or an earlier prepare-data
@@ -88,130 +301,70 @@ void check_replaceable(const fs::path& out) {
 
 }  // namespace
 
-std::vector<std::string> collect_input_files(const std::vector<std::string>& inputs) {
-  MT_CHECK(!inputs.empty(), "prepare-data: no --input given");
-  std::vector<fs::path> candidates;
-  for (const auto& input : inputs) {
-    fs::path p(input);
-    MT_CHECK(fs::exists(p), "prepare-data: --input '", input, "' does not exist");
-    if (fs::is_directory(p)) {
-      std::vector<fs::path> found;
-      for (const auto& e : fs::recursive_directory_iterator(p)) {
-        if (e.is_regular_file()) found.push_back(e.path());
-      }
-      std::sort(found.begin(), found.end());
-      candidates.insert(candidates.end(), found.begin(), found.end());
-    } else {
-      candidates.push_back(p);
-    }
-  }
-  // A link is dropped when its target is listed too (fortune's art.u8 -> art),
-  // whichever of the two sorts first; a repeated real file is dropped as well.
-  std::set<fs::path> real;
-  for (const auto& p : candidates) {
-    if (!fs::is_symlink(p)) real.insert(fs::canonical(p));
-  }
-  std::vector<std::string> files;
-  std::set<fs::path> seen;
-  for (const auto& p : candidates) {
-    if (p.extension() == ".dat") continue;  // fortune's binary index files
-    const fs::path target = fs::canonical(p);
-    if (fs::is_symlink(p) && real.count(target)) continue;
-    if (!seen.insert(target).second) continue;
-    files.push_back(p.string());
-  }
-  return files;
-}
-
-std::vector<std::string> split_documents(const std::string& text) {
-  std::vector<std::string> docs;
-  std::string current;
-  std::istringstream in(text);
-  std::string line;
-  auto flush = [&] {
-    if (!is_blank(current)) docs.push_back(current);
-    current.clear();
-  };
-  while (std::getline(in, line)) {
-    if (line == "%" || line == "%\r") {
-      flush();
-    } else {
-      current += line;
-      current += '\n';
-    }
-  }
-  flush();
-  return docs;
-}
-
 std::string to_string(const PrepareSummary& s) {
   std::ostringstream os;
-  os << "prepare-data: " << s.files << " files (" << s.skipped_binary_files << " binary skipped), "
+  os << "prepare-data: " << s.files << " files (" << s.skipped.size() << " skipped), "
      << s.train_documents + s.val_documents << " documents (" << s.train_documents << " train, " << s.val_documents
      << " val), " << s.train_tokens << " train / " << s.val_tokens << " val tokens, vocab " << s.vocab_size << ", "
-     << std::fixed << std::setprecision(1) << s.seconds << " s -> " << s.output_dir;
+     << std::fixed << std::setprecision(1) << s.seconds << " s, "
+     << static_cast<double>(s.input_bytes) / 1e6 / std::max(s.seconds, 1e-9) << " MB/s with " << s.workers
+     << " workers -> " << s.output_dir;
   return os.str();
 }
 
 PrepareSummary prepare_data(const PrepareOptions& opt) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   MT_CHECK(!opt.output_dir.empty(), "prepare-data: --output is required");
   MT_CHECK((opt.vocab_size > 0) != !opt.tokenizer_file.empty(),
-           "prepare-data: give exactly one of --vocab-size (train a tokenizer) and --tokenizer (a tiktoken file)");
+           "prepare-data: give exactly one of --vocab-size (train a tokenizer) and --tokenizer (a vocabulary file)");
   MT_CHECK(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0, "prepare-data: --val-fraction must be in [0, 1), got ",
            opt.val_fraction);
-  MT_CHECK(opt.shard_tokens > 0, "prepare-data: shard_tokens must be positive, got ", opt.shard_tokens);
+  MT_CHECK(opt.shard_tokens > 0, "prepare-data: --shard-tokens must be positive, got ", opt.shard_tokens);
+  MT_CHECK(opt.workers >= 0, "prepare-data: --workers must be >= 0 (0: all cores), got ", opt.workers);
+  MT_CHECK(opt.text_split == "paragraph" || opt.text_split == "line" || opt.text_split == "file",
+           "prepare-data: --text-split must be paragraph, line or file, got \"", opt.text_split, "\"");
+  MT_CHECK(!opt.text_key.empty(), "prepare-data: --text-key must not be empty");
   fs::path out = fs::absolute(opt.output_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
   check_replaceable(out);
 
-  std::vector<std::string> docs;
-  int64_t skipped = 0;
-  const auto files = collect_input_files(opt.inputs);
-  for (const auto& f : files) {
-    throw_if_stop_requested("prepare-data (reading inputs)");
-    std::string text = read_file(f);
-    if (looks_binary(text)) {
-      ++skipped;
-      continue;
-    }
-    for (auto& d : split_documents(text)) docs.push_back(std::move(d));
+  const detail::InputPlan plan = detail::plan_inputs(opt.inputs);
+  if (plan.files.empty()) {
+    std::string why;
+    for (const auto& s : plan.skipped) why += "\n  " + s.path + ": " + s.reason;
+    MT_FAIL("prepare-data: no usable input files", why.empty() ? " (the inputs are empty folders)" : ":" + why);
   }
-  MT_CHECK(docs.size() >= 2, "prepare-data: inputs hold ", docs.size(),
-           " documents; need at least 2 (one for train, one for val)");
-  shuffle_documents(docs, opt.seed);
-  auto n_val = std::max<size_t>(1, static_cast<size_t>(opt.val_fraction * static_cast<double>(docs.size()) + 0.5));
-  n_val = std::min(n_val, docs.size() - 1);
-  std::vector<std::string> val(docs.end() - static_cast<std::ptrdiff_t>(n_val), docs.end());
-  docs.resize(docs.size() - n_val);
-  const std::vector<std::string>& train = docs;
-
-  Tokenizer tok = opt.vocab_size > 0 ? Tokenizer::train(train, opt.vocab_size)
-                                     : Tokenizer::from_tiktoken(opt.tokenizer_file);
-  const int version = tok.vocab_size() <= 65536 ? 1 : 2;
-  const auto train_tokens = tokenize(tok, train);
-  const auto val_tokens = tokenize(tok, val);
+  const Tokenizer tok = make_tokenizer(opt, plan);
+  const int workers = opt.workers > 0 ? opt.workers : std::max(1u, std::thread::hardware_concurrency());
 
   fs::path tmp = out.parent_path() / (out.filename().string() + ".tmp-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
+  SplitResult r;
   try {
     fs::create_directories(tmp);
     tok.save((tmp / "tokenizer.json").string());
-    auto train_shards = write_split(tmp / "train", "train", train_tokens, opt.shard_tokens, version);
-    auto val_shards = write_split(tmp / "val", "val", val_tokens, opt.shard_tokens, version);
+    r = tokenize_and_write(opt, plan, tok, tmp, workers, start);
+    MT_CHECK(r.train_docs + r.val_docs >= 2, "prepare-data: the inputs hold ", r.train_docs + r.val_docs,
+             " documents; need at least 2 (one for train, one for val). A single text file is split at blank "
+             "lines (--text-split paragraph) or lines (--text-split line)");
+    nlohmann::json skipped = nlohmann::json::array();
+    for (const auto& s : plan.skipped) skipped.push_back({{"path", s.path}, {"reason", s.reason}});
+    nlohmann::json files = nlohmann::json::array();
+    for (const auto& f : plan.files) files.push_back({{"path", f.path}, {"format", detail::format_name(f.format)}});
     nlohmann::json manifest = {
         {"format", "meshtrain-data"},
-        {"version", 1},
+        {"version", 2},
         {"tokenizer", "tokenizer.json"},
         {"vocab_size", tok.vocab_size()},
         {"eot", tok.eot()},
-        {"shard_version", version},
+        {"shard_version", tok.vocab_size() > 65536 ? kShardVersionU32 : kShardVersionU16},
         {"seed", opt.seed},
         {"val_fraction", opt.val_fraction},
         {"inputs", opt.inputs},
-        {"files", files.size() - static_cast<size_t>(skipped)},
-        {"train", {{"documents", train.size()}, {"tokens", train_tokens.size()}, {"shards", train_shards}}},
-        {"val", {{"documents", val.size()}, {"tokens", val_tokens.size()}, {"shards", val_shards}}},
+        {"files", files},
+        {"skipped", skipped},
+        {"train", {{"documents", r.train_docs}, {"tokens", r.train_tokens}, {"shards", r.train_shards}}},
+        {"val", {{"documents", r.val_docs}, {"tokens", r.val_tokens}, {"shards", r.val_shards}}},
     };
     {
       std::ofstream m(tmp / "manifest.json");
@@ -228,14 +381,16 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
     throw;
   }
   PrepareSummary summary;
-  summary.files = static_cast<int64_t>(files.size());
-  summary.skipped_binary_files = skipped;
-  summary.train_documents = static_cast<int64_t>(train.size());
-  summary.val_documents = static_cast<int64_t>(val.size());
-  summary.train_tokens = static_cast<int64_t>(train_tokens.size());
-  summary.val_tokens = static_cast<int64_t>(val_tokens.size());
+  summary.files = static_cast<int64_t>(plan.files.size());
+  for (const auto& s : plan.skipped) summary.skipped.emplace_back(s.path, s.reason);
+  summary.train_documents = r.train_docs;
+  summary.val_documents = r.val_docs;
+  summary.train_tokens = r.train_tokens;
+  summary.val_tokens = r.val_tokens;
+  for (const auto& f : plan.files) summary.input_bytes += f.bytes;
   summary.vocab_size = tok.vocab_size();
-  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.workers = workers;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   summary.output_dir = out.string();
   return summary;
 }

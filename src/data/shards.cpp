@@ -57,13 +57,13 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
     MT_CHECK(t >= 0, "shard ", path, ": negative token id ", t);
     max_token = std::max(max_token, t);
   }
-  if (version == 0) version = max_token <= 0xFFFF ? 1 : 2;
-  MT_CHECK(version == 1 || version == 2, "shard ", path, ": version must be 1 (uint16) or 2 (uint32), got ",
-           version);
-  MT_CHECK(version == 2 || max_token <= 0xFFFF, "shard ", path, ": token id ", max_token,
-           " does not fit version 1 (uint16); use version 2");
+  if (version == 0) version = max_token <= 0xFFFF ? kShardVersionU16 : kShardVersionU32;
+  MT_CHECK(version == kShardVersionU16 || version == kShardVersionU32, "shard ", path,
+           ": version must be 1 (uint16) or 7 (uint32), got ", version);
+  MT_CHECK(version == kShardVersionU32 || max_token <= 0xFFFF, "shard ", path, ": token id ", max_token,
+           " does not fit version 1 (uint16); use version 7");
   std::vector<int32_t> header(kShardHeaderInts, 0);
-  header[0] = kShardMagic;
+  header[0] = version == kShardVersionU16 ? kShardMagic : kShardMagicU32;
   header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
   std::string tmp = path + ".tmp";
@@ -71,7 +71,7 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     MT_CHECK(out, "cannot create shard ", tmp);
     out.write(reinterpret_cast<const char*>(header.data()), kHeaderBytes);
-    if (version == 1) {
+    if (version == kShardVersionU16) {
       std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
       out.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(narrow.size() * 2));
     } else {
@@ -82,7 +82,7 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
   fs::rename(tmp, path);
 }
 
-ShardReader::ShardReader(std::string path, int64_t vocab_size)
+ShardReader::ShardReader(std::string path, int64_t vocab_size, ShardFormat format)
     : path_(std::move(path)), vocab_size_(vocab_size) {
   std::ifstream in(path_, std::ios::binary);
   MT_CHECK(in, "cannot open shard ", path_);
@@ -109,33 +109,51 @@ ShardReader::ShardReader(std::string path, int64_t vocab_size)
     MT_CHECK(prefix + header_len <= file_size, "npy shard ", path_, " is truncated in its header");
     std::string header(static_cast<size_t>(header_len), '\0');
     MT_CHECK(in.read(header.data(), header_len), "npy shard ", path_, " is truncated in its header");
+    // Any integer dtype: '<' or '|' (byte order irrelevant) little-endian,
+    // i or u, 1/2/4/8 bytes.
     std::string descr = npy_field(header, "descr", path_);
-    if (descr == "<u2") { item_size_ = 2; item_signed_ = false; }
-    else if (descr == "<i4") { item_size_ = 4; item_signed_ = true; }
-    else if (descr == "<u4") { item_size_ = 4; item_signed_ = false; }
-    else if (descr == "<i8") { item_size_ = 8; item_signed_ = true; }
-    else MT_FAIL("npy shard ", path_, ": dtype '", descr, "' is not supported (use <u2, <i4, <u4 or <i8)");
+    MT_CHECK(descr.size() == 3 && (descr[0] == '<' || descr[0] == '|' || (descr[0] == '=' && descr[2] == '1')) &&
+                 (descr[1] == 'i' || descr[1] == 'u') &&
+                 (descr[2] == '1' || descr[2] == '2' || descr[2] == '4' || descr[2] == '8'),
+             "npy shard ", path_, ": dtype '", descr,
+             "' is not a little-endian integer type (expected e.g. <u2, <i4, <u4, <i8)");
+    item_size_ = descr[2] - '0';
+    item_signed_ = descr[1] == 'i';
     MT_CHECK(npy_field(header, "fortran_order", path_) == "False", "npy shard ", path_,
              ": fortran_order arrays are not supported");
     std::string shape = npy_field(header, "shape", path_);
     shape.erase(std::remove(shape.begin(), shape.end(), ' '), shape.end());
     if (!shape.empty() && shape.back() == ',') shape.pop_back();
+    // (N, 1) is a column of tokens, as some exporters write it.
+    if (shape.size() > 2 && shape.compare(shape.size() - 2, 2, ",1") == 0) shape.resize(shape.size() - 2);
     MT_CHECK(!shape.empty() && shape.find_first_not_of("0123456789") == std::string::npos, "npy shard ", path_,
-             ": expected a 1-D array, shape is (", shape, ")");
+             ": expected shape (N,) or (N, 1), got (", shape, ")");
     MT_CHECK(shape.size() <= 15, "npy shard ", path_, ": implausible length ", shape);
     num_tokens_ = std::stoll(shape);
     data_offset_ = prefix + header_len;
+  } else if (format == ShardFormat::kNanoGpt) {
+    // nanoGPT's prepare.py: np.uint16 tokens, no header at all.
+    MT_CHECK(file_size % 2 == 0, "nanoGPT shard ", path_, " has an odd size (", file_size,
+             " bytes): not raw uint16 tokens");
+    item_size_ = 2;
+    num_tokens_ = file_size / 2;
+    data_offset_ = 0;
   } else {
     MT_CHECK(file_size >= kHeaderBytes, "shard ", path_, " is truncated: ", file_size,
-             " bytes, shorter than the ", kHeaderBytes, "-byte header");
+             " bytes, shorter than the ", kHeaderBytes,
+             "-byte llm.c header (nanoGPT's headerless train.bin needs data_config.format: \"nanogpt\")");
     std::vector<int32_t> header(kShardHeaderInts);
     in.read(reinterpret_cast<char*>(header.data()), kHeaderBytes);
-    MT_CHECK(header[0] == kShardMagic, "shard ", path_, " has bad magic ", header[0], " (expected ",
-             kShardMagic, "): not an llm.c token shard");
-    MT_CHECK(header[1] == 1 || header[1] == 2, "shard ", path_, " has unsupported version ", header[1],
-             " (expected 1 = uint16 or 2 = uint32)");
+    MT_CHECK(header[0] == kShardMagic || header[0] == kShardMagicU32, "shard ", path_, " has bad magic ",
+             header[0], " (expected ", kShardMagic, " or ", kShardMagicU32,
+             "): not an llm.c token shard (nanoGPT's headerless train.bin needs data_config.format: \"nanogpt\")");
+    const bool u16 = header[0] == kShardMagic && header[1] == kShardVersionU16;
+    const bool u32 = (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) ||
+                     (header[0] == kShardMagic && header[1] == 2);  // meshtrain's pre-v7 uint32 files
+    MT_CHECK(u16 || u32, "shard ", path_, " has magic ", header[0], " with unsupported version ", header[1],
+             " (expected 20240520 v1 = uint16, 20240801 v7 = uint32, or meshtrain's old 20240520 v2)");
     MT_CHECK(header[2] >= 0, "shard ", path_, " has a negative token count ", header[2]);
-    item_size_ = header[1] == 1 ? 2 : 4;
+    item_size_ = u16 ? 2 : 4;
     item_signed_ = false;
     num_tokens_ = header[2];
     data_offset_ = kHeaderBytes;
@@ -159,10 +177,18 @@ std::vector<int32_t> ShardReader::read(int64_t begin, int64_t count) const {
   const int64_t limit = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int32_t>::max();
   for (int64_t i = 0; i < count; ++i) {
     const char* p = raw.data() + i * item_size_;
-    int64_t v = item_size_ == 2 ? load_le<uint16_t>(p)
-                : item_size_ == 8 ? load_le<int64_t>(p)
-                : item_signed_ ? load_le<int32_t>(p)
-                               : static_cast<int64_t>(load_le<uint32_t>(p));
+    int64_t v;
+    switch (item_size_) {
+      case 1: v = item_signed_ ? int64_t{static_cast<int8_t>(*p)} : int64_t{static_cast<uint8_t>(*p)}; break;
+      case 2: v = item_signed_ ? int64_t{load_le<int16_t>(p)} : int64_t{load_le<uint16_t>(p)}; break;
+      case 4: v = item_signed_ ? int64_t{load_le<int32_t>(p)} : int64_t{load_le<uint32_t>(p)}; break;
+      default: {
+        uint64_t u = load_le<uint64_t>(p);
+        // A uint64 above INT64_MAX is out of range either way.
+        v = !item_signed_ && u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? -1
+                                                                                          : static_cast<int64_t>(u);
+      }
+    }
     MT_CHECK(v >= 0 && v < limit, "shard ", path_, ": token ", v, " at position ", begin + i,
              (vocab_size_ > 0 ? " is outside the vocabulary of " : " does not fit int32, limit "), limit,
              (vocab_size_ > 0 ? " (shard prepared with a different tokenizer?)" : ""));
@@ -171,8 +197,8 @@ std::vector<int32_t> ShardReader::read(int64_t begin, int64_t count) const {
   return tokens;
 }
 
-std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size) {
-  return ShardReader(path, vocab_size).read_all();
+std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size, ShardFormat format) {
+  return ShardReader(path, vocab_size, format).read_all();
 }
 
 std::vector<std::string> list_shards(const std::string& folder) {

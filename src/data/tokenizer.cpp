@@ -1,61 +1,122 @@
-// Encoding, decoding and the two file formats of Tokenizer; training lives in
-// bpe_train.cpp.
+// Encoding and decoding of Tokenizer. Training lives in bpe_train.cpp,
+// tiktoken files in tiktoken.cpp, meshtrain's JSON in tokenizer_json.cpp and
+// Hugging Face's in hf_tokenizer.cpp.
 #include "meshtrain/data/tokenizer.h"
 
-#include <filesystem>
-#include <fstream>
+#include <algorithm>
 #include <limits>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <queue>
 
-#include "base64.h"
+#include "bpe_tables.h"
 #include "meshtrain/core/check.h"
 #include "pretokenize.h"
+#include "utf8.h"
 
 namespace meshtrain {
 namespace {
 
-constexpr const char* kFormat = "meshtrain-tokenizer";
-constexpr int kVersion = 1;
+constexpr int32_t kNoRank = std::numeric_limits<int32_t>::max();
 
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+// Pieces longer than this merge with a heap (n log n) instead of rescanning
+// the pair ranks after every merge (n^2, faster for short pieces).
+constexpr size_t kHeapThreshold = 64;
+
+// Long pieces (runs of whitespace or symbols, text without spaces): a linked
+// list of parts and a min-heap of (rank, position) with lazy deletion. The
+// smallest rank merges first, the leftmost on ties, exactly like the scan.
+void merge_with_heap(const detail::BpeTables& t, std::vector<int32_t>& ids) {
+  const size_t n = ids.size();
+  std::vector<int32_t> next(n), prev(n);
+  std::vector<bool> alive(n, true);
+  for (size_t i = 0; i < n; ++i) {
+    next[i] = static_cast<int32_t>(i + 1);
+    prev[i] = static_cast<int32_t>(i) - 1;
+  }
+  struct Entry {
+    int32_t rank;
+    int32_t pos;
+    int32_t left, right;  // the ids when pushed; a changed part makes it stale
+    bool operator>(const Entry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+  auto push = [&](int32_t i) {
+    if (i < 0 || next[i] >= static_cast<int32_t>(n)) return;
+    auto m = t.merge(ids[i], ids[next[i]]);
+    if (m.rank >= 0) heap.push({m.rank, i, ids[i], ids[next[i]]});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
+  while (!heap.empty()) {
+    Entry e = heap.top();
+    heap.pop();
+    int32_t i = e.pos;
+    if (!alive[i] || next[i] >= static_cast<int32_t>(n) || ids[i] != e.left || ids[next[i]] != e.right) continue;
+    int32_t j = next[i];
+    ids[i] = t.merge(ids[i], ids[j]).id;
+    alive[j] = false;
+    next[i] = next[j];
+    if (next[j] < static_cast<int32_t>(n)) prev[next[j]] = i;
+    push(prev[i]);
+    push(i);
+  }
+  size_t out = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (alive[i]) ids[out++] = ids[i];
+  }
+  ids.resize(out);
+}
+
+// tiktoken's byte_pair_merge: the adjacent pair with the smallest rank
+// merges, the leftmost on ties, until no adjacent pair is a merge.
+void merge_with_scan(const detail::BpeTables& t, std::vector<int32_t>& ids) {
+  std::vector<int32_t> ranks(ids.size(), kNoRank);  // ranks[i]: pair (i, i+1)
+  auto rank_at = [&](size_t i) {
+    if (i + 1 >= ids.size()) return kNoRank;
+    auto m = t.merge(ids[i], ids[i + 1]);
+    return m.rank >= 0 ? m.rank : kNoRank;
+  };
+  for (size_t i = 0; i + 1 < ids.size(); ++i) ranks[i] = rank_at(i);
+  while (ids.size() > 1) {
+    size_t best = 0;
+    for (size_t i = 1; i + 1 < ids.size(); ++i) {
+      if (ranks[i] < ranks[best]) best = i;
+    }
+    if (ranks[best] == kNoRank) break;
+    ids[best] = t.merge(ids[best], ids[best + 1]).id;
+    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    ranks.erase(ranks.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    ranks[best] = rank_at(best);
+    if (best > 0) ranks[best - 1] = rank_at(best - 1);
+  }
 }
 
 }  // namespace
 
-void Tokenizer::add_merge(int32_t left, int32_t right, int32_t merged) {
-  merges_.emplace(pair_key(left, right), merged);
+void Tokenizer::finish(const std::string& source) {
+  std::vector<int32_t> special_ids;
+  bool eot_is_special = false;
+  for (const auto& [name, id] : specials_) {
+    MT_CHECK(id >= 0 && id < static_cast<int32_t>(tokens_.size()) && tokens_[id] == name, source,
+             ": special token ", name, " has a bad id ", id);
+    special_ids.push_back(id);
+    eot_is_special |= id == eot_;
+  }
+  MT_CHECK(eot_is_special, source, ": the end-of-text id ", eot_, " is not one of the special tokens");
+  tables_ = std::make_shared<const detail::BpeTables>(tokens_, merges_, special_ids, kind_ != Kind::kHf);
+  for (int b = 0; b < 256; ++b) {
+    MT_CHECK(tables_->byte_id(static_cast<unsigned char>(b)) >= 0, source, ": the vocabulary lacks a token for byte 0x",
+             std::hex, b, " (a byte-level BPE needs all 256)");
+  }
+  pretokenizer_ = std::make_shared<const detail::Pretokenizer>(detail::resolve_pattern(pattern_));
+  pattern_ = pretokenizer_->regex();
 }
 
-void Tokenizer::derive_rank_merges() {
-  std::unordered_map<std::string, int32_t> ids;
-  for (size_t id = 0; id < tokens_.size(); ++id) {
-    if (!tokens_[id].empty()) ids.emplace(tokens_[id], static_cast<int32_t>(id));
-  }
-  // A pair may merge exactly when its concatenation is a token, with that
-  // token's rank as priority; list every split of every token once.
-  for (size_t id = 0; id < tokens_.size(); ++id) {
-    const std::string& t = tokens_[id];
-    for (size_t k = 1; k < t.size(); ++k) {
-      auto left = ids.find(t.substr(0, k));
-      if (left == ids.end()) continue;
-      auto right = ids.find(t.substr(k));
-      if (right != ids.end()) add_merge(left->second, right->second, static_cast<int32_t>(id));
-    }
-  }
+std::string Tokenizer::pattern_name() const { return detail::pattern_name(pattern_); }
+
+std::string Tokenizer::kind() const {
+  return kind_ == Kind::kTrained ? "bpe" : kind_ == Kind::kTiktoken ? "tiktoken" : "hf";
 }
 
-void Tokenizer::finish_byte_table(const std::string& source) {
-  byte_ids_.fill(-1);
-  for (size_t id = 0; id < tokens_.size(); ++id) {
-    if (static_cast<int32_t>(id) != eot_ && tokens_[id].size() == 1) {
-      byte_ids_[static_cast<unsigned char>(tokens_[id][0])] = static_cast<int32_t>(id);
-    }
-  }
-  MT_CHECK(eot_ >= 0 && eot_ == static_cast<int32_t>(tokens_.size()) - 1,
-           source, ": end-of-text must be the last token id");
-}
+std::vector<std::array<int32_t, 3>> Tokenizer::merges() const { return merges_; }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
   MT_CHECK(id >= 0 && id < static_cast<int32_t>(tokens_.size()), "token id ", id,
@@ -63,53 +124,55 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
   return tokens_[static_cast<size_t>(id)];
 }
 
-std::vector<int32_t> Tokenizer::encode_piece(const std::string& piece) const {
-  std::vector<int32_t> ids;
-  ids.reserve(piece.size());
-  for (char c : piece) {
-    int32_t id = byte_ids_[static_cast<unsigned char>(c)];
-    MT_CHECK(id >= 0, "tokenizer has no token for byte 0x", std::hex,
-             static_cast<int>(static_cast<unsigned char>(c)), " (its vocabulary lacks single-byte tokens)");
-    ids.push_back(id);
+void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  const detail::BpeTables& t = *tables_;
+  if (piece.size() == 1) {
+    out.push_back(t.byte_id(static_cast<unsigned char>(piece[0])));
+    return;
   }
-  // Apply the earliest merge present until none applies; merging every
-  // occurrence of that pair left to right matches how training merged it.
-  while (ids.size() > 1) {
-    int32_t best = std::numeric_limits<int32_t>::max();
-    uint64_t best_key = 0;
-    for (size_t i = 0; i + 1 < ids.size(); ++i) {
-      auto it = merges_.find(pair_key(ids[i], ids[i + 1]));
-      if (it != merges_.end() && it->second < best) {
-        best = it->second;
-        best_key = it->first;
-      }
+  if (whole_piece_lookup_) {
+    int32_t id = t.token(piece);
+    if (id >= 0) {
+      out.push_back(id);
+      return;
     }
-    if (best == std::numeric_limits<int32_t>::max()) break;
-    size_t out = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i + 1 < ids.size() && pair_key(ids[i], ids[i + 1]) == best_key) {
-        ids[out++] = best;
-        ++i;
-      } else {
-        ids[out++] = ids[i];
-      }
-    }
-    ids.resize(out);
   }
-  return ids;
+  std::vector<int32_t> ids(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) ids[i] = t.byte_id(static_cast<unsigned char>(piece[i]));
+  if (ids.size() > kHeapThreshold) {
+    merge_with_heap(t, ids);
+  } else {
+    merge_with_scan(t, ids);
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
-  // Natural text repeats its words; remembering them per call keeps encoding
-  // a corpus linear without shared mutable state in the tokenizer.
-  std::unordered_map<std::string_view, std::vector<int32_t>> cache;
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3);
-  for (std::string_view piece : detail::pretokenize(text)) {
-    auto it = cache.find(piece);
-    if (it == cache.end()) it = cache.emplace(piece, encode_piece(std::string(piece))).first;
+void Tokenizer::encode(std::string_view text, EncodeCache& cache, std::vector<int32_t>& out) const {
+  std::vector<std::string_view> pieces;
+  pretokenizer_->split(text, pieces);
+  std::string key;
+  for (std::string_view piece : pieces) {
+    if (piece.size() == 1) {
+      out.push_back(tables_->byte_id(static_cast<unsigned char>(piece[0])));
+      continue;
+    }
+    key.assign(piece);
+    auto it = cache.map_.find(key);
+    if (it == cache.map_.end()) {
+      std::vector<int32_t> ids;
+      encode_piece(piece, ids);
+      if (cache.map_.size() >= cache.max_entries_) cache.map_.clear();
+      it = cache.map_.emplace(key, std::move(ids)).first;
+    }
     out.insert(out.end(), it->second.begin(), it->second.end());
   }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  EncodeCache cache;
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3);
+  encode(text, cache, out);
   return out;
 }
 
@@ -119,117 +182,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
-Tokenizer Tokenizer::from_tiktoken(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in, "cannot open tiktoken file ", path);
-  Tokenizer tok;
-  tok.kind_ = Kind::kTiktoken;
-  std::unordered_map<std::string, int32_t> ids;
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    std::istringstream fields(line);
-    std::string b64, extra;
-    int64_t rank = -1;
-    fields >> b64 >> rank;
-    MT_CHECK(fields && !(fields >> extra), path, ":", line_no,
-             ": expected \"base64(token bytes) rank\", got \"", line, "\"");
-    auto bytes = detail::base64_decode(b64);
-    MT_CHECK(bytes && !bytes->empty(), path, ":", line_no, ": bad base64 token \"", b64, "\"");
-    MT_CHECK(rank >= 0 && rank < std::numeric_limits<int32_t>::max() - 1, path, ":", line_no,
-             ": rank ", rank, " out of range");
-    MT_CHECK(ids.emplace(*bytes, static_cast<int32_t>(rank)).second, path, ":", line_no,
-             ": token \"", b64, "\" appears twice");
-    if (static_cast<size_t>(rank) >= tok.tokens_.size()) tok.tokens_.resize(static_cast<size_t>(rank) + 1);
-    MT_CHECK(tok.tokens_[static_cast<size_t>(rank)].empty(), path, ":", line_no, ": rank ", rank,
-             " appears twice");
-    tok.tokens_[static_cast<size_t>(rank)] = *bytes;
-  }
-  MT_CHECK(!ids.empty(), "tiktoken file ", path, " holds no tokens");
-  tok.derive_rank_merges();
-  tok.eot_ = static_cast<int32_t>(tok.tokens_.size());
-  tok.tokens_.emplace_back(kEndOfText);
-  tok.finish_byte_table(path);
-  return tok;
-}
-
-void Tokenizer::save(const std::string& path) const {
-  nlohmann::json j;
-  j["format"] = kFormat;
-  j["version"] = kVersion;
-  j["eot"] = eot_;
-  j["vocab_size"] = vocab_size();
-  if (kind_ == Kind::kTrained) {
-    j["kind"] = "bpe";
-    // Bytes are ids 0..255 and merge i creates id 256 + i, so the merges are
-    // the whole vocabulary.
-    nlohmann::json merges = nlohmann::json::array();
-    for (auto [l, r] : merge_list_) merges.push_back({l, r});
-    j["merges"] = std::move(merges);
-  } else {
-    j["kind"] = "tiktoken";
-    nlohmann::json tokens = nlohmann::json::array();
-    for (int32_t id = 0; id < eot_; ++id) tokens.push_back(detail::base64_encode(tokens_[static_cast<size_t>(id)]));
-    j["tokens"] = std::move(tokens);
-  }
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    MT_CHECK(out, "cannot write tokenizer file ", tmp);
-    out << j.dump() << '\n';
-    MT_CHECK(out.good(), "error writing tokenizer file ", tmp);
-  }
-  std::filesystem::rename(tmp, path);
-}
-
-Tokenizer Tokenizer::load(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in, "cannot open tokenizer file ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("tokenizer file ", path, " is not valid JSON: ", e.what());
-  }
-  MT_CHECK(j.is_object() && j.value("format", "") == kFormat, "tokenizer file ", path,
-           " lacks \"format\": \"", kFormat, "\" (a tiktoken file loads with from_tiktoken / --tokenizer)");
-  MT_CHECK(j.value("version", 0) == kVersion, "tokenizer file ", path, " has version ", j.value("version", 0),
-           ", this build reads version ", kVersion);
-  Tokenizer tok;
-  try {
-    std::string kind = j.at("kind").get<std::string>();
-    if (kind == "bpe") {
-      for (int b = 0; b < 256; ++b) tok.tokens_.emplace_back(1, static_cast<char>(b));
-      for (const auto& m : j.at("merges")) {
-        auto l = m.at(0).get<int32_t>(), r = m.at(1).get<int32_t>();
-        auto next = static_cast<int32_t>(tok.tokens_.size());
-        MT_CHECK(m.size() == 2 && l >= 0 && r >= 0 && l < next && r < next, "tokenizer file ", path,
-                 ": merge ", m.dump(), " refers to ids not defined before id ", next);
-        tok.merge_list_.emplace_back(l, r);
-        tok.add_merge(l, r, next);
-        tok.tokens_.push_back(tok.tokens_[static_cast<size_t>(l)] + tok.tokens_[static_cast<size_t>(r)]);
-      }
-    } else if (kind == "tiktoken") {
-      tok.kind_ = Kind::kTiktoken;
-      for (const auto& t : j.at("tokens")) {
-        auto bytes = detail::base64_decode(t.get<std::string>());
-        MT_CHECK(bytes, "tokenizer file ", path, ": bad base64 token ", t.dump());
-        tok.tokens_.push_back(*bytes);
-      }
-      tok.derive_rank_merges();
-    } else {
-      MT_FAIL("tokenizer file ", path, ": unknown \"kind\": \"", kind, "\" (expected bpe or tiktoken)");
-    }
-    tok.eot_ = j.at("eot").get<int32_t>();
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("tokenizer file ", path, " is malformed: ", e.what());
-  }
-  tok.tokens_.emplace_back(kEndOfText);
-  tok.finish_byte_table(path);
-  return tok;
+std::string Tokenizer::decode_text(const std::vector<int32_t>& ids) const {
+  return detail::sanitize_utf8(decode(ids));
 }
 
 }  // namespace meshtrain

@@ -41,6 +41,37 @@ std::string data_folder(const Config& cfg, const std::string& sub) {
   return p.string();
 }
 
+// nanoGPT keeps train.bin and val.bin side by side in data_dir.
+std::string nanogpt_file(const Config& cfg, const std::string& name) {
+  const fs::path p = fs::path(cfg.data.data_dir) / name;
+  MT_CHECK(fs::is_regular_file(p), "data_config.format is \"nanogpt\" but ", p.string(),
+           " does not exist (nanoGPT's prepare.py writes train.bin and val.bin into data_dir)");
+  return p.string();
+}
+
+// data_config.datasets: each entry's training files (its train_folder_name
+// shards, or nanoGPT's train.bin) with its weight.
+std::vector<DataSource> blend_sources(const Config& cfg) {
+  std::vector<DataSource> sources;
+  for (const auto& ds : cfg.data.datasets) {
+    DataSource src;
+    src.weight = ds.weight;
+    if (cfg.data.format == "nanogpt") {
+      const fs::path p = fs::path(ds.path) / "train.bin";
+      MT_CHECK(fs::is_regular_file(p), "data_config.datasets: ", p.string(), " does not exist");
+      src.files = {p.string()};
+      src.format = ShardFormat::kNanoGpt;
+    } else {
+      const fs::path p = fs::path(ds.path) / cfg.data.train_folder_name;
+      MT_CHECK(fs::is_directory(p), "data_config.datasets: folder ", p.string(),
+               " does not exist (prepare it with meshtrain prepare-data --output ", ds.path, ")");
+      src.files = list_shards(p.string());
+    }
+    sources.push_back(std::move(src));
+  }
+  return sources;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const Communicator* world)
@@ -71,10 +102,24 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   // Data first: a missing folder should fail before the model is built.
   watchdog_->beat("start-up: data loaders");
   const int dp_rank = mesh_->coord().dp, dp = shape.dp;
-  train_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.train_folder_name), cfg_.data.T,
-                                               cfg_.data.train_batch_size, dp_rank, dp, cfg_.model.vocab_size);
-  val_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.val_folder_name), cfg_.data.T,
-                                             cfg_.data.val_batch_size, dp_rank, dp, cfg_.model.vocab_size);
+  if (!cfg_.data.datasets.empty()) {
+    train_loader_ = std::make_unique<DataLoader>(blend_sources(cfg_), cfg_.data.T, cfg_.data.train_batch_size,
+                                                 dp_rank, dp, cfg_.model.vocab_size);
+    val_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.val_folder_name), cfg_.data.T,
+                                               cfg_.data.val_batch_size, dp_rank, dp, cfg_.model.vocab_size);
+  } else if (cfg_.data.format == "nanogpt") {
+    train_loader_ = std::make_unique<DataLoader>(std::vector<std::string>{nanogpt_file(cfg_, "train.bin")},
+                                                 ShardFormat::kNanoGpt, cfg_.data.T, cfg_.data.train_batch_size,
+                                                 dp_rank, dp, cfg_.model.vocab_size);
+    val_loader_ = std::make_unique<DataLoader>(std::vector<std::string>{nanogpt_file(cfg_, "val.bin")},
+                                               ShardFormat::kNanoGpt, cfg_.data.T, cfg_.data.val_batch_size, dp_rank,
+                                               dp, cfg_.model.vocab_size);
+  } else {
+    train_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.train_folder_name), cfg_.data.T,
+                                                 cfg_.data.train_batch_size, dp_rank, dp, cfg_.model.vocab_size);
+    val_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.val_folder_name), cfg_.data.T,
+                                               cfg_.data.val_batch_size, dp_rank, dp, cfg_.model.vocab_size);
+  }
   const fs::path tok = fs::path(cfg_.data.data_dir) / "tokenizer.json";
   if (fs::exists(tok)) {
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok.string()));
@@ -259,7 +304,7 @@ std::string Trainer::sample() {
     throw;
   }
   pm_.model->train();
-  std::string text = cfg_.inference.prompt + tokenizer_->decode(out.at(0));
+  std::string text = cfg_.inference.prompt + tokenizer_->decode_text(out.at(0));
   spdlog::info("sample: {}", text);
   return text;
 }

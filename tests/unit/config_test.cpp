@@ -71,6 +71,7 @@ TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
   // An empty array flattens to null (no leaf to change): give the list keys values.
   Config base;
   base.rampup_batch_size = {2, 2, 8};
+  base.data.datasets = {{"data/a", 2.0}, {"data/b", 1.0}};
   const json flat = to_json(base).flatten();
   EXPECT_GE(flat.size(), 60u);
   // Change one key at a time: if it were not read, or shared a member with
@@ -85,6 +86,25 @@ TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
   for (const auto& section :
        {"model_config", "data_config", "lr", "device_config", "inference_config", "seq_len_warmup"})
     EXPECT_TRUE(to_json(Config{}).at(section).is_object()) << section;
+}
+
+TEST(ConfigJson, DatasetsBlendAndDataFormat) {
+  Config c = with({"data_config.format=nanogpt"});
+  EXPECT_EQ(c.data.format, "nanogpt");
+  json j = tiny_json();
+  j["data_config"]["datasets"] = json::array({{{"path", "data/a"}, {"weight", 3}}, {{"path", "data/b"}}});
+  Config b = config_from_json(j);
+  ASSERT_EQ(b.data.datasets.size(), 2u);
+  EXPECT_EQ(b.data.datasets[0].path, "data/a");
+  EXPECT_EQ(b.data.datasets[0].weight, 3.0);
+  EXPECT_EQ(b.data.datasets[1].weight, 1.0);
+  j["data_config"]["datasets"] = json::array({{{"path", "data/a"}, {"wieght", 3}}});
+  expect_error([&] { config_from_json(j); }, {"data_config.datasets[0]", "wieght"});
+  j["data_config"]["datasets"] = json::array({{{"path", "data/a"}, {"weight", -1}}});
+  expect_error([&] { validate(config_from_json(j)); }, {"data_config.datasets[0].weight", "positive"});
+  j["data_config"]["datasets"] = "data/a";
+  expect_error([&] { config_from_json(j); }, {"data_config.datasets"});
+  expect_error([&] { with({"data_config.format=megatron"}); }, {"data_config.format", "nanogpt"});
 }
 
 TEST(ConfigJson, RoundTripKeepsEveryValue) {

@@ -29,8 +29,20 @@ TEST(Shards, WriteReadVersions) {
   std::vector<int32_t> small = {0, 1, 2, 65535, 7};
   std::vector<int32_t> big = {0, 65536, 100000, 3};
   write_shard((dir / "a.bin").string(), small);       // auto -> 1
-  write_shard((dir / "b.bin").string(), big);         // auto -> 2
-  write_shard((dir / "c.bin").string(), small, 2);
+  write_shard((dir / "b.bin").string(), big);         // auto -> 7 (uint32)
+  write_shard((dir / "c.bin").string(), small, 7);
+  // meshtrain's old uint32 files (magic 20240520, version 2) still read.
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 2;
+    header[2] = static_cast<int32_t>(big.size());
+    std::ofstream out(dir / "legacy.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(big.data()), static_cast<std::streamsize>(4 * big.size()));
+  }
+  EXPECT_EQ(read_shard((dir / "legacy.bin").string()), big);
+  EXPECT_NE(error_of([&] { write_shard((dir / "e.bin").string(), small, 2); }).find("version"), std::string::npos);
   EXPECT_EQ(fs::file_size(dir / "a.bin"), 1024u + 2 * small.size());
   EXPECT_EQ(fs::file_size(dir / "b.bin"), 1024u + 4 * big.size());
   EXPECT_EQ(read_shard((dir / "a.bin").string()), small);
@@ -48,13 +60,37 @@ TEST(Shards, WriteReadVersions) {
   EXPECT_EQ(header[0], 20240520);
   EXPECT_EQ(header[1], 1);
   EXPECT_EQ(header[2], 5);
+  // uint32 as llm.c's Llama-3 writer: magic 20240801, version 7.
+  std::ifstream in32(dir / "b.bin", std::ios::binary);
+  in32.read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 4);
+}
+
+TEST(Shards, ReadsNanoGptRawUint16) {
+  TempDir dir;
+  std::vector<uint16_t> raw = {3, 1, 4, 1, 5, 65535};
+  {
+    std::ofstream out(dir / "train.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(2 * raw.size()));
+  }
+  EXPECT_EQ(read_shard((dir / "train.bin").string(), 0, ShardFormat::kNanoGpt),
+            (std::vector<int32_t>{3, 1, 4, 1, 5, 65535}));
+  // Without the explicit format the missing header is named.
+  std::string msg = error_of([&] { read_shard((dir / "train.bin").string()); });
+  EXPECT_NE(msg.find("nanogpt"), std::string::npos) << msg;
+  write_text(dir / "odd.bin", "abc");
+  msg = error_of([&] { read_shard((dir / "odd.bin").string(), 0, ShardFormat::kNanoGpt); });
+  EXPECT_NE(msg.find("odd.bin"), std::string::npos) << msg;
 }
 
 namespace {
 template <class T>
-void write_npy(const fs::path& path, const std::string& descr, const std::vector<T>& values) {
+void write_npy(const fs::path& path, const std::string& descr, const std::vector<T>& values,
+               const std::string& shape_tail = ",") {
   std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" +
-                     std::to_string(values.size()) + ",), }";
+                     std::to_string(values.size()) + shape_tail + "), }";
   // numpy pads the header with spaces and a newline to a multiple of 64 bytes.
   size_t total = 10 + dict.size() + 1;
   dict += std::string((64 - total % 64) % 64, ' ') + "\n";
@@ -74,6 +110,18 @@ TEST(Shards, ReadsNpy) {
   write_npy<uint32_t>(dir / "u4.npy", "<u4", {70000});
   write_npy<int64_t>(dir / "i8.npy", "<i8", {9, 8});
   write_npy<float>(dir / "f4.npy", "<f4", {1.0f});
+  write_npy<uint8_t>(dir / "u1.npy", "|u1", {0, 200});
+  write_npy<int16_t>(dir / "i2.npy", "<i2", {300, 7});
+  write_npy<uint64_t>(dir / "u8.npy", "<u8", {123456});
+  write_npy<int32_t>(dir / "col.npy", "<i4", {4, 5, 6}, ", 1");
+  write_npy<int32_t>(dir / "mat.npy", "<i4", {4, 5, 6, 7}, ", 2");
+  write_npy<uint16_t>(dir / "be.npy", ">u2", {1});
+  EXPECT_EQ(read_shard((dir / "u1.npy").string()), (std::vector<int32_t>{0, 200}));
+  EXPECT_EQ(read_shard((dir / "i2.npy").string()), (std::vector<int32_t>{300, 7}));
+  EXPECT_EQ(read_shard((dir / "u8.npy").string()), (std::vector<int32_t>{123456}));
+  EXPECT_EQ(read_shard((dir / "col.npy").string()), (std::vector<int32_t>{4, 5, 6}));
+  EXPECT_NE(error_of([&] { read_shard((dir / "mat.npy").string()); }).find("(N,) or (N, 1)"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_shard((dir / "be.npy").string()); }).find(">u2"), std::string::npos);
   EXPECT_EQ(read_shard((dir / "u2.npy").string()), (std::vector<int32_t>{5, 6, 65535}));
   EXPECT_EQ(read_shard((dir / "i4.npy").string()), (std::vector<int32_t>{1, 2, 3, 4}));
   EXPECT_EQ(read_shard((dir / "u4.npy").string()), (std::vector<int32_t>{70000}));
@@ -228,6 +276,21 @@ TEST(DataLoader, WrapsAcrossShardsAndEpochs) {
   EXPECT_EQ(cursors[6], (Cursor{2, 0, 8}));
 }
 
+TEST(DataLoader, ReadsNanoGptTrainBin) {
+  TempDir dir;
+  std::vector<uint16_t> raw(100);
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<uint16_t>(i);
+  {
+    std::ofstream out(dir / "train.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(2 * raw.size()));
+  }
+  DataLoader loader({(dir / "train.bin").string()}, ShardFormat::kNanoGpt, 4, 3, 0, 1, 1000);
+  EXPECT_EQ(loader.total_tokens(), 100);
+  Batch b = loader.next();
+  EXPECT_EQ(b.inputs[1][0].item<int64_t>(), 4);
+  EXPECT_EQ(b.targets[2][3].item<int64_t>(), 12);
+}
+
 TEST(DataLoader, TooSmallDataIsExplained) {
   TempDir dir;
   write_counting_shards(dir / "small", {10, 12});
@@ -294,7 +357,6 @@ TEST(PrepareData, TinyFortuneCorpus) {
   write_text(dir / "corpus/wisdom.dat", std::string(kIndex, sizeof kIndex - 1));
   write_text(dir / "corpus/blob", std::string("\x7f" "ELF\0\0\0", 7));
   fs::create_symlink("wisdom", dir / "corpus/wisdom.u8");
-  EXPECT_EQ(collect_input_files({(dir / "corpus").string()}).size(), 3u);  // wisdom, sub/cafe, blob
 
   PrepareOptions opt;
   opt.inputs = {(dir / "corpus").string()};
@@ -306,7 +368,14 @@ TEST(PrepareData, TinyFortuneCorpus) {
   PrepareSummary s = prepare_data(opt);
   EXPECT_EQ(s.train_documents + s.val_documents, 60);
   EXPECT_EQ(s.val_documents, 6);
-  EXPECT_EQ(s.skipped_binary_files, 1);
+  // wisdom.dat (index), blob (binary), wisdom.u8 (link to wisdom): each named with its reason.
+  ASSERT_EQ(s.skipped.size(), 3u);
+  std::map<std::string, std::string> reasons;
+  for (const auto& [f, why] : s.skipped) reasons[fs::path(f).filename().string()] = why;
+  EXPECT_NE(reasons["wisdom.dat"].find("index"), std::string::npos);
+  EXPECT_NE(reasons["blob"].find("binary"), std::string::npos);
+  EXPECT_NE(reasons["wisdom.u8"].find("duplicate"), std::string::npos);
+  EXPECT_EQ(s.files, 2);
   EXPECT_FALSE(to_string(s).empty());
 
   Tokenizer tok = Tokenizer::load((dir / "out/tokenizer.json").string());

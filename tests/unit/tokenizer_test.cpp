@@ -113,8 +113,9 @@ TEST(Tokenizer, SmallCorpusGivesSmallerVocabulary) {
 
 namespace {
 // A tiny tiktoken vocabulary: bytes get ranks in reverse (so ids are not
-// bytes), then "bc" (256) before "ab" (257), so "abcd" can never reach its
-// token 259; "xyzw" reaches 264 through xy + zw.
+// bytes), then "bc" (256) before "ab" (257), so merging can never reach
+// "abcd" (259), though the piece "abcd" is that token whole (tiktoken looks a
+// piece up before merging); "xyzw" reaches 264 through xy + zw.
 std::string tiny_tiktoken(const fs::path& path) {
   auto b64 = [](const std::string& s) {
     static const char* A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -156,15 +157,18 @@ std::string tiny_tiktoken(const fs::path& path) {
 
 TEST(Tokenizer, LoadsTiktokenRanks) {
   TempDir dir;
-  Tokenizer tok = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"));
+  Tokenizer tok = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"), "gpt2");
   EXPECT_EQ(tok.vocab_size(), 266);
   EXPECT_EQ(tok.eot(), 265);
   EXPECT_EQ(tok.encode("a"), (std::vector<int32_t>{255 - 'a'}));
-  // "bc" outranks "ab": "abc" -> a, bc and "abcd" -> a, bc, d (no "abc"/"bcd" token).
+  // "bc" outranks "ab": "abc" -> a, bc (no "abc" token); "abcd" is a token.
   EXPECT_EQ(tok.encode("abc"), (std::vector<int32_t>{255 - 'a', 256}));
-  EXPECT_EQ(tok.encode("abcd"), (std::vector<int32_t>{255 - 'a', 256, 255 - 'd'}));
-  EXPECT_EQ(tok.encode("xyzw"), (std::vector<int32_t>{264}));
-  EXPECT_EQ(tok.encode(" hello"), (std::vector<int32_t>{261, 255 - 'e', 255 - 'l', 255 - 'l', 255 - 'o'}));
+  EXPECT_EQ(tok.encode("abcd"), (std::vector<int32_t>{259}));
+  EXPECT_EQ(tok.encode("abcdabcd"), (std::vector<int32_t>{255 - 'a', 256, 255 - 'd', 255 - 'a', 256, 255 - 'd'}));
+  EXPECT_EQ(tok.encode("xyzwxyzw"), (std::vector<int32_t>{264, 264}));
+  EXPECT_EQ(tok.encode(" hello"), (std::vector<int32_t>{260}));
+  EXPECT_EQ(tok.encode(" hellohello"), (std::vector<int32_t>{261, 255 - 'e', 255 - 'l', 255 - 'l', 255 - 'o',
+                                                              255 - 'h', 255 - 'e', 255 - 'l', 255 - 'l', 255 - 'o'}));
   for (const auto& s : unicode_samples()) EXPECT_EQ(tok.decode(tok.encode(s)), s);
   EXPECT_EQ(tok.decode({264, tok.eot()}), "xyzw<|endoftext|>");
 }
@@ -172,7 +176,7 @@ TEST(Tokenizer, LoadsTiktokenRanks) {
 TEST(Tokenizer, BadTiktokenFileIsNamed) {
   TempDir dir;
   write_text(dir / "bad.tiktoken", "YWI= 0\nnot-base64!! 1\n");
-  std::string msg = error_of([&] { Tokenizer::from_tiktoken((dir / "bad.tiktoken").string()); });
+  std::string msg = error_of([&] { Tokenizer::from_tiktoken((dir / "bad.tiktoken").string(), "gpt2"); });
   EXPECT_NE(msg.find("bad.tiktoken:2"), std::string::npos) << msg;
   msg = error_of([&] { Tokenizer::from_tiktoken((dir / "missing.tiktoken").string()); });
   EXPECT_NE(msg.find("missing.tiktoken"), std::string::npos) << msg;
@@ -182,7 +186,7 @@ TEST(Tokenizer, SaveLoadRoundTrip) {
   TempDir dir;
   Tokenizer trained = Tokenizer::train(sample_documents(), 300);
   trained.save((dir / "bpe.json").string());
-  Tokenizer tiktoken = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"));
+  Tokenizer tiktoken = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"), "gpt2");
   tiktoken.save((dir / "tt.json").string());
   for (auto [orig, file] : {std::pair<const Tokenizer*, std::string>{&trained, "bpe.json"}, {&tiktoken, "tt.json"}}) {
     Tokenizer loaded = Tokenizer::load((dir / file).string());
@@ -194,7 +198,37 @@ TEST(Tokenizer, SaveLoadRoundTrip) {
   }
   auto j = nlohmann::json::parse(std::ifstream(dir / "bpe.json"));
   EXPECT_EQ(j["format"], "meshtrain-tokenizer");
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["specials"][0][0], "<|endoftext|>");
+}
+
+TEST(Tokenizer, UnknownTiktokenNeedsPattern) {
+  TempDir dir;
+  std::string msg = error_of([&] { Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken")); });
+  EXPECT_NE(msg.find("--pattern"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tiny.tiktoken"), std::string::npos) << msg;
+  msg = error_of([&] { Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"), "(unclosed"); });
+  EXPECT_NE(msg.find("does not compile"), std::string::npos) << msg;
+}
+
+TEST(Tokenizer, PublishedPatternsSplitLikeTiktoken) {
+  TempDir dir;
+  Tokenizer tok = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"), "cl100k");
+  EXPECT_EQ(tok.pattern_name(), "cl100k");
+  EXPECT_EQ(tok.decode(tok.encode("12345")), "12345");
+  Tokenizer gpt2 = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"), "gpt2");
+  EXPECT_EQ(gpt2.pattern_name(), "gpt2");
+  Tokenizer custom = Tokenizer::from_tiktoken(tiny_tiktoken(dir / "tiny.tiktoken"), R"(\p{L}+|\s+|.)");
+  EXPECT_EQ(custom.pattern_name(), "");
+}
+
+TEST(Tokenizer, DecodeTextIsValidUtf8) {
+  Tokenizer tok = Tokenizer::train(sample_documents(), 300);
+  // A cut character, a stray continuation byte, an overlong and a surrogate.
+  std::vector<int32_t> ids = {'a', 0xE6, 0x97, 'b', 0x80, 'c', 0xC0, 0xAF, 0xED, 0xA0, 0x80, 0xF0, 0x9F, 0x98, 0x80};
+  EXPECT_EQ(tok.decode_text(ids), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                                "\xF0\x9F\x98\x80");
+  EXPECT_EQ(tok.decode_text(tok.encode("caf\xC3\xA9")), "caf\xC3\xA9");
 }
 
 TEST(Tokenizer, BadTokenizerFileIsNamed) {

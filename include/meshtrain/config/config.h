@@ -39,10 +39,25 @@ struct ModelConfig {
   int64_t hidden_dim() const { return mlp_hidden > 0 ? mlp_hidden : 4 * model_dimension; }
 };
 
+// One entry of data_config.datasets (Megatron's blended datasets): a
+// prepare-data output folder and its share of the training sequences.
+struct DatasetWeight {
+  std::string path;
+  double weight = 1.0;
+  bool operator==(const DatasetWeight& o) const { return path == o.path && weight == o.weight; }
+};
+
 struct DataConfig {
   std::string data_dir = "data/fortunes";
   std::string train_folder_name = "train";
   std::string val_folder_name = "val";
+  // "llmc": shard folders (llm.c headers, .npy); "nanogpt": nanoGPT's
+  // headerless uint16 data_dir/train.bin and data_dir/val.bin.
+  std::string format = "llmc";
+  // Non-empty: training sequences are drawn from these folders in proportion
+  // to their weights (each with train_folder_name inside); validation reads
+  // data_dir as usual.
+  std::vector<DatasetWeight> datasets;
   int64_t T = 32;
   int64_t train_batch_size = 8;  // sequences per accumulation round, over all dp ranks
   int64_t val_batch_size = 8;

@@ -1,17 +1,26 @@
 #pragma once
-// Token shards in llm.c's format (docs/ARCHITECTURE.md, "Files"): a header of 256 int32
-// (magic 20240520, version, token count) then the tokens, uint16 for version 1
-// and uint32 for version 2. 1-D integer .npy arrays are read as well.
+// Token shards in llm.c's formats (docs/ARCHITECTURE.md, "Files"): a header of 256 int32
+// (magic, version, token count) then the tokens: uint16 with magic 20240520
+// version 1 (GPT-2), uint32 with magic 20240801 version 7 (llm.c's Llama-3
+// format). meshtrain's older uint32 files (magic 20240520 version 2) are still
+// read. Also read: .npy arrays of any integer dtype with shape (N,) or (N, 1),
+// and nanoGPT's headerless uint16 train.bin / val.bin (ShardFormat::kNanoGpt).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace meshtrain {
 
-constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardMagic = 20240520;     // uint16 (version 1); legacy uint32 (version 2)
+constexpr int32_t kShardMagicU32 = 20240801;  // uint32 (version 7)
+constexpr int kShardVersionU16 = 1;
+constexpr int kShardVersionU32 = 7;
 constexpr int64_t kShardHeaderInts = 256;
 
-// version: 1 (uint16), 2 (uint32), or 0 to pick the smallest that holds every
+// How a *.bin file is laid out: llm.c's header, or nanoGPT's raw uint16.
+enum class ShardFormat { kLlmc, kNanoGpt };
+
+// version: 1 (uint16), 7 (uint32), or 0 to pick the smallest that holds every
 // token. Written under a temporary name and renamed, so readers never see a
 // half-written shard.
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int version = 0);
@@ -22,7 +31,7 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
 class ShardReader {
  public:
   // vocab_size > 0: read() refuses token ids >= vocab_size.
-  explicit ShardReader(std::string path, int64_t vocab_size = 0);
+  explicit ShardReader(std::string path, int64_t vocab_size = 0, ShardFormat format = ShardFormat::kLlmc);
 
   const std::string& path() const { return path_; }
   int64_t size() const { return num_tokens_; }
@@ -34,11 +43,12 @@ class ShardReader {
   int64_t vocab_size_ = 0;
   int64_t num_tokens_ = 0;
   int64_t data_offset_ = 0;  // bytes before the first token
-  int item_size_ = 2;        // bytes per token: 2, 4 or 8 (little-endian)
+  int item_size_ = 2;        // bytes per token: 1, 2, 4 or 8 (little-endian)
   bool item_signed_ = false;
 };
 
-std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size = 0);
+std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size = 0,
+                                ShardFormat format = ShardFormat::kLlmc);
 
 // The *.bin and *.npy files in folder, sorted by name; a missing folder or one
 // without shards is an error naming it.
