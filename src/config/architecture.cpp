@@ -1,8 +1,6 @@
 // Architecture presets: Jaxformer's model as the keys' defaults (architecture.h).
 #include "architecture.h"
 
-#include "meshtrain/core/check.h"
-
 namespace meshtrain::schema {
 
 namespace {
@@ -25,10 +23,11 @@ std::string resolve_architecture(const nlohmann::json& j) {
 }
 
 void apply_architecture(const nlohmann::json& j, const std::string& arch, ModelConfig& m) {
-  MT_CHECK(arch == "meshtrain" || arch == "jaxformer", "model_config.architecture must be one of {auto, meshtrain, ",
-           "jaxformer}, got '", arch, "'");
-  m.architecture = arch;
+  // Any other value is validate()'s to reject, naming the key.
+  // Only "jaxformer" is written back: a meshtrain file keeps the value it had
+  // ("auto" by default), so config_from_json(to_json(c)) reproduces any c.
   if (arch != "jaxformer") return;
+  m.architecture = arch;
   const nlohmann::json* given = model_section(j);
   auto unset = [&](const char* key) { return !given || !given->contains(key); };
   // Each value is what Jaxformer's model.py / utils.py do (docs/JAXFORMER.md).

@@ -14,8 +14,9 @@ namespace meshtrain::schema {
 // neither attention nor ffn, which only meshtrain files have), else "meshtrain".
 std::string resolve_architecture(const nlohmann::json& j);
 
-// Sets m.architecture to `arch` and, for "jaxformer", gives every architecture
-// key that j's model_config does not set Jaxformer's value.
+// For arch "jaxformer": sets m.architecture to it and gives every architecture
+// key that j's model_config does not set Jaxformer's value. For "meshtrain"
+// nothing changes (m.architecture keeps what the file said, "auto" if nothing).
 void apply_architecture(const nlohmann::json& j, const std::string& arch, ModelConfig& m);
 
 }  // namespace meshtrain::schema

@@ -99,7 +99,8 @@ LoadedConfig load_config(const std::string& path, const std::vector<std::string>
   nlohmann::json as_read = loaded.json;
   if (as_read.contains("model_config") && as_read["model_config"].is_object()) {
     auto& m = as_read["model_config"];
-    if (!m.contains("architecture") || m["architecture"] == "auto") m["architecture"] = arch;
+    const bool undecided = !m.contains("architecture") || m["architecture"] == "auto";
+    if (undecided && schema::resolve_architecture(as_read) != arch) m["architecture"] = arch;
   }
   try {
     loaded.config = config_from_json(as_read, &loaded.warnings);

@@ -152,7 +152,7 @@ TEST(Jaxformer, ArchitectureRule) {
   EXPECT_GT(count_params(c.model).total, kTotal);
   // meshtrain's own files name attention/ffn and keep meshtrain's defaults.
   c = load_config(std::string(MT_SOURCE_DIR) + "/configs/moe1b.json").config;
-  EXPECT_EQ(c.model.architecture, "meshtrain");
+  EXPECT_EQ(c.model.architecture, "auto");  // resolved as meshtrain, left as written
   EXPECT_FALSE(c.model.linear_bias);
   EXPECT_EQ(count_params(c.model).total, 4'218'241'536);
   EXPECT_EQ(count_params(c.model).active, 1'047'347'712);

@@ -37,7 +37,7 @@ struct ModelConfig {
   // below (and attention/ffn/router_score) with Jaxformer's values where the
   // file does not set them; "auto" picks it for a file in Jaxformer's own
   // layout (latent_dim given, no attention/ffn key), "meshtrain" otherwise.
-  std::string architecture = "auto";    // auto | meshtrain | jaxformer (load resolves auto)
+  std::string architecture = "auto";    // auto | meshtrain | jaxformer (a Jaxformer-layout file reads as jaxformer)
   bool linear_bias = false;             // every linear layer (not the head) adds a bias
   bool norm_bias = false;               // RMSNorms add a bias after the gain
   std::string mla_rope_input = "split";  // split: q rope from the query latent, k rope from x (DeepSeek-V2);
