@@ -18,6 +18,37 @@ std::string summary(const nlohmann::json& v) {
   return s.size() > 80 ? s.substr(0, 77) + "..." : s;
 }
 
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// "parameters: N total, M active per token" from the model tensors' global
+// shapes and the saved model_config, counted as count_params() does
+// (model/transformer.h; ckpt works on names, not model types): k of n_experts
+// routed experts are active, and active_params_scope "layers" leaves out
+// everything outside "layers." (embedding, head, final norm).
+std::string parameter_line(const CheckpointReader& r) {
+  int64_t total = 0, routed = 0, outside_layers = 0;
+  for (const auto& name : r.names()) {
+    if (name.rfind("model.", 0) != 0) continue;
+    const int64_t n = numel(r.global_shape(name));
+    total += n;
+    if (name.find(".moe.experts.") != std::string::npos) routed += n;
+    if (name.rfind("model.layers.", 0) != 0) outside_layers += n;
+  }
+  std::string line = "  parameters: " + std::to_string(total) + " total";
+  const auto& state = r.trainer_state();
+  if (!state.is_object() || !state.contains("config") || !state["config"].contains("model_config")) return line + "\n";
+  const auto& m = state["config"]["model_config"];
+  const int64_t E = m.value("n_experts", int64_t{0}), k = m.value("k", int64_t{0});
+  int64_t active = total;
+  if (routed > 0 && E > 0) active -= routed / E * (E - k);
+  if (m.value("active_params_scope", std::string("model")) == "layers") active -= outside_layers;
+  return line + ", " + std::to_string(active) + " active per token\n";
+}
+
 }  // namespace
 
 std::string inspect_checkpoint(const std::string& ckpt_dir) {
@@ -31,7 +62,7 @@ std::string inspect_checkpoint(const std::string& ckpt_dir) {
   os << "checkpoint " << ckpt_dir << "\n"
      << "  step " << r.step() << ", saved by " << r.world_size() << " ranks, " << r.names().size() << " tensors, "
      << m.at("files").size() << " files, " << bytes << " bytes\n"
-     << "tensors:\n";
+     << parameter_line(r) << "tensors:\n";
   for (const auto& name : r.names()) {
     const auto& t = m.at("tensors").at(name);
     const auto split = t.at("split_dim").get<int64_t>();

@@ -1,4 +1,5 @@
 // JSON <-> Config through the one key list in schema.h.
+#include "architecture.h"
 #include "json_value.h"
 #include "keys.h"
 #include "meshtrain/config/load.h"
@@ -64,6 +65,8 @@ Config config_from_json(const json& j, std::vector<std::string>* warnings) {
   schema::visit_fields(c, [&](const char* section, const char* key, auto& member) {
     if (const json* v = find(j, section, key)) schema::read_value(*v, key_path(section, key), member);
   });
+  // After the values are read: the preset's ffn depends on n_experts.
+  schema::apply_architecture(j, schema::resolve_architecture(j), c.model);
   check_cloud_keys(j, warnings);
   // Jaxformer writes to a bucket (gs://...); here runs live on the local disk.
   if (c.output_dir.find("://") != std::string::npos) {

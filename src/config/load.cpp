@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "architecture.h"
 #include "keys.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
@@ -142,9 +143,18 @@ void apply_override(json& j, const std::string& assignment) {
 LoadedConfig load_config(const std::string& path, const std::vector<std::string>& sets) {
   LoadedConfig loaded;
   loaded.json = parse_file(path, read_file(path));
+  // The file as written decides its architecture, so `--set model_config.attention=mha`
+  // on a Jaxformer file changes that key only, not every Jaxformer default.
+  const std::string arch = schema::resolve_architecture(loaded.json);
   for (const auto& s : sets) apply_override(loaded.json, s);
+  nlohmann::json as_read = loaded.json;
+  if (as_read.contains("model_config") && as_read["model_config"].is_object()) {
+    auto& m = as_read["model_config"];
+    const bool undecided = !m.contains("architecture") || m["architecture"] == "auto";
+    if (undecided && schema::resolve_architecture(as_read) != arch) m["architecture"] = arch;
+  }
   try {
-    loaded.config = config_from_json(loaded.json, &loaded.warnings);
+    loaded.config = config_from_json(as_read, &loaded.warnings);
     validate(loaded.config);
   } catch (const Error& e) {
     // Name the file: with several configs around, the key alone is ambiguous.

@@ -38,6 +38,13 @@ void visit_fields(C& c, V&& v) {
   v("model_config", "rope_theta", m.rope_theta);
   v("model_config", "mla_last_layer_no_rope", m.mla_last_layer_no_rope);
   v("model_config", "init_std", m.init_std);
+  v("model_config", "architecture", m.architecture);
+  v("model_config", "linear_bias", m.linear_bias);
+  v("model_config", "norm_bias", m.norm_bias);
+  v("model_config", "mla_rope_input", m.mla_rope_input);
+  v("model_config", "moe_layers", m.moe_layers);
+  v("model_config", "shared_expert", m.shared_expert);
+  v("model_config", "active_params_scope", m.active_params_scope);
 
   auto& d = c.data;
   v("data_config", "data_dir", d.data_dir);

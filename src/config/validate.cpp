@@ -75,6 +75,11 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
   non_negative(m.router_z_loss, "model_config.router_z_loss");
   MT_CHECK(m.rope_theta > 0, "model_config.rope_theta must be > 0, got ", m.rope_theta);
   MT_CHECK(m.init_std > 0, "model_config.init_std must be > 0, got ", m.init_std);
+  one_of(m.architecture, {"auto", "meshtrain", "jaxformer"}, "model_config.architecture");
+  one_of(m.mla_rope_input, {"split", "joint_latent"}, "model_config.mla_rope_input");
+  one_of(m.moe_layers, {"all", "last_in_block"}, "model_config.moe_layers");
+  one_of(m.shared_expert, {"mlp", "linear", "linear_discarded"}, "model_config.shared_expert");
+  one_of(m.active_params_scope, {"model", "layers"}, "model_config.active_params_scope");
 
   if (m.attention == "mla") {
     MT_CHECK(m.latent_dim > 0, "model_config.latent_dim must be > 0 with attention 'mla', got ", m.latent_dim);

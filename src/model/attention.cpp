@@ -40,10 +40,11 @@ at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
 
 MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) : cfg_(cfg) {
   const int64_t d = cfg.model_dimension;
-  wq_ = register_module("wq", factory.column(prefix + ".wq", d, d, cfg.init_std));
-  wk_ = register_module("wk", factory.column(prefix + ".wk", d, d, cfg.init_std));
-  wv_ = register_module("wv", factory.column(prefix + ".wv", d, d, cfg.init_std));
-  wo_ = register_module("wo", factory.row(prefix + ".wo", d, d, residual_std(cfg)));
+  const bool b = cfg.linear_bias;
+  wq_ = register_module("wq", factory.column(prefix + ".wq", d, d, cfg.init_std, b));
+  wk_ = register_module("wk", factory.column(prefix + ".wk", d, d, cfg.init_std, b));
+  wv_ = register_module("wv", factory.column(prefix + ".wv", d, d, cfg.init_std, b));
+  wo_ = register_module("wo", factory.row(prefix + ".wo", d, d, residual_std(cfg), b));
 }
 
 at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
@@ -64,16 +65,18 @@ MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   const int64_t d = cfg.model_dimension, L = cfg.latent_dim, H = cfg.n_head, hd = cfg.head_dim();
   MT_CHECK(L > 0, "model_config.latent_dim must be > 0 for attention \"mla\"");
   const double s = cfg.init_std;
-  w_dkv_ = register_module("w_dkv", factory.replicated(prefix + ".w_dkv", d, L, s));
-  w_dq_ = register_module("w_dq", factory.replicated(prefix + ".w_dq", d, L, s));
-  w_uq_ = register_module("w_uq", factory.column(prefix + ".w_uq", L, H * hd, s));
-  w_uk_ = register_module("w_uk", factory.column(prefix + ".w_uk", L, H * hd, s));
-  w_uv_ = register_module("w_uv", factory.column(prefix + ".w_uv", L, H * hd, s));
+  const bool b = cfg.linear_bias;
+  w_dkv_ = register_module("w_dkv", factory.replicated(prefix + ".w_dkv", d, L, s, b));
+  w_dq_ = register_module("w_dq", factory.replicated(prefix + ".w_dq", d, L, s, b));
+  w_uq_ = register_module("w_uq", factory.column(prefix + ".w_uq", L, H * hd, s, b));
+  w_uk_ = register_module("w_uk", factory.column(prefix + ".w_uk", L, H * hd, s, b));
+  w_uv_ = register_module("w_uv", factory.column(prefix + ".w_uv", L, H * hd, s, b));
   if (dhR_ > 0) {
-    w_qr_ = register_module("w_qr", factory.column(prefix + ".w_qr", L, H * dhR_, s));
-    w_kr_ = register_module("w_kr", factory.replicated(prefix + ".w_kr", d, dhR_, s));
+    const MlaRopeInputs in = mla_rope_inputs(cfg);
+    w_qr_ = register_module("w_qr", factory.column(prefix + ".w_qr", in.q, H * dhR_, s, b));
+    w_kr_ = register_module("w_kr", factory.replicated(prefix + ".w_kr", in.k, dhR_, s, b));
   }
-  wo_ = register_module("wo", factory.row(prefix + ".wo", H * hd, d, residual_std(cfg)));
+  wo_ = register_module("wo", factory.row(prefix + ".wo", H * hd, d, residual_std(cfg), b));
 }
 
 at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
@@ -83,12 +86,16 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
   auto q = split_heads(w_uq_->forward(cq), hd);  // [B, H, T, hd]
   at::Tensor k_rope;                             // [B, t, dhR], rotated
   if (dhR_ > 0) {
-    const auto q_rope = apply_rope(split_heads(w_qr_->forward(cq), dhR_), offset, cfg_.rope_theta);
+    // Jaxformer's rope projections read the whole down-projection output
+    // [c_kv, c_q] (model.py: Dense(dhR)(x) after x = Dense(2 * latent_dim)(x)).
+    const bool joint = cfg_.mla_rope_input == "joint_latent";
+    const at::Tensor latent = joint ? at::cat({c, cq}, -1) : at::Tensor();
+    const auto q_rope = apply_rope(split_heads(w_qr_->forward(joint ? latent : cq), dhR_), offset, cfg_.rope_theta);
     q = at::cat({q, q_rope}, -1);
     // The rope key is computed once (replicated) but read by this rank's heads
     // only: entering the tp region sums its gradient over all heads (and, under
     // sequence parallelism, gathers the whole sequence before rotating it).
-    k_rope = apply_rope(factory_->enter_tp(w_kr_->forward(x)), offset, cfg_.rope_theta);
+    k_rope = apply_rope(factory_->enter_tp(w_kr_->forward(joint ? latent : x)), offset, cfg_.rope_theta);
   }
   if (cache) {
     cache->a = c = append(cache->a, c, 1);
@@ -99,6 +106,13 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
+}
+
+MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg) {
+  if (cfg.mla_rope_input == "joint_latent") return {2 * cfg.latent_dim, 2 * cfg.latent_dim};
+  MT_CHECK(cfg.mla_rope_input == "split", "model_config.mla_rope_input must be \"split\" or \"joint_latent\", got \"",
+           cfg.mla_rope_input, "\"");
+  return {cfg.latent_dim, cfg.model_dimension};
 }
 
 int64_t mla_layer_dhR(const ModelConfig& cfg, int64_t layer) {

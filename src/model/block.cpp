@@ -10,8 +10,8 @@ namespace meshtrain {
 
 DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) {
   const int64_t d = cfg.model_dimension, hidden = cfg.hidden_dim();
-  w_in_ = register_module("w_in", factory.column(prefix + ".w_in", d, hidden, cfg.init_std));
-  w_out_ = register_module("w_out", factory.row(prefix + ".w_out", hidden, d, residual_std(cfg)));
+  w_in_ = register_module("w_in", factory.column(prefix + ".w_in", d, hidden, cfg.init_std, cfg.linear_bias));
+  w_out_ = register_module("w_out", factory.row(prefix + ".w_out", hidden, d, residual_std(cfg), cfg.linear_bias));
 }
 
 at::Tensor DenseMLP::forward(const at::Tensor& x) { return w_out_->forward(at::gelu(w_in_->forward(x), "tanh")); }
@@ -19,7 +19,7 @@ at::Tensor DenseMLP::forward(const at::Tensor& x) { return w_out_->forward(at::g
 Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg_(cfg) {
   const std::string prefix = "layers." + std::to_string(layer);
   const int64_t d = cfg.model_dimension;
-  attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d));
+  attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias));
   if (cfg.attention == "mha") {
     attn_ = register_module("attn", std::make_shared<MHA>(cfg, factory, prefix + ".attn"));
   } else if (cfg.attention == "mla") {
@@ -27,8 +27,8 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg
   } else {
     MT_FAIL("model_config.attention must be \"mha\" or \"mla\", got \"", cfg.attention, "\"");
   }
-  mlp_norm_ = register_module("mlp_norm", std::make_shared<RMSNorm>(d));
-  if (cfg.ffn == "dense") {
+  mlp_norm_ = register_module("mlp_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias));
+  if (cfg.ffn == "dense" || (cfg.ffn == "moe" && !is_moe_layer(cfg, layer))) {
     mlp_ = register_module("mlp", std::make_shared<DenseMLP>(cfg, factory, prefix + ".mlp"));
   } else if (cfg.ffn == "moe") {
     moe_ = register_module("moe", std::make_shared<MoE>(cfg, factory, prefix + ".moe"));

@@ -1,7 +1,8 @@
 #pragma once
 // One pre-norm transformer layer (private to src/model):
 //   h = h + dropout(attn(attn_norm(h)));  h = h + dropout(ffn(mlp_norm(h)))
-// with ffn the dense GELU MLP ("mlp") or MoE ("moe").
+// with ffn the dense GELU MLP ("mlp") or MoE ("moe"; only in the layers
+// is_moe_layer() picks, the others keep the dense MLP).
 #include <torch/nn/module.h>
 
 #include <memory>

@@ -64,15 +64,23 @@ at::Tensor init_normal(uint64_t seed, const std::string& name, at::IntArrayRef g
   return at::normal(0.0, std, global_shape, gen, at::TensorOptions().dtype(at::kFloat));
 }
 
-at::Tensor PlainLinear::forward(const at::Tensor& x) { return at::linear(x, weight_); }
+PlainLinear::PlainLinear(at::Tensor w, at::Tensor b) : weight_(register_parameter("weight", std::move(w))) {
+  if (b.defined()) bias_ = register_parameter("bias", std::move(b));
+}
 
-RMSNorm::RMSNorm(int64_t d, double eps) : weight_(register_parameter("weight", torch::ones({d}))), eps_(eps) {}
+at::Tensor PlainLinear::forward(const at::Tensor& x) { return at::linear(x, weight_, bias_); }
+
+RMSNorm::RMSNorm(int64_t d, double eps, bool bias)
+    : weight_(register_parameter("weight", torch::ones({d}))), eps_(eps) {
+  if (bias) bias_ = register_parameter("bias", torch::zeros({d}));
+}
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   // fp32 statistics: a bf16 mean of squares loses too many bits at large d.
   const auto xf = x.to(at::kFloat);
-  const auto y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return (y * weight_.to(at::kFloat)).to(x.scalar_type());
+  auto y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight_.to(at::kFloat);
+  if (bias_.defined()) y = y + bias_.to(at::kFloat);
+  return y.to(x.scalar_type());
 }
 
 at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta) {
@@ -91,33 +99,50 @@ at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta) {
   return (xf * cos + rotated * sin).to(x.scalar_type());
 }
 
+at::Tensor LayerFactory::draw(const std::string& name, at::IntArrayRef global_shape, double std) {
+  if (std == 0) return at::zeros(global_shape, at::TensorOptions().dtype(at::kFloat));
+  return init_normal(seed(), name, global_shape, std);
+}
+
+at::Tensor MetaLayerFactory::draw(const std::string&, at::IntArrayRef global_shape, double) {
+  return at::empty(global_shape, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+}
+
 // The default factory shards nothing, but records the split each parameter
 // would have under tp, so a checkpoint's layout reads the same on every mesh.
-std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in, int64_t out, double std) {
+std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in, int64_t out, double std,
+                                             bool bias) {
   record_layout(name + ".weight", {{out, in}, 0, name + ".weight"});
-  return std::make_shared<PlainLinear>(init_normal(seed(), name + ".weight", {out, in}, std));
+  if (bias) record_layout(name + ".bias", {{out}, 0, name + ".bias"});
+  return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
+                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor());
 }
 
-std::shared_ptr<Linear> LayerFactory::row(const std::string& name, int64_t in, int64_t out, double std) {
+std::shared_ptr<Linear> LayerFactory::row(const std::string& name, int64_t in, int64_t out, double std, bool bias) {
   record_layout(name + ".weight", {{out, in}, 1, name + ".weight"});
-  return std::make_shared<PlainLinear>(init_normal(seed(), name + ".weight", {out, in}, std));
+  if (bias) record_layout(name + ".bias", {{out}, -1, name + ".bias"});
+  return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
+                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor());
 }
 
-std::shared_ptr<Linear> LayerFactory::replicated(const std::string& name, int64_t in, int64_t out, double std) {
+std::shared_ptr<Linear> LayerFactory::replicated(const std::string& name, int64_t in, int64_t out, double std,
+                                                 bool bias) {
   record_layout(name + ".weight", {{out, in}, -1, name + ".weight"});
-  return std::make_shared<PlainLinear>(init_normal(seed(), name + ".weight", {out, in}, std));
+  if (bias) record_layout(name + ".bias", {{out}, -1, name + ".bias"});
+  return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
+                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor());
 }
 
 std::shared_ptr<Embedding> LayerFactory::embedding(const std::string& name, int64_t vocab, int64_t d, double std) {
   record_layout(name + ".weight", {{vocab, d}, 0, name + ".weight"});
-  return std::make_shared<PlainEmbedding>(init_normal(seed(), name + ".weight", {vocab, d}, std));
+  return std::make_shared<PlainEmbedding>(draw(name + ".weight", {vocab, d}, std));
 }
 
 std::shared_ptr<LMHead> LayerFactory::head(const std::string& name, int64_t d, int64_t vocab, double std,
                                            std::shared_ptr<Embedding> tied) {
   if (tied) return std::make_shared<PlainHead>(std::move(tied));
   record_layout(name + ".weight", {{vocab, d}, 0, name + ".weight"});
-  return std::make_shared<PlainHead>(init_normal(seed(), name + ".weight", {vocab, d}, std));
+  return std::make_shared<PlainHead>(draw(name + ".weight", {vocab, d}, std));
 }
 
 at::Tensor LayerFactory::param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim,
@@ -125,7 +150,7 @@ at::Tensor LayerFactory::param(const std::string& name, std::vector<int64_t> glo
   MT_ASSERT(split_dim >= -1 && split_dim < static_cast<int64_t>(global_shape.size()), "split_dim ", split_dim,
             " out of range for ", name);
   record_layout(name, {global_shape, split_dim, name});
-  return init_normal(seed(), name, global_shape, std);
+  return draw(name, global_shape, std);
 }
 
 }  // namespace meshtrain

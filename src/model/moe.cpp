@@ -56,6 +56,14 @@ at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n
   return (static_cast<double>(n_experts) * (f * P).sum(-1)).mean();  // mean over sequences
 }
 
+bool is_moe_layer(const ModelConfig& cfg, int64_t layer) {
+  if (cfg.ffn != "moe") return false;
+  if (cfg.moe_layers == "all") return true;
+  MT_CHECK(cfg.moe_layers == "last_in_block", "model_config.moe_layers must be \"all\" or \"last_in_block\", got \"",
+           cfg.moe_layers, "\"");
+  return layer % cfg.layers_per_block == cfg.layers_per_block - 1;
+}
+
 MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
     : cfg_(cfg), factory_(&factory) {
   MT_CHECK(cfg.n_experts >= 1, "ffn=moe needs model_config.n_experts >= 1, got ", cfg.n_experts);
@@ -68,16 +76,27 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   // does not grow with the number of layers.
   const double std_out = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers()));
 
-  router_ = register_module("router", factory.replicated(prefix + ".router", d, E, std));
+  const bool b = cfg.linear_bias;
+  router_ = register_module("router", factory.replicated(prefix + ".router", d, E, std, b));
   experts_ = register_module("experts", std::make_shared<torch::nn::Module>());
   w_in_ = experts_->register_parameter("w_in", factory.param(prefix + ".experts.w_in", {E, h, d}, 1, std));
   w_out_ = experts_->register_parameter("w_out",
                                         factory.param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
-  if (cfg.n_shared > 0) {
+  if (b) {
+    b_in_ = experts_->register_parameter("b_in", factory.param(prefix + ".experts.b_in", {E, h}, 1, 0.0));
+    b_out_ = experts_->register_parameter("b_out", factory.param(prefix + ".experts.b_out", {E, d}, -1, 0.0));
+  }
+  if (cfg.n_shared > 0 && cfg.shared_expert == "mlp") {
     shared_ = register_module("shared", std::make_shared<torch::nn::Module>());
-    shared_in_ = shared_->register_module("w_in", factory.column(prefix + ".shared.w_in", d, cfg.n_shared * h, std));
+    shared_in_ =
+        shared_->register_module("w_in", factory.column(prefix + ".shared.w_in", d, cfg.n_shared * h, std, b));
     shared_out_ =
-        shared_->register_module("w_out", factory.row(prefix + ".shared.w_out", cfg.n_shared * h, d, std_out));
+        shared_->register_module("w_out", factory.row(prefix + ".shared.w_out", cfg.n_shared * h, d, std_out, b));
+  } else if (cfg.n_shared > 0) {
+    MT_CHECK(cfg.shared_expert == "linear" || cfg.shared_expert == "linear_discarded",
+             "model_config.shared_expert must be mlp, linear or linear_discarded, got '", cfg.shared_expert, "'");
+    shared_proj_ =
+        register_module("shared_proj", factory.replicated(prefix + ".shared_proj", d, cfg.n_shared * d, std, b));
   }
 }
 
@@ -125,7 +144,9 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
     int64_t offset = 0;
     for (int64_t e = 0; e < E; ++e) {
       if (count[e] == 0) continue;
-      const at::Tensor hid = at::gelu(xin.narrow(0, offset, count[e]).matmul(w_in_[e].t()), "tanh");
+      at::Tensor pre = xin.narrow(0, offset, count[e]).matmul(w_in_[e].t());
+      if (b_in_.defined()) pre = pre + b_in_[e].to(pre.scalar_type());
+      const at::Tensor hid = at::gelu(pre, "tanh");
       outs.push_back(hid.matmul(w_out_[e].t()));
       offset += count[e];
     }
@@ -139,10 +160,27 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   }
   at::Tensor y = factory_->exit_tp(routed.reshape({B, T, d}));
 
+  // Output biases: replicated, so added once after the tp sum, from the
+  // replicated routing (whole sequences), then cut to this rank's shard.
+  if (b_out_.defined() && assignment.numel() > 0) {
+    const at::Tensor g = r.gate.reshape({N * k}).index_select(0, assignment).unsqueeze(1);
+    const at::Tensor bias = b_out_.index_select(0, r.expert.reshape({N * k}).index_select(0, assignment)) * g;
+    const at::Tensor full = at::zeros({N, d}, bias.options()).index_add(0, token, bias).reshape({B, T, d});
+    y = y + factory_->scatter_sequence(full).to(y.scalar_type());
+  }
+
   // Shared experts go through the factory's own column/row layers, which
   // carry their tp collectives like the dense MLP's do, so they are added
   // outside the hand-written region.
   if (shared_in_) y = y + shared_out_->forward(at::gelu(shared_in_->forward(x), "tanh"));
+  // Jaxformer's shared "expert": a linear map summed over its n_shared
+  // chunks, replicated like the router (whole sequences in, own shard out).
+  // "linear_discarded" keeps the parameters but not the term, as
+  // Jaxformer's MoE.__call__ does (it returns expert_outputs, not x).
+  if (shared_proj_ && cfg_.shared_expert == "linear") {
+    const at::Tensor s = shared_proj_->forward(xr).view({B, T, cfg_.n_shared, d}).sum(2);
+    y = y + factory_->scatter_sequence(s).to(y.scalar_type());
+  }
 
   if (aux != nullptr) {
     aux->add_aux(load_balancing_loss(r, B, T, E, k));

@@ -7,6 +7,7 @@
 #include "block.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/model/moe.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -54,7 +55,7 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
   }
 
   if (range_.has_head) {
-    final_norm_ = register_module("final_norm", std::make_shared<RMSNorm>(d));
+    final_norm_ = register_module("final_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias));
     if (!cfg.tie_embeddings) {
       head_ = register_module("head", factory.head("head", d, V, cfg.init_std, nullptr));
     } else if (embedding_) {
@@ -115,32 +116,75 @@ at::Tensor Transformer::loss(const at::Tensor& tokens, const at::Tensor& targets
   return token_losses(forward_layers(embed(tokens), aux), targets).mean();
 }
 
-ParamCount count_params(const ModelConfig& cfg) {
-  const int64_t d = cfg.model_dimension, V = cfg.vocab_size, H = cfg.n_head, hd = cfg.head_dim();
-  const int64_t hidden = cfg.hidden_dim();
-  ParamCount c;
-  c.embedding = V * d * (cfg.tie_embeddings ? 1 : 2);
-  c.total = c.embedding + d;  // + final norm
-  int64_t inactive = 0;
-  for (int64_t i = 0; i < cfg.n_layers(); ++i) {
-    int64_t layer = 2 * d;  // two norms
-    if (cfg.attention == "mla") {
-      const int64_t Lt = cfg.latent_dim, r = mla_layer_dhR(cfg, i);
-      layer += 2 * d * Lt + 3 * Lt * H * hd + H * hd * d;
-      if (r > 0) layer += Lt * H * r + d * r;
-    } else {
-      layer += 4 * d * d;
+LayerParamCount layer_param_count(const ModelConfig& cfg, int64_t i) {
+  const int64_t d = cfg.model_dimension, H = cfg.n_head, hd = cfg.head_dim(), h = cfg.hidden_dim();
+  const int64_t b = cfg.linear_bias ? 1 : 0;  // a bias per output feature
+  LayerParamCount p;
+  p.replicated = 2 * d * (cfg.norm_bias ? 2 : 1);  // attn_norm, mlp_norm
+  p.replicated += d * b;                            // the row-parallel attention wo's bias
+  if (cfg.attention == "mla") {
+    const int64_t Lt = cfg.latent_dim, r = mla_layer_dhR(cfg, i);
+    p.replicated += 2 * (d * Lt + Lt * b);        // w_dkv, w_dq
+    p.split += 3 * (Lt * H * hd + H * hd * b);    // w_uq, w_uk, w_uv
+    if (r > 0) {
+      const MlaRopeInputs in = mla_rope_inputs(cfg);
+      p.replicated += in.k * r + r * b;           // w_kr
+      p.split += in.q * H * r + H * r * b;        // w_qr
     }
-    if (cfg.ffn == "moe") {
-      const int64_t expert = 2 * d * hidden;
-      layer += d * cfg.n_experts + cfg.n_experts * expert + cfg.n_shared * expert;
-      inactive += (cfg.n_experts - cfg.k) * expert;
-    } else {
-      layer += 2 * d * hidden;
-    }
-    c.total += layer;
+    p.split += H * hd * d;                        // wo
+  } else {
+    p.split += 4 * d * d + 3 * d * b;             // wq, wk, wv (+ biases), wo
   }
-  c.active = c.total - inactive;
+  if (is_moe_layer(cfg, i)) {
+    const int64_t E = cfg.n_experts, ns = cfg.n_shared;
+    p.replicated += d * E + E * b;                 // router
+    p.split += E * (2 * d * h + h * b);            // experts w_in, w_out, b_in
+    p.replicated += E * d * b;                     // experts b_out
+    p.routed = E * (2 * d * h + h * b + d * b);
+    if (ns > 0 && cfg.shared_expert == "mlp") {
+      p.split += ns * (2 * d * h + h * b);         // shared w_in, w_out, w_in's bias
+      p.replicated += d * b;                       // shared w_out's bias
+    } else if (ns > 0) {
+      p.replicated += d * ns * d + ns * d * b;     // shared_proj
+    }
+  } else {
+    p.split += 2 * d * h + h * b;                  // mlp w_in, w_out, w_in's bias
+    p.replicated += d * b;                         // mlp w_out's bias
+  }
+  return p;
+}
+
+ParamCount count_params(const ModelConfig& cfg) {
+  ParamCount c;
+  c.embedding = cfg.vocab_size * cfg.model_dimension * (cfg.tie_embeddings ? 1 : 2);
+  const int64_t final_norm = cfg.model_dimension * (cfg.norm_bias ? 2 : 1);
+  int64_t layers = 0, inactive = 0;
+  for (int64_t i = 0; i < cfg.n_layers(); ++i) {
+    const LayerParamCount p = layer_param_count(cfg, i);
+    layers += p.total();
+    if (p.routed > 0) inactive += p.routed / cfg.n_experts * (cfg.n_experts - cfg.k);
+  }
+  c.total = c.embedding + final_norm + layers;
+  c.active = (cfg.active_params_scope == "layers" ? layers : c.total) - inactive;
+  return c;
+}
+
+ParamCount count_built_params(const Transformer& model) {
+  MT_CHECK(model.range().has_embedding && model.range().has_head && model.range().first_layer == 0 &&
+               model.range().end_layer == model.config().n_layers(),
+           "count_built_params needs the whole model, not a pipeline stage");
+  const ModelConfig& cfg = model.config();
+  ParamCount c;
+  int64_t outside_layers = 0, routed = 0;
+  for (const auto& p : model.named_parameters()) {
+    const int64_t n = p.value().numel();
+    c.total += n;
+    if (p.key().rfind("layers.", 0) != 0) outside_layers += n;
+    if (p.key().rfind("embed.", 0) == 0 || p.key().rfind("head.", 0) == 0) c.embedding += n;
+    if (p.key().find(".moe.experts.") != std::string::npos) routed += n;
+  }
+  const int64_t inactive = routed > 0 ? routed / cfg.n_experts * (cfg.n_experts - cfg.k) : 0;
+  c.active = c.total - inactive - (cfg.active_params_scope == "layers" ? outside_layers : 0);
   return c;
 }
 

@@ -35,6 +35,16 @@ bool reads_sequence_shard(const std::string& path) {
   return false;
 }
 
+// A row-parallel layer's bias is added after the reduce-scatter, to this
+// rank's sequence shard, under sequence parallelism.
+bool row_parallel_bias(const std::string& path, const std::map<std::string, ParamLayout>& layouts) {
+  const std::string suffix = ".bias";
+  if (path.size() <= suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  const auto w = layouts.find(path.substr(0, path.size() - suffix.size()) + ".weight");
+  return w != layouts.end() && w->second.split_dim == 1;
+}
+
 ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
   ParallelModel pm;
   pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp)[mesh.coord().pp];
@@ -58,7 +68,7 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
     // Norm weights (1-D) get no weight decay, as in GPT-2/Megatron.
     p.decay = p.tensor.dim() >= 2;
     p.sequence_parallel_grad = pm.factory->sequence_parallel() && p.layout.split_dim < 0 &&
-                               reads_sequence_shard(p.path);
+                               (reads_sequence_shard(p.path) || row_parallel_bias(p.path, layouts));
     pm.params.push_back(std::move(p));
   }
   return pm;

@@ -10,28 +10,38 @@ namespace meshtrain {
 
 namespace {
 
-// Output features (rows of W) split over tp; the input enters the tp region.
+// Output features (rows of W, and of the bias) split over tp; the input
+// enters the tp region.
 class ColumnParallelLinear : public Linear {
  public:
-  ColumnParallelLinear(at::Tensor w, LayerFactory* factory)
-      : weight_(register_parameter("weight", std::move(w))), factory_(factory) {}
-  at::Tensor forward(const at::Tensor& x) override { return at::linear(factory_->enter_tp(x), weight_); }
+  ColumnParallelLinear(at::Tensor w, at::Tensor b, LayerFactory* factory)
+      : weight_(register_parameter("weight", std::move(w))), factory_(factory) {
+    if (b.defined()) bias_ = register_parameter("bias", std::move(b));
+  }
+  at::Tensor forward(const at::Tensor& x) override { return at::linear(factory_->enter_tp(x), weight_, bias_); }
 
  private:
-  at::Tensor weight_;
+  at::Tensor weight_, bias_;
   LayerFactory* factory_;
 };
 
 // Input features (columns of W) split over tp; the partial outputs are summed
-// (or reduce-scattered along the sequence) on the way out.
+// (or reduce-scattered along the sequence) on the way out. The bias is
+// replicated and added once, after the sum (under sequence parallelism to the
+// sequence shard, so its gradient is summed over tp like a norm's).
 class RowParallelLinear : public Linear {
  public:
-  RowParallelLinear(at::Tensor w, LayerFactory* factory)
-      : weight_(register_parameter("weight", std::move(w))), factory_(factory) {}
-  at::Tensor forward(const at::Tensor& x) override { return factory_->exit_tp(at::linear(x, weight_)); }
+  RowParallelLinear(at::Tensor w, at::Tensor b, LayerFactory* factory)
+      : weight_(register_parameter("weight", std::move(w))), factory_(factory) {
+    if (b.defined()) bias_ = register_parameter("bias", std::move(b));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = factory_->exit_tp(at::linear(x, weight_));
+    return bias_.defined() ? y + bias_.to(y.scalar_type()) : y;
+  }
 
  private:
-  at::Tensor weight_;
+  at::Tensor weight_, bias_;
   LayerFactory* factory_;
 };
 
@@ -50,26 +60,32 @@ class TensorParallelFactory : public LayerFactory {
   int64_t tp_rank() const override { return tp_.rank(); }
   bool sequence_parallel() const override { return sp_; }
 
-  std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std) override {
-    const std::string w = name + ".weight";
+  std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std,
+                                 bool bias) override {
+    const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, 0, w});
+    if (bias) record_layout(b, {{out}, 0, b});
     return std::make_shared<ColumnParallelLinear>(
-        tp_chunk(init_normal(seed(), w, {out, in}, std), 0, tp_size(), tp_rank(), w), this);
+        tp_chunk(draw(w, {out, in}, std), 0, tp_size(), tp_rank(), w),
+        bias ? tp_chunk(draw(b, {out}, 0.0), 0, tp_size(), tp_rank(), b) : at::Tensor(), this);
   }
 
-  std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std) override {
-    const std::string w = name + ".weight";
+  std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std, bool bias) override {
+    const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, 1, w});
-    return std::make_shared<RowParallelLinear>(
-        tp_chunk(init_normal(seed(), w, {out, in}, std), 1, tp_size(), tp_rank(), w), this);
+    if (bias) record_layout(b, {{out}, -1, b});
+    return std::make_shared<RowParallelLinear>(tp_chunk(draw(w, {out, in}, std), 1, tp_size(), tp_rank(), w),
+                                               bias ? draw(b, {out}, 0.0) : at::Tensor(), this);
   }
 
   // Replicated layers see whatever their caller passes (the MoE router gets
   // the gathered sequence); their gradient is the same on every tp rank.
-  std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std) override {
-    const std::string w = name + ".weight";
+  std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std,
+                                     bool bias) override {
+    const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, -1, w});
-    return std::make_shared<PlainLinear>(init_normal(seed(), w, {out, in}, std));
+    if (bias) record_layout(b, {{out}, -1, b});
+    return std::make_shared<PlainLinear>(draw(w, {out, in}, std), bias ? draw(b, {out}, 0.0) : at::Tensor());
   }
 
   // The layout's global shape is the padded vocabulary, so checkpoint shards
@@ -97,7 +113,7 @@ class TensorParallelFactory : public LayerFactory {
     MT_ASSERT(split_dim >= -1 && split_dim < static_cast<int64_t>(global_shape.size()), "split_dim ", split_dim,
               " out of range for ", name);
     record_layout(name, {global_shape, split_dim, name});
-    at::Tensor full = init_normal(seed(), name, global_shape, std);
+    at::Tensor full = draw(name, global_shape, std);
     return split_dim < 0 ? full : tp_chunk(full, split_dim, tp_size(), tp_rank(), name);
   }
 

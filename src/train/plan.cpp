@@ -9,6 +9,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/model/moe.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/parallel/parallelize.h"
 
@@ -17,33 +18,6 @@ namespace meshtrain {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// Global (unsharded) parameters of layer i, by whether tp splits them; mirrors
-// the factory calls in attention.cpp, block.cpp and moe.cpp.
-struct LayerParams {
-  int64_t split = 0, replicated = 0;
-};
-
-LayerParams layer_params(const ModelConfig& m, int64_t i) {
-  const int64_t d = m.model_dimension, H = m.n_head, hd = m.head_dim(), hidden = m.hidden_dim();
-  LayerParams p;
-  p.replicated = 2 * d;  // attn_norm, mlp_norm
-  if (m.attention == "mla") {
-    const int64_t Lt = m.latent_dim, r = mla_layer_dhR(m, i);
-    p.replicated += 2 * d * Lt + d * r;         // w_dkv, w_dq, w_kr
-    p.split += 3 * Lt * H * hd + Lt * H * r;    // w_uq, w_uk, w_uv, w_qr
-    p.split += H * hd * d;                      // wo
-  } else {
-    p.split += 4 * d * d;
-  }
-  if (m.ffn == "moe") {
-    p.replicated += d * m.n_experts;                        // router
-    p.split += (m.n_experts + m.n_shared) * 2 * d * hidden;  // routed + shared experts
-  } else {
-    p.split += 2 * d * hidden;
-  }
-  return p;
-}
 
 // Per token of one microbatch and one layer: stored activation elements that
 // tp splits, that every tp rank keeps, and dropout-mask elements; `fused`:
@@ -64,6 +38,8 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
   if (m.attention == "mla") {
     r = static_cast<double>(mla_layer_dhR(m, i));
     a.replicated += 2 * static_cast<double>(m.latent_dim);  // latents c_kv, c_q
+    if (r > 0 && m.mla_rope_input == "joint_latent")
+      a.replicated += 2 * static_cast<double>(m.latent_dim);  // [c_kv, c_q], the rope projections' input
   }
   // q and k (with rope dims), v, SDPA's output (fused kernels keep it for
   // backward) and its merged-heads copy (wo input).
@@ -75,10 +51,16 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
       a.masks += H * s;
     }
   }
-  if (m.ffn == "moe") {
+  if (is_moe_layer(m, i)) {
     const double k = static_cast<double>(m.k), E = static_cast<double>(m.n_experts);
+    const double ns = static_cast<double>(m.n_shared);
     a.replicated += E + 2 * k * d;  // router probs, dispatched inputs and gated outputs
-    a.split += 2 * hidden * (k + static_cast<double>(m.n_shared));  // gelu in/out per expert
+    if (m.shared_expert == "mlp") {
+      a.split += 2 * hidden * (k + ns);  // gelu in/out per expert
+    } else {
+      a.split += 2 * hidden * k;
+      if (m.shared_expert == "linear") a.replicated += ns * d;  // the shared projection's output
+    }
   } else {
     a.split += 2 * hidden;
   }
@@ -104,7 +86,7 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   p.first_layer = rg.first_layer;
   p.end_layer = rg.end_layer;
   for (int64_t i = rg.first_layer; i < rg.end_layer; ++i) {
-    const LayerParams l = layer_params(m, i);
+    const LayerParamCount l = layer_param_count(m, i);
     p.split += l.split / tp;
     p.replicated += l.replicated;
   }
@@ -112,7 +94,7 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   const int64_t table = vocab_local * m.model_dimension;
   if (stage == 0) p.split += table;
   if (stage == pp - 1) {
-    p.replicated += m.model_dimension;  // final norm
+    p.replicated += m.model_dimension * (m.norm_bias ? 2 : 1);  // final norm
     if (!m.tie_embeddings || pp > 1) p.split += table;  // own head, or the tied copy
   }
   return p;
@@ -205,7 +187,11 @@ double flops_per_token(const ModelConfig& m) {
     const double r = m.attention == "mla" ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
     attn += 6 * H * (2 * hd + r) * T;
   }
-  return 6.0 * static_cast<double>(count_params(m).active) + attn;
+  // Every parameter a token uses, the embedding included, whatever
+  // active_params_scope reports.
+  ModelConfig all = m;
+  all.active_params_scope = "model";
+  return 6.0 * static_cast<double>(count_params(all).active) + attn;
 }
 
 namespace {
@@ -282,36 +268,35 @@ PlanDevice plan_device(const Config& cfg, const std::string& choice) {
   return d == "cuda" ? PlanDevice::Cuda : PlanDevice::Cpu;
 }
 
-int64_t built_param_count(const ModelConfig& m, int64_t max_params) {
-  if (count_params(m).total > max_params) return -1;
-  LayerFactory plain;
-  Transformer model(m, plain);
-  int64_t n = 0;
-  for (const auto& p : model.parameters()) n += p.numel();
-  return n;
+ParamCount built_param_counts(const ModelConfig& m) {
+  MetaLayerFactory meta;
+  const Transformer model(m, meta);
+  return count_built_params(model);
 }
+
+int64_t built_param_count(const ModelConfig& m) { return built_param_counts(m).total; }
 
 std::string plan_report(const Config& cfg, PlanDevice device, double device_gib, bool json) {
   const MemoryPlan p = plan_memory(cfg, device);
   const double fpt = flops_per_token(cfg.model);
-  const int64_t built = built_param_count(cfg.model);
+  const ParamCount built = built_param_counts(cfg.model);
+  const bool same = built.total == p.total_params && built.active == p.active_params;
   const double device_bytes = device_gib * kGiB;
   if (json) {
     nlohmann::json j = to_json(p, fpt, device_bytes);
-    j["built_params"] = built >= 0 ? nlohmann::json(built) : nlohmann::json(nullptr);
-    j["formula_checked"] = built == p.total_params;
+    j["built_params"] = built.total;
+    j["built_active_params"] = built.active;
+    j["formula_checked"] = same;
     return j.dump();
   }
   std::ostringstream o;
   o << to_string(p);
   o << "FLOPs per token (6N + attention): " << fpt << "\n";
-  if (built < 0) {
-    o << "formula not checked against the built model (over 50M parameters)\n";
-  } else if (built == p.total_params) {
+  if (same) {
     o << "formula checked against the built model: OK\n";
   } else {
-    o << "formula checked against the built model: MISMATCH, built " << built << " vs formula " << p.total_params
-      << " (difference " << built - p.total_params << ")\n";
+    o << "formula checked against the built model: MISMATCH, built " << built.total << " total / "
+      << built.active << " active vs formula " << p.total_params << " / " << p.active_params << "\n";
   }
   if (device_gib > 0) o << "fits in " << device_gib << " GiB: " << (p.fits(device_bytes) ? "yes" : "no") << "\n";
   return o.str();

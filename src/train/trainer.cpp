@@ -12,6 +12,8 @@
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/stop_signal.h"
+#include "meshtrain/core/watchdog.h"
+#include "meshtrain/model/moe.h"
 #include "meshtrain/optim/rampup.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -163,10 +165,16 @@ StepStats Trainer::reduce_stats(const RoundSums& sums, int64_t seq_len) {
   std::vector<double> v = {sums.ce_sum, sums.tokens, sums.aux_sum, sums.z_sum, sums.dropped, sums.assigned};
   const size_t base = v.size();
   v.resize(base + static_cast<size_t>(n_layers * E), 0.0);
+  // expert_tokens has one entry per MoE layer of this stage, in order; with
+  // moe_layers "last_in_block" those are not all of its layers.
+  std::vector<int64_t> moe_layers;
+  for (int64_t i = pm_.range.first_layer; i < pm_.range.end_layer; ++i)
+    if (is_moe_layer(cfg_.model, i)) moe_layers.push_back(i);
+  MT_ASSERT(sums.expert_tokens.size() <= moe_layers.size(), "expert counts for ", sums.expert_tokens.size(),
+            " layers but the stage has ", moe_layers.size(), " MoE layers");
   for (size_t l = 0; l < sums.expert_tokens.size(); ++l)
     for (size_t e = 0; e < sums.expert_tokens[l].size(); ++e)
-      v[base + static_cast<size_t>((pm_.range.first_layer + static_cast<int64_t>(l)) * E) + e] =
-          sums.expert_tokens[l][e];
+      v[base + static_cast<size_t>(moe_layers[l] * E) + e] = sums.expert_tokens[l][e];
   at::Tensor t = at::tensor(v, at::kDouble);
   if (mesh_->coord().tp != 0) t.zero_();
   mesh_->cpu_world().all_reduce(t);

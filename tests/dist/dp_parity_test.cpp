@@ -47,3 +47,13 @@ TEST(DataParallel, MoeMlaSameLossesAsOneProcess) {
   const auto ref = test::single_process_losses(cfg);
   expect_same(ref, test::train_losses(test::with_mesh(cfg, n, 1, 1)), 1e-5);
 }
+
+// Jaxformer's architecture, as the published file builds it (its shared
+// expert's output dropped, so those parameters get zero gradients).
+TEST(DataParallel, JaxformerSameLossesAsOneProcess) {
+  const int n = test_runtime().size();
+  Config cfg = test::jaxformer(test::tiny_config(test::synthetic_data(kData, 96), "dp-jaxformer"), "linear_discarded");
+  cfg.training_steps = 4;
+  const auto ref = test::single_process_losses(cfg);
+  expect_same(ref, test::train_losses(test::with_mesh(cfg, n, 1, 1)), 1e-5);
+}

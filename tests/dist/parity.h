@@ -13,6 +13,7 @@
 
 #include "dist_env.h"
 #include "meshtrain/config/config.h"
+#include "meshtrain/config/load.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/train/trainer.h"
@@ -81,6 +82,24 @@ inline Config moe_mla(Config c) {
   c.model.n_shared = 1;
   c.model.capacity_factor = 1.25;
   c.model.mlp_hidden = 32;
+  c.alpha = 0.01;
+  return c;
+}
+
+// The tiny model of Jaxformer's architecture: configs/tiny-jaxformer.json's
+// model (Jaxformer's layout, so the jaxformer preset: MLA with biases and
+// rope projections from the joint latent, MoE in each block's last layer,
+// sigmoid router, biased RMSNorms) at the test's T and vocabulary. The shared
+// expert is the corrected "linear" variant unless `shared_expert` says
+// otherwise: Jaxformer's code drops its output (linear_discarded).
+inline Config jaxformer(Config c, const std::string& shared_expert = "linear") {
+  ModelConfig m = load_config(std::string(MT_SOURCE_DIR) + "/configs/tiny-jaxformer.json").config.model;
+  EXPECT_EQ(m.architecture, "jaxformer") << "configs/tiny-jaxformer.json should load as the Jaxformer model";
+  m.T = c.model.T;
+  m.vocab_size = c.model.vocab_size;
+  m.dropout_rate = 0.0;
+  m.shared_expert = shared_expert;
+  c.model = m;
   c.alpha = 0.01;
   return c;
 }

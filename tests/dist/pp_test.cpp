@@ -181,6 +181,20 @@ TEST(Pipeline, MoeMlaMatchesOneProcess) {
   if (n == 8) expect_parity(cfg, ref, 2, 2, 2);
 }
 
+// Jaxformer's architecture (configs/tiny-jaxformer.json): 4 layers in 2
+// blocks, so every stage of pp 2 holds one dense rope layer and one rope-less
+// MoE layer; on 8 ranks the published mesh shape (dp, pp, tp) = (2, 2, 2).
+TEST(Pipeline, JaxformerMatchesOneProcess) {
+  const int n = test_runtime().size();
+  Config cfg = test::jaxformer(base_config("pp-jaxformer"));
+  cfg.data.micro_batch_size = 1;
+  const auto ref = test::single_process_losses(cfg);
+  expect_parity(cfg, ref, n / 2, 2, 1);
+  if (n == 4) expect_parity(cfg, ref, 1, 2, 2);
+  if (n == 8) expect_parity(cfg, ref, 2, 2, 2);
+  EXPECT_LT(ref.back(), ref.front()) << "the tiny Jaxformer model learns";
+}
+
 // run_round on a built model: activations held at once per stage, the same
 // gradients from both schedules, and a forward-only round for evaluation.
 TEST(Pipeline, InFlightMicrobatchesPerSchedule) {

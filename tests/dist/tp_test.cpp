@@ -323,13 +323,27 @@ TEST(TensorParallelModel, MlaSequenceParallelSameLossesAsOneProcess) {
   expect_parity(cfg, "moe+mla sp");
 }
 
+// Jaxformer's architecture: biases on every linear (column biases split, row
+// biases added after the sum), biased norms, rope projections from the joint
+// latent, one MoE layer per block with the linear shared expert.
+TEST(TensorParallelModel, JaxformerSameLossesAsOneProcess) {
+  Config cfg = test::jaxformer(test::tiny_config(test::synthetic_data(kData, 96), "tp-jaxformer"));
+  expect_parity(cfg, "jaxformer");
+  cfg.sequence_parallel = true;
+  cfg.name = "tp-jaxformer-sp";
+  expect_parity(cfg, "jaxformer sp");
+}
+
 // Parameters replicated over tp (norms, MLA down-projections and rope key, the
 // router) must get the same gradient on every tp rank, or the copies drift
 // apart. Adam hides a wrong gradient scale from loss parity, so this checks
 // the copies directly after training.
 TEST(TensorParallelModel, ReplicatedParametersStayIdenticalOverTp) {
-  for (bool sp : {false, true}) {
-    Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), sp ? "tp-rep-sp" : "tp-rep"));
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool sp = variant % 2 == 1, jax = variant >= 2;  // jax: Jaxformer's biases and shared projection
+    const std::string name = std::string(jax ? "tp-rep-jax" : "tp-rep") + (sp ? "-sp" : "");
+    Config cfg = test::tiny_config(test::synthetic_data(kData, 96), name);
+    cfg = jax ? test::jaxformer(cfg) : test::moe_mla(cfg);
     cfg.sequence_parallel = sp;
     cfg.training_steps = 6;
     TrainOptions o;
@@ -343,7 +357,7 @@ TEST(TensorParallelModel, ReplicatedParametersStayIdenticalOverTp) {
       at::Tensor mine = p.tensor.detach().clone();
       at::Tensor root = mine.clone();
       t.mesh().tp().broadcast(root, 0);
-      EXPECT_LE((mine - root).abs().max().item<double>(), 1e-7) << p.path << (sp ? " (sp)" : "");
+      EXPECT_LE((mine - root).abs().max().item<double>(), 1e-7) << p.path << " (" << name << ")";
       ++checked;
     }
     EXPECT_GT(checked, 10);

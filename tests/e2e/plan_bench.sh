@@ -19,9 +19,22 @@ active=$(field "$json" active_params)
 echo "       # moe1b: total $total, active $active"
 check "moe1b: ~1B active of a larger total" python3 -c "import sys; sys.exit(0 if $active < $total and 0.5e9 < $active < 2e9 else 1)"
 
+# The Jaxformer moe1B file exactly as published: Jaxformer's own counts, on its mesh 8 x 2 x 2.
+json=$("$BIN" plan --config "$SRC/configs/jaxformer/moe1B.json" --json 2>&1)
+check "plan jaxformer/moe1B.json exits 0" test $? -eq 0
+echo "       # jaxformer moe1B: total $(field "$json" total_params), active $(field "$json" active_params)"
+check "jaxformer moe1B: 949,248,384 parameters" test "$(field "$json" total_params)" = 949248384
+check "jaxformer moe1B: 343,321,728 active" test "$(field "$json" active_params)" = 343321728
+check "jaxformer moe1B: the built model agrees" test "$(field "$json" built_params) $(field "$json" built_active_params) $(field "$json" formula_checked)" = "949248384 343321728 True"
+check "jaxformer moe1B: planned on the published mesh 8 x 2 x 2" test "$(field "$json" mesh)" = "[8, 2, 2]"
+check "jaxformer moe1B: memory per rank reported" python3 -c "import sys; sys.exit(0 if 0 < $(field "$json" total_bytes) else 1)"
+out=$("$BIN" plan --config "$SRC/configs/jaxformer/moe1B.json" 2>&1)
+echo "$out" | sed 's/^/       # /'
+check "jaxformer moe1B: text plan names both counts" grep -q "parameters: 949248384 total .* 343321728 active per token" <<<"$out"
+
 out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --device cuda --device-memory-gb 80 2>&1)
 check "plan gpt2-124m exits 0" test $? -eq 0
-check "gpt2-124m too big to build here (> 50M)" grep -q "formula not checked" <<<"$out"
+check "gpt2-124m: formula checked against the model built on the meta device" grep -q "formula checked against the built model: OK" <<<"$out"
 check "gpt2-124m fits in 80 GiB" grep -q "fits in 80 GiB: yes" <<<"$out"
 json=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --device cuda --device-memory-gb 80 --json 2>&1)
 total=$(field "$json" total_params)

@@ -249,9 +249,11 @@ TEST(ConfigFiles, JaxformerMoe1bLoadsUnchangedWithWarnings) {
   ASSERT_TRUE(fs::exists(kJaxformerMoe1b)) << kJaxformerMoe1b << " is missing from the checkout";
   LoadedConfig lc = load_config(kJaxformerMoe1b);
   expect_moe1b_values(lc.config);
-  // The file has no attention/ffn keys: the defaults stay, moe1b.json sets them.
-  EXPECT_EQ(lc.config.model.attention, "mha");
-  EXPECT_EQ(lc.config.model.ffn, "dense");
+  // The file is in Jaxformer's layout (latent_dim, no attention/ffn keys): it
+  // builds Jaxformer's MLA + MoE model (jaxformer_test checks the whole of it).
+  EXPECT_EQ(lc.config.model.architecture, "jaxformer");
+  EXPECT_EQ(lc.config.model.attention, "mla");
+  EXPECT_EQ(lc.config.model.ffn, "moe");
   EXPECT_EQ(lc.config.output_dir, "runs/");
   EXPECT_EQ(lc.config.run_dir(), "runs/moe1B");
   EXPECT_EQ(lc.json.at("wandb"), true);  // the json is the file as written

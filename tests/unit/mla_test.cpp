@@ -21,6 +21,20 @@ ModelConfig tiny(const std::string& attention) {
   c.latent_dim = 12;
   c.dhR = 4;
   c.init_std = 0.1;
+  if (attention == "jaxformer") {
+    // Jaxformer's layer (docs/JAXFORMER.md): biases, rope from the joint
+    // latent, and a MoE feed-forward in the block's last layer.
+    c.attention = "mla";
+    c.linear_bias = c.norm_bias = true;
+    c.mla_rope_input = "joint_latent";
+    c.ffn = "moe";
+    c.moe_layers = "last_in_block";
+    c.n_experts = 4;
+    c.k = 2;
+    c.n_shared = 2;
+    c.shared_expert = "linear";
+    c.router_score = "sigmoid";
+  }
   return c;
 }
 
@@ -59,7 +73,7 @@ TEST_P(Decode, CachedChunksMatchTheFullForward) {
   EXPECT_THROW(m.forward_layers(m.embed(x.narrow(1, 0, 1)), nullptr, &cache), std::exception);
 }
 
-INSTANTIATE_TEST_SUITE_P(Attention, Decode, ::testing::Values("mha", "mla"));
+INSTANTIATE_TEST_SUITE_P(Attention, Decode, ::testing::Values("mha", "mla", "jaxformer"));
 
 TEST(Decode, RopeMattersSoPositionsAreChecked) {
   // A cache fed at the wrong offset must give different logits, or the test

@@ -33,6 +33,21 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool mla_last_layer_no_rope = true;    // Jaxformer: dhR = 0 in each block's last layer
   double init_std = 0.02;
+  // Jaxformer's architecture (docs/JAXFORMER.md). "jaxformer" fills the keys
+  // below (and attention/ffn/router_score) with Jaxformer's values where the
+  // file does not set them; "auto" picks it for a file in Jaxformer's own
+  // layout (latent_dim given, no attention/ffn key), "meshtrain" otherwise.
+  std::string architecture = "auto";    // auto | meshtrain | jaxformer (a Jaxformer-layout file reads as jaxformer)
+  bool linear_bias = false;             // every linear layer (not the head) adds a bias
+  bool norm_bias = false;               // RMSNorms add a bias after the gain
+  std::string mla_rope_input = "split";  // split: q rope from the query latent, k rope from x (DeepSeek-V2);
+                                         // joint_latent: both from [c_kv, c_q] (Jaxformer)
+  std::string moe_layers = "all";        // all | last_in_block (Jaxformer: one MoE layer per block)
+  std::string shared_expert = "mlp";     // mlp: n_shared GELU MLPs; linear: one d -> n_shared*d linear whose
+                                         // n_shared chunks are summed (Jaxformer); linear_discarded: its
+                                         // parameters exist but its output is dropped (Jaxformer's code)
+  std::string active_params_scope = "model";  // model | layers (Jaxformer: the layer stack only, no
+                                              // embedding table, head or final norm)
 
   int64_t n_layers() const { return blocks * layers_per_block; }
   int64_t head_dim() const { return model_dimension / n_head; }

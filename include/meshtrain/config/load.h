@@ -5,8 +5,10 @@
 //   and the top-level keys (output_dir, name, seed, ...).
 // Unknown keys and wrong types are errors naming the full key path; Jaxformer's
 // cloud-only keys are accepted with a warning that names what replaces them.
-// Jaxformer's moe1B file has no attention/ffn keys, so as written it loads as
-// mha/dense (the struct defaults); configs/moe1b.json sets "mla" and "moe".
+// Jaxformer's moe1B file has no attention/ffn keys but has latent_dim: its
+// model_config.architecture resolves to "jaxformer", which fills the keys it
+// leaves out with Jaxformer's values (MLA + MoE, biases, ...; config.h,
+// docs/JAXFORMER.md). The file as written decides, before --set overrides.
 #include <string>
 #include <vector>
 

@@ -36,7 +36,9 @@ class MHA : public Attention {
 // Parameters under prefix: w_dkv, w_dq (replicated d -> latent), w_uq, w_uk,
 // w_uv (column latent -> n_head*hd), and when dhR > 0: w_qr (column latent ->
 // n_head*dhR), w_kr (replicated d -> dhR: one rope key shared by all heads);
-// wo (row n_head*hd -> d). Scores over hd + dhR dims.
+// wo (row n_head*hd -> d). Scores over hd + dhR dims. With mla_rope_input
+// "joint_latent" (Jaxformer) w_qr and w_kr read [c_kv, c_q] (2*latent) instead.
+// Every layer has a ".bias" too when model_config.linear_bias.
 // Cache: a = latent c [B, t, latent_dim], b = rotated rope key [B, t, dhR]
 // (undefined when dhR = 0); keys and values are re-expanded from c each step.
 class MLA : public Attention {
@@ -51,6 +53,13 @@ class MLA : public Attention {
   int64_t dhR_;
   std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;
 };
+
+// Input widths of the rope projections w_qr (q) and w_kr (k) for the
+// config's mla_rope_input.
+struct MlaRopeInputs {
+  int64_t q = 0, k = 0;
+};
+MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg);
 
 // dhR of global layer i: 0 in each block's last layer when
 // cfg.mla_last_layer_no_rope (Jaxformer), cfg.dhR otherwise.

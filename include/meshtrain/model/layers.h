@@ -78,12 +78,18 @@ class LayerFactory {
   virtual int64_t tp_size() const { return 1; }
   virtual int64_t tp_rank() const { return 0; }
 
+  // bias: the layer also adds a bias name + ".bias" [out], initialised to
+  // zero (model_config.linear_bias); split with the output features for
+  // column layers, replicated (added once, after the sum) for row layers.
   // Output features split over tp; input is the full (replicated) activation.
-  virtual std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std);
+  virtual std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std,
+                                         bool bias = false);
   // Input features split over tp; output summed over tp.
-  virtual std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std);
+  virtual std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std,
+                                      bool bias = false);
   // Not split (small MLA down-projections, the shared rope key, the router).
-  virtual std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std);
+  virtual std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std,
+                                             bool bias = false);
   virtual std::shared_ptr<Embedding> embedding(const std::string& name, int64_t vocab, int64_t d, double std);
   // tied: the embedding whose weight the head reuses (nullptr: own weight `name`).
   virtual std::shared_ptr<LMHead> head(const std::string& name, int64_t d, int64_t vocab, double std,
@@ -92,6 +98,7 @@ class LayerFactory {
   // Raw pieces for hand-written tp regions (MoE experts):
   // the local shard of a parameter drawn over global_shape, split along
   // split_dim over tp (-1: replicated).
+  // std == 0: zeros (biases).
   virtual at::Tensor param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim, double std);
   // Region entry (fwd identity, bwd all-reduce; under sequence parallelism:
   // all-gather along dim 1 fwd, reduce-scatter bwd) and exit_tp (the mirror).
@@ -106,29 +113,43 @@ class LayerFactory {
   // (norm weights under sequence parallelism); filled by the factory users.
   virtual bool sequence_parallel() const { return false; }
 
+ protected:
+  // The global tensor of parameter `name`: init_normal(seed, name, shape, std),
+  // or zeros when std == 0. Every parameter is drawn here, so a factory that
+  // only counts (MetaLayerFactory) can skip the work.
+  virtual at::Tensor draw(const std::string& name, at::IntArrayRef global_shape, double std);
+
  private:
   uint64_t seed_ = 0;
   std::map<std::string, ParamLayout> layouts_;
 };
 
-// y = x W^T with W [out, in] drawn over its global shape.
+// Builds the model's parameters on the meta device (shapes, no storage or
+// init), so a model too big for this machine can still be built and counted.
+class MetaLayerFactory : public LayerFactory {
+ protected:
+  at::Tensor draw(const std::string& name, at::IntArrayRef global_shape, double std) override;
+};
+
+// y = x W^T (+ b) with W [out, in] drawn over its global shape; b optional.
 class PlainLinear : public Linear {
  public:
-  explicit PlainLinear(at::Tensor w) : weight_(register_parameter("weight", std::move(w))) {}
+  explicit PlainLinear(at::Tensor w, at::Tensor b = {});
   at::Tensor forward(const at::Tensor& x) override;
   const at::Tensor& weight() const { return weight_; }
 
  private:
-  at::Tensor weight_;
+  at::Tensor weight_, bias_;
 };
 
+// x / rms(x) * weight (+ bias when `bias`: Jaxformer's RMSNorm has a beta).
 class RMSNorm : public torch::nn::Module {
  public:
-  explicit RMSNorm(int64_t d, double eps = 1e-6);
+  explicit RMSNorm(int64_t d, double eps = 1e-6, bool bias = false);
   at::Tensor forward(const at::Tensor& x);
 
  private:
-  at::Tensor weight_;
+  at::Tensor weight_, bias_;
   double eps_;
 };
 

@@ -38,6 +38,10 @@ Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool trai
 // Aux loss E * sum_i f_i * P_i per sequence, averaged over the B sequences.
 at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n_experts, int64_t k);
 
+// Whether global layer i has the MoE feed-forward: ffn "moe" and either
+// moe_layers "all" or ("last_in_block") i is the last layer of its block.
+bool is_moe_layer(const ModelConfig& cfg, int64_t layer);
+
 class MoE : public torch::nn::Module {
  public:
   // prefix: global parameter name prefix, e.g. "layers.3.moe".
@@ -58,13 +62,19 @@ class MoE : public torch::nn::Module {
   std::shared_ptr<Linear> router_;
   // Routed experts are GELU MLPs like the dense one: w_in [E, h_local, d],
   // w_out [E, d, h_local] (hidden units split over tp), registered on the
-  // child module "experts" so their names mirror the global ones.
+  // child module "experts" so their names mirror the global ones. With
+  // linear_bias also b_in [E, h_local] and b_out [E, d] (replicated: added
+  // once, outside the tp region, weighted by the gates like the outputs).
   std::shared_ptr<torch::nn::Module> experts_;
-  at::Tensor w_in_, w_out_;
-  // The n_shared experts fused into one MLP of n_shared * hidden units (child
-  // module "shared" with "w_in"/"w_out"); null when n_shared == 0.
+  at::Tensor w_in_, w_out_, b_in_, b_out_;
+  // shared_expert "mlp": the n_shared experts fused into one MLP of n_shared *
+  // hidden units (child module "shared" with "w_in"/"w_out"); null when
+  // n_shared == 0.
   std::shared_ptr<torch::nn::Module> shared_;
   std::shared_ptr<Linear> shared_in_, shared_out_;
+  // shared_expert "linear" / "linear_discarded" (Jaxformer): one replicated
+  // linear "shared_proj" d -> n_shared * d whose n_shared chunks are summed.
+  std::shared_ptr<Linear> shared_proj_;
 };
 
 }  // namespace meshtrain

@@ -59,8 +59,11 @@ double residual_std(const ModelConfig& cfg);
 //   layers.i.attn.{w_dkv,w_dq,w_uq,w_uk,w_uv,wo}.weight (+ w_qr, w_kr when the
 //                                                 layer's dhR > 0)   MLA
 //   layers.i.mlp.{w_in,w_out}.weight              dense FFN
-//   layers.i.moe.*                                MoE (see moe.h)
+//   layers.i.moe.*                                MoE (see moe.h), in the layers
+//                                                 is_moe_layer() picks
 //   final_norm.weight                             last stage
+// With model_config.linear_bias every linear above also has ".bias" (not the
+// embedding/head), with norm_bias every norm.
 //   head.weight                                   last stage, untied only
 // Tied embeddings on a last stage without the embedding: its head owns a copy
 // registered as embed.weight (drawn from the same name and seed), so both
@@ -108,12 +111,27 @@ class Transformer : public torch::nn::Module {
 };
 
 // Parameter counts of the full (unsharded) model for a config: total, and
-// active per token (MoE: k routed + shared experts instead of all).
+// active per token (MoE: k routed + shared experts instead of all; with
+// active_params_scope "layers", as Jaxformer counts, the layers only: no
+// embedding table, head or final norm).
 struct ParamCount {
   int64_t total = 0;
   int64_t active = 0;
   int64_t embedding = 0;  // token embedding (+ untied head)
 };
 ParamCount count_params(const ModelConfig& cfg);
+
+// Global parameters of layer i by whether tp splits them, mirroring the
+// factory calls of attention.cpp, block.cpp and moe.cpp; `routed` is the part
+// (of either) that belongs to the routed experts, of which k of E are active.
+struct LayerParamCount {
+  int64_t split = 0, replicated = 0, routed = 0;
+  int64_t total() const { return split + replicated; }
+};
+LayerParamCount layer_param_count(const ModelConfig& cfg, int64_t layer);
+
+// The same counts from a built whole model's parameters (names as above), to
+// check count_params() against: a model built by MetaLayerFactory costs no memory.
+ParamCount count_built_params(const Transformer& model);
 
 }  // namespace meshtrain

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "meshtrain/config/config.h"
+#include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
 
@@ -97,10 +98,11 @@ double flops_per_token(const ModelConfig& m);
 // device_config.device, where "auto" means what this machine would run on.
 PlanDevice plan_device(const Config& cfg, const std::string& choice = "");
 
-// Builds the whole model on CPU with plain (unsharded) layers and counts its
-// parameters, to check count_params(); -1 when it has more than max_params
-// by the formula (too big to build here).
-int64_t built_param_count(const ModelConfig& m, int64_t max_params = 50'000'000);
+// Builds the whole model with plain (unsharded) layers on the meta device (no
+// memory, no init, any size) and counts its parameters (total, active), to
+// check count_params().
+ParamCount built_param_counts(const ModelConfig& m);
+int64_t built_param_count(const ModelConfig& m);
 
 // `meshtrain plan`'s output: the report (parameters, per-stage split, memory of
 // the most loaded rank, FLOPs per token, the built-model check and, when
