@@ -156,6 +156,15 @@ void Tokenizer::encode(std::string_view text, EncodeCache& cache, std::vector<in
       out.push_back(tables_->byte_id(static_cast<unsigned char>(piece[0])));
       continue;
     }
+    // Most pieces of natural text are whole tokens of a tiktoken vocabulary:
+    // one probe, no copy into the cache.
+    if (whole_piece_lookup_) {
+      const int32_t id = tables_->token(piece);
+      if (id >= 0) {
+        out.push_back(id);
+        continue;
+      }
+    }
     key.assign(piece);
     auto it = cache.map_.find(key);
     if (it == cache.map_.end()) {
