@@ -11,9 +11,14 @@ find_package(MPI REQUIRED COMPONENTS C)
 
 # ---- libtorch -------------------------------------------------------------
 # CMAKE_PREFIX_PATH points at torch's share/cmake (scripts/setup.sh passes it).
-# On CPU machines we link libtorch_cpu + libc10 directly: the PyPI wheel's
-# TorchConfig would pull libtorch_cuda and its cuDNN/NCCL/nvshmem wheels, which
-# a CPU build never loads. GPU machines (MESHTRAIN_CUDA=ON) use TorchConfig.
+# We link the specific libraries instead of TorchConfig's ${TORCH_LIBRARIES}:
+# that list pulls in libtorch.so, which exports a std::filesystem::remove_all
+# built against a newer libstdc++ than Debian 12's (CUDA builds segfaulted in
+# checkpoint pruning), and TorchConfig needs a full CUDA toolkit with nvcc,
+# which a machine with only the PyTorch wheel does not have.
+#   CPU (default):      torch_cpu, c10.
+#   MESHTRAIN_CUDA=ON:  + torch_cuda, c10_cuda, the CUDA runtime and NCCL.
+include(${CMAKE_CURRENT_LIST_DIR}/NcclDiscovery.cmake)
 add_library(mt_torch INTERFACE)
 # libtorch's include folder carries its own fmt (12.x); Debian's spdlog is built
 # against the system fmt (9.x). A folder holding only a link to the system fmt,
@@ -24,48 +29,68 @@ if(MT_FMT_INCLUDE)
   file(MAKE_DIRECTORY ${MT_SYSTEM_FMT_DIR})
   file(CREATE_LINK ${MT_FMT_INCLUDE}/fmt ${MT_SYSTEM_FMT_DIR}/fmt SYMBOLIC)
 endif()
+find_path(MT_TORCH_CONFIG_DIR TorchConfig.cmake PATH_SUFFIXES Torch REQUIRED)
+get_filename_component(MT_TORCH_ROOT "${MT_TORCH_CONFIG_DIR}/../../.." ABSOLUTE)
+get_filename_component(MT_SITE "${MT_TORCH_ROOT}/.." ABSOLUTE)
+find_library(MT_TORCH_CPU torch_cpu PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
+find_library(MT_C10 c10 PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
+target_include_directories(mt_torch SYSTEM INTERFACE
+  ${MT_SYSTEM_FMT_DIR} ${MT_TORCH_ROOT}/include ${MT_TORCH_ROOT}/include/torch/csrc/api/include)
+target_compile_definitions(mt_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=1)
+# libtorch_cpu needs libcudart/libcupti at load time even on CPU; setup.sh
+# installs them as wheels next to torch (nvidia/cu13/lib).
+set(MT_TORCH_RPATH "${MT_TORCH_ROOT}/lib:${MT_SITE}/nvidia/cu13/lib:/usr/local/cuda/lib")
+# The linker must resolve libtorch's own dependencies (cuDNN, NCCL, cuBLAS ...
+# under site-packages/nvidia/*/lib) while linking.
+file(GLOB MT_NVIDIA_LIB_DIRS LIST_DIRECTORIES TRUE ${MT_SITE}/nvidia/*/lib)
+string(REPLACE ";" ":" MT_RPATH_LINK "${MT_NVIDIA_LIB_DIRS};/usr/local/cuda/lib;/usr/local/cuda/lib64")
+
+add_library(mt_nccl INTERFACE)
 if(MESHTRAIN_CUDA)
-  find_package(Torch REQUIRED)
-  target_include_directories(mt_torch SYSTEM BEFORE INTERFACE ${MT_SYSTEM_FMT_DIR})
-  target_link_libraries(mt_torch INTERFACE ${TORCH_LIBRARIES})
+  find_library(MT_TORCH_CUDA torch_cuda PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH)
+  find_library(MT_C10_CUDA c10_cuda PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH)
+  if(NOT MT_TORCH_CUDA OR NOT MT_C10_CUDA)
+    message(FATAL_ERROR "MESHTRAIN_CUDA=ON but ${MT_TORCH_ROOT}/lib has no libtorch_cuda.so/libc10_cuda.so: "
+                        "this PyTorch is a CPU-only build. Point MESHTRAIN_TORCH_PREFIX at a CUDA PyTorch "
+                        "(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)').")
+  endif()
+  mt_discover_cudart("${MT_SITE}")
+  if(NOT MT_CUDART_FOUND)
+    message(FATAL_ERROR "MESHTRAIN_CUDA=ON but the CUDA runtime (include/cuda_runtime_api.h + libcudart.so*) "
+                        "was not found under any of: ${MT_CUDART_SEARCHED}. Install PyTorch's CUDA wheels or "
+                        "set CUDA_HOME.")
+  endif()
+  mt_discover_nccl("${MT_SITE}")
+  if(NOT MT_NCCL_FOUND)
+    message(FATAL_ERROR "MESHTRAIN_CUDA=ON needs NCCL (include/nccl.h + libnccl.so or libnccl.so.2 in one root) "
+                        "but none was found under: ${MT_NCCL_SEARCHED}. Install the nvidia-nccl wheel that "
+                        "PyTorch depends on, or set NCCL_ROOT to an NCCL install.")
+  endif()
+  message(STATUS "libtorch (CUDA link): ${MT_TORCH_ROOT}")
+  message(STATUS "CUDA runtime: ${MT_CUDART_LIBRARY}")
+  message(STATUS "NCCL ${MT_NCCL_VERSION}: ${MT_NCCL_LIBRARY} (headers ${MT_NCCL_INCLUDE_DIR})")
+  target_include_directories(mt_torch SYSTEM INTERFACE ${MT_CUDART_INCLUDE_DIR})
+  # --no-as-needed: nothing references libtorch_cuda's symbols directly, but
+  # loading it is what registers torch's CUDA backend.
+  target_link_libraries(mt_torch INTERFACE "-Wl,--no-as-needed,${MT_TORCH_CUDA}" ${MT_C10_CUDA} ${MT_TORCH_CPU}
+                        ${MT_C10} ${MT_CUDART_LIBRARY})
   target_compile_definitions(mt_torch INTERFACE MESHTRAIN_CUDA=1)
+  get_filename_component(MT_NCCL_DIR ${MT_NCCL_LIBRARY} DIRECTORY)
+  get_filename_component(MT_CUDART_DIR ${MT_CUDART_LIBRARY} DIRECTORY)
+  set(MT_TORCH_RPATH "${MT_TORCH_RPATH}:${MT_NCCL_DIR}:${MT_CUDART_DIR}")
+  target_include_directories(mt_nccl SYSTEM INTERFACE ${MT_NCCL_INCLUDE_DIR})
+  target_link_libraries(mt_nccl INTERFACE ${MT_NCCL_LIBRARY})
+  target_compile_definitions(mt_nccl INTERFACE MESHTRAIN_HAVE_NCCL=1)
 else()
-  find_path(MT_TORCH_CONFIG_DIR TorchConfig.cmake PATH_SUFFIXES Torch REQUIRED)
-  get_filename_component(MT_TORCH_ROOT "${MT_TORCH_CONFIG_DIR}/../../.." ABSOLUTE)
-  find_library(MT_TORCH_CPU torch_cpu PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
-  find_library(MT_C10 c10 PATHS ${MT_TORCH_ROOT}/lib NO_DEFAULT_PATH REQUIRED)
-  target_include_directories(mt_torch SYSTEM INTERFACE
-    ${MT_SYSTEM_FMT_DIR} ${MT_TORCH_ROOT}/include ${MT_TORCH_ROOT}/include/torch/csrc/api/include)
   target_link_libraries(mt_torch INTERFACE ${MT_TORCH_CPU} ${MT_C10})
-  target_compile_definitions(mt_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=1)
-  # libtorch_cpu needs libcudart/libcupti at load time even on CPU; setup.sh
-  # installs them as wheels next to torch (nvidia/cu13/lib).
-  get_filename_component(MT_SITE "${MT_TORCH_ROOT}/.." ABSOLUTE)
-  set(MT_TORCH_RPATH "${MT_TORCH_ROOT}/lib;${MT_SITE}/nvidia/cu13/lib;/usr/local/cuda/lib")
-  target_link_options(mt_torch INTERFACE "-Wl,-rpath,${MT_TORCH_ROOT}/lib:${MT_SITE}/nvidia/cu13/lib:/usr/local/cuda/lib"
-    "-Wl,-rpath-link,${MT_SITE}/nvidia/cu13/lib:/usr/local/cuda/lib")
   message(STATUS "libtorch (CPU link): ${MT_TORCH_ROOT}")
+  message(STATUS "NCCL: not used (MESHTRAIN_CUDA=OFF: collectives over MPI)")
 endif()
+target_link_options(mt_torch INTERFACE "-Wl,-rpath,${MT_TORCH_RPATH}" "-Wl,-rpath-link,${MT_RPATH_LINK}")
 
 # ---- MPI ------------------------------------------------------------------
 add_library(mt_mpi INTERFACE)
 target_link_libraries(mt_mpi INTERFACE MPI::MPI_C)
-
-# ---- NCCL: compiled in when nccl.h is found --------------------------------
-add_library(mt_nccl INTERFACE)
-find_path(MT_NCCL_INCLUDE nccl.h HINTS /usr/local/cuda/include ENV CUDA_HOME PATH_SUFFIXES include)
-find_library(MT_NCCL_LIB nccl HINTS /usr/local/cuda/lib /usr/local/cuda/lib64 ENV CUDA_HOME PATH_SUFFIXES lib lib64)
-find_library(MT_CUDART_LIB cudart HINTS /usr/local/cuda/lib /usr/local/cuda/lib64 ENV CUDA_HOME PATH_SUFFIXES lib lib64)
-if(MT_NCCL_INCLUDE AND MT_NCCL_LIB AND MT_CUDART_LIB)
-  message(STATUS "NCCL: ${MT_NCCL_LIB}")
-  target_include_directories(mt_nccl SYSTEM INTERFACE ${MT_NCCL_INCLUDE})
-  target_link_libraries(mt_nccl INTERFACE ${MT_NCCL_LIB} ${MT_CUDART_LIB})
-  target_compile_definitions(mt_nccl INTERFACE MESHTRAIN_HAVE_NCCL=1)
-  get_filename_component(MT_NCCL_DIR ${MT_NCCL_LIB} DIRECTORY)
-  target_link_options(mt_nccl INTERFACE "-Wl,-rpath,${MT_NCCL_DIR}")
-else()
-  message(STATUS "NCCL: not found, GPU collectives disabled")
-endif()
 
 # ---- prepare-data: PCRE2 (tiktoken's regexes), zlib and zstd (compressed inputs)
 find_package(PkgConfig REQUIRED)

@@ -5,10 +5,24 @@
 # (git-ignored). Prints nothing when everything is already there.
 # Env: MESHTRAIN_TORCH_PREFIX=<dir with TorchConfig.cmake> uses an existing
 # PyTorch (GPU machines: python3 -c 'import torch;print(torch.utils.cmake_prefix_path)').
+# The network is touched only to install something missing, and never when
+# MESHTRAIN_OFFLINE=1 or MESHTRAIN_TORCH_PREFIX is set (offline GPU machines,
+# often without root): then a missing piece is an error that names it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEPS="$ROOT/.deps"
 TORCH_VERSION=2.11.0
+OFFLINE=""
+[ -n "${MESHTRAIN_OFFLINE:-}" ] && [ "${MESHTRAIN_OFFLINE}" != 0 ] && OFFLINE="MESHTRAIN_OFFLINE=1"
+[ -z "$OFFLINE" ] && [ -n "${MESHTRAIN_TORCH_PREFIX:-}" ] && OFFLINE="MESHTRAIN_TORCH_PREFIX is set"
+# Called before anything that would use the network: offline, it stops here.
+need_network() {  # WHAT FIX
+  [ -z "$OFFLINE" ] && return 0
+  echo "setup: $1 is missing and $OFFLINE (no network access): $2" >&2
+  exit 1
+}
+# Packages only some tests and the demo corpus need: offline, missing ones are a warning.
+optional_pkgs=(fortunes fortunes-min shellcheck)
 
 apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
@@ -18,6 +32,16 @@ missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+if ((${#missing[@]})) && [ -n "$OFFLINE" ]; then
+  required=()
+  for p in "${missing[@]}"; do
+    [[ " ${optional_pkgs[*]} " == *" $p "* ]] || required+=("$p")
+  done
+  ((${#required[@]})) &&
+    need_network "the Debian package(s) ${required[*]}" "install them first (apt-get install ${required[*]})"
+  echo "setup: warning: optional package(s) ${missing[*]} missing (only some tests and the demo corpus use them)" >&2
+  missing=()
+fi
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -27,6 +51,11 @@ fi
 
 mkdir -p "$DEPS"
 if [ -n "${MESHTRAIN_TORCH_PREFIX:-}" ]; then
+  [ -f "$MESHTRAIN_TORCH_PREFIX/Torch/TorchConfig.cmake" ] || {
+    echo "setup: MESHTRAIN_TORCH_PREFIX=$MESHTRAIN_TORCH_PREFIX has no Torch/TorchConfig.cmake" \
+         "(use: python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')" >&2
+    exit 1
+  }
   echo "$MESHTRAIN_TORCH_PREFIX" > "$DEPS/torch_prefix"
   exit 0
 fi
@@ -34,22 +63,26 @@ fi
 PY="$DEPS/venv/bin/python"
 site() { "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 if [ ! -x "$PY" ]; then
+  need_network "the libtorch venv $DEPS/venv" "run scripts/setup.sh once online, or set MESHTRAIN_TORCH_PREFIX"
   python3 -m venv "$DEPS/venv"
 fi
 SITE="$(site)"
 if [ ! -f "$SITE/torch/share/cmake/Torch/TorchConfig.cmake" ] ||
    ! grep -q "__version__ = '$TORCH_VERSION" "$SITE/torch/version.py" 2>/dev/null; then
+  need_network "torch==$TORCH_VERSION in $DEPS/venv" "run scripts/setup.sh once online, or set MESHTRAIN_TORCH_PREFIX"
   echo "setup: installing torch==$TORCH_VERSION (libtorch) into .deps/venv"
   # --no-deps: the CPU build links libtorch_cpu only, which needs just the CUDA
   # runtime and CUPTI libraries at load time (below), not cuDNN/NCCL/triton.
   "$PY" -m pip install -q --disable-pip-version-check --no-deps "torch==$TORCH_VERSION"
 fi
 if [ ! -e "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || [ ! -e "$SITE/nvidia/cu13/lib/libcupti.so.13" ]; then
+  need_network "the CUDA runtime + CUPTI wheels (nvidia/cu13/lib) in $DEPS/venv" "run scripts/setup.sh once online"
   echo "setup: installing the CUDA runtime + CUPTI wheels that libtorch_cpu loads"
   "$PY" -m pip install -q --disable-pip-version-check "cuda-toolkit[cudart,cupti]==13.0.2"
 fi
 # Python's safetensors: the checkpoint test checks that exported files load there.
 if ! "$PY" -c "import safetensors" 2>/dev/null; then
+  need_network "the safetensors Python package in $DEPS/venv" "run scripts/setup.sh once online"
   echo "setup: installing safetensors (Python) for the export test"
   "$PY" -m pip install -q --disable-pip-version-check safetensors
 fi

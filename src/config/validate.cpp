@@ -164,6 +164,10 @@ void validate_mesh(const Config& c) {
   MT_CHECK(a[0] >= 1 && a[1] >= 1 && a[2] >= 1, "device_config.n_device_axis entries [dp, pp, tp] must be >= 1, got [",
            a[0], ", ", a[1], ", ", a[2], "]");
   one_of(c.device.device, {"auto", "cpu", "cuda"}, "device_config.device");
+  one_of(c.device.collectives, {"auto", "nccl", "mpi"}, "device_config.collectives");
+  MT_CHECK(!(c.device.device == "cpu" && c.device.collectives == "nccl"),
+           "device_config.collectives is \"nccl\" but device_config.device is \"cpu\": NCCL moves CUDA tensors "
+           "only (use \"auto\" or \"mpi\")");
   const int64_t dp = c.device.dp(), pp = c.device.pp(), tp = c.device.tp();
   const auto& d = c.data;
   const auto& m = c.model;

@@ -18,6 +18,19 @@ inline int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* backend, c
   return d;
 }
 
+// The dtype every backend reduces `t` in, so a mesh gives the same numbers over
+// NCCL and MPI: 16-bit floats are summed in fp32 (MPI has no bf16 arithmetic,
+// and fp32 sums keep tp/dp reductions independent of the group size's
+// rounding), bools as int (no sum on bools). Results are cast back.
+inline at::ScalarType reduction_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+    case at::kBFloat16: return at::kFloat;
+    case at::kBool: return at::kInt;
+    default: return t;
+  }
+}
+
 // A private duplicate of MPI_COMM_WORLD (errors returned, not fatal), so our
 // traffic never matches messages of other libraries on the world communicator.
 std::unique_ptr<Communicator> mpi_world_communicator();
@@ -30,5 +43,9 @@ std::unique_ptr<Communicator> mpi_split(const Communicator& parent, int color, i
 // used only to broadcast the unique id), on the current CUDA device. Throws
 // "built without NCCL" when meshtrain was compiled without nccl.h.
 std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap);
+
+// Wraps an MPI communicator so it also serves CUDA tensors, through pinned
+// host buffers (src/dist/host_staging.cpp); CPU tensors pass straight through.
+std::unique_ptr<Communicator> host_staged(std::unique_ptr<Communicator> inner);
 
 }  // namespace meshtrain

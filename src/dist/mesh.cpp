@@ -60,14 +60,14 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
   auto tp = mpi_split(*cpu_world_, coord_.pp * shape_.dp + coord_.dp, coord_.tp);
 
   if (backend == Backend::Mpi) {
-    world_ = mpi_split(parent, 0, rank_);
-    dp_ = std::move(dp);
-    pp_ = std::move(pp);
-    tp_ = std::move(tp);
+    // Staged, so CUDA tensors work too (collectives "mpi"); CPU tensors pass through.
+    dp_ = host_staged(std::move(dp));
+    pp_ = host_staged(std::move(pp));
+    tp_ = host_staged(std::move(tp));
   } else {
-    // Every rank creates the four NCCL communicators in the same order; each
+    // Every rank creates the three NCCL communicators in the same order; each
     // init only waits for the members of its own group, so this cannot deadlock.
-    world_ = nccl_communicator(*cpu_world_);
+    // No world-wide NCCL communicator: world traffic is control data on cpu_world.
     dp_ = nccl_communicator(*dp);
     pp_ = nccl_communicator(*pp);
     tp_ = nccl_communicator(*tp);
@@ -79,11 +79,10 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
 Mesh::~Mesh() = default;
 
 int64_t Mesh::bytes_moved() const {
-  return world_->bytes_moved() + dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved();
+  return dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved();
 }
 
 void Mesh::reset_bytes() {
-  world_->reset_bytes();
   dp_->reset_bytes();
   pp_->reset_bytes();
   tp_->reset_bytes();

@@ -38,17 +38,6 @@ int to_count(int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
-// Reductions of 16-bit floats and bools go through a wider dtype because MPI
-// has no half/bfloat16 arithmetic and no sum on C bools.
-at::ScalarType reduce_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf:
-    case at::kBFloat16: return at::kFloat;
-    case at::kBool: return at::kInt;
-    default: return t;
-  }
-}
-
 MPI_Datatype mpi_dtype(at::ScalarType t, const char* op) {
   switch (t) {
     case at::kFloat: return MPI_FLOAT;
@@ -97,7 +86,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     check_cpu(t, "all_reduce");
-    at::Tensor w = t.to(reduce_dtype(t.scalar_type())).contiguous();
+    at::Tensor w = t.to(reduction_dtype(t.scalar_type())).contiguous();
     ok(MPI_Allreduce(MPI_IN_PLACE, w.data_ptr(), to_count(w.numel(), "all_reduce"),
                      mpi_dtype(w.scalar_type(), "all_reduce"), mpi_op(op), comm_),
        "all_reduce");
@@ -125,7 +114,7 @@ class MpiCommunicator final : public Communicator {
              " is not divisible by the group size ", size_);
     // MPI scatters contiguous blocks in rank order, so move the chunk index of
     // `dim` to the front; each block is then exactly that rank's chunk.
-    at::Tensor x = t.to(reduce_dtype(t.scalar_type()))
+    at::Tensor x = t.to(reduction_dtype(t.scalar_type()))
                        .unflatten(d, {size_, t.size(d) / size_})
                        .movedim(d, 0)
                        .contiguous();

@@ -4,6 +4,7 @@
 
 #include "backends.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/dist/device.h"
 
 #ifdef MESHTRAIN_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -72,7 +73,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     check_cuda(t, "all_reduce");
-    at::Tensor w = t.contiguous();
+    at::Tensor w = t.to(reduction_dtype(t.scalar_type())).contiguous();
     ok(ncclAllReduce(w.data_ptr(), w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "all_reduce"),
                      nccl_op(op), comm_, stream(w)),
        "all_reduce");
@@ -100,13 +101,14 @@ class NcclCommunicator final : public Communicator {
     MT_CHECK(t.size(d) % size_ == 0, "nccl reduce_scatter: dim ", d, " of shape ", t.sizes(),
              " is not divisible by the group size ", size_);
     // NCCL scatters contiguous blocks in rank order: put the chunk index first.
-    at::Tensor x = t.unflatten(d, {size_, t.size(d) / size_}).movedim(d, 0).contiguous();
+    at::Tensor x =
+        t.to(reduction_dtype(t.scalar_type())).unflatten(d, {size_, t.size(d) / size_}).movedim(d, 0).contiguous();
     at::Tensor out = at::empty(x.sizes().slice(1), x.options());
     ok(ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), nccl_dtype(x.scalar_type(), "reduce_scatter"),
                          ncclSum, comm_, stream(x)),
        "reduce_scatter");
     count("reduce_scatter", t.nbytes());
-    return out;
+    return out.to(t.scalar_type());
   }
 
   void broadcast(at::Tensor& t, int root) override {
@@ -211,6 +213,13 @@ std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap) {
   return std::make_unique<NcclCommunicator>(bootstrap);
 }
 
+std::string nccl_runtime_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 encodes MAJOR*10000 + MINOR*100 + PATCH.
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." + std::to_string(code % 100);
+}
+
 }  // namespace meshtrain
 
 #else  // !MESHTRAIN_HAVE_NCCL
@@ -222,6 +231,8 @@ std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap) {
           " but meshtrain was built without NCCL (nccl.h not found at configure time); "
           "use the mpi backend or rebuild on a machine with CUDA and NCCL");
 }
+
+std::string nccl_runtime_version() { return ""; }
 
 }  // namespace meshtrain
 

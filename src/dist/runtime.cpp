@@ -31,6 +31,14 @@ Runtime::Runtime(int* argc, char*** argv) {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  // The ranks sharing this host's memory are the ranks sharing its GPUs.
+  MPI_Comm node = MPI_COMM_NULL;
+  const int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MT_CHECK(rc == MPI_SUCCESS && node != MPI_COMM_NULL, "Runtime: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed on rank ",
+           rank_, " with code ", rc);
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_size(node, &local_size_);
+  MPI_Comm_free(&node);
 }
 
 Runtime::~Runtime() {

@@ -110,7 +110,15 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   // and every tp rank makes the same decisions.
   const at::Tensor xr = factory_->gather_sequence(x);
   const int64_t B = xr.size(0), T = xr.size(1), N = B * T;
-  const Routing r = route(router_->forward(xr), cfg_, is_training());
+  at::Tensor logits;
+  {
+    // The router matmul runs in fp32 even under bf16 autocast: bf16-rounded
+    // scores flip near-ties in top-k, so meshes whose reductions round
+    // differently would send tokens to different experts.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    logits = router_->forward(xr.to(at::kFloat));
+  }
+  const Routing r = route(logits, cfg_, is_training());
 
   // Expert region, hidden units split over tp. Assumption: enter_tp yields the
   // same full [B, T, d] tensor as gather_sequence (both all-gather the sequence

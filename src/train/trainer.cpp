@@ -4,15 +4,18 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/host.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/core/watchdog.h"
+#include "meshtrain/dist/device.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/optim/rampup.h"
 #include "meshtrain/optim/schedule.h"
@@ -27,12 +30,48 @@ namespace fs = std::filesystem;
 
 namespace {
 
-at::Device pick_device(const Config& cfg) {
+// The device of this rank: with CUDA, the GPU its local rank maps to
+// (dist/device.h), made current before any other CUDA or NCCL call.
+at::Device pick_device(const Config& cfg, const Runtime& rt) {
   const std::string& d = cfg.device.device;
   if (d == "cpu") return at::Device(at::kCPU);
   const bool cuda = torch::cuda::is_available();
   MT_CHECK(d != "cuda" || cuda, "device_config.device is \"cuda\" but no CUDA device is available to this build");
-  return cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  if (!cuda) return at::Device(at::kCPU);
+  NodeTopology topo{hostname(), rt.rank(), rt.local_rank(), rt.local_size(), visible_cuda_devices()};
+  return use_cuda_device(cuda_device_index(topo, /*share_gpus=*/cfg.device.collectives == "mpi"));
+}
+
+Backend pick_backend(const Config& cfg, const at::Device& device) {
+  const std::string& c = cfg.device.collectives;
+  MT_CHECK(c != "nccl" || device.is_cuda(), "device_config.collectives is \"nccl\" but this rank runs on ", device.str(),
+           ": NCCL moves CUDA tensors only (use \"auto\" or \"mpi\")");
+  if (c == "mpi") return Backend::Mpi;
+  return device.is_cuda() ? Backend::Nccl : Backend::Mpi;
+}
+
+// One line per rank, printed by rank 0 in rank order (other ranks log only
+// warnings): where each rank runs, to spot two ranks on one GPU at a glance.
+void log_placement(Mesh& mesh, const Runtime& rt, const at::Device& device) {
+  std::string line = detail::concat("rank ", rt.rank(), " on ", hostname(), " (local ", rt.local_rank(), "/",
+                                    rt.local_size(), "): mesh (dp ", mesh.coord().dp, ", pp ", mesh.coord().pp,
+                                    ", tp ", mesh.coord().tp, ")");
+  if (device.is_cuda()) {
+    const int i = device.index();
+    line += detail::concat(", GPU ", i, " (", cuda_device_name(i), ", physical id ",
+                           physical_gpu_id(std::getenv("CUDA_VISIBLE_DEVICES"), i), ")");
+  } else {
+    line += ", cpu";
+  }
+  constexpr int64_t kWidth = 256;
+  line.resize(static_cast<size_t>(kWidth), '\0');
+  at::Tensor mine = at::from_blob(line.data(), {kWidth}, at::kByte).clone();
+  const at::Tensor all = mesh.cpu_world().all_gather(mine, 0);
+  if (mesh.cpu_world().rank() != 0) return;
+  for (int r = 0; r < mesh.cpu_world().size(); ++r) {
+    const char* p = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * kWidth;
+    spdlog::info("{}", std::string(p, strnlen(p, static_cast<size_t>(kWidth))));
+  }
 }
 
 std::string data_folder(const Config& cfg, const std::string& sub) {
@@ -80,7 +119,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
     : cfg_(cfg),
       runtime_(runtime),
       opts_(std::move(opts)),
-      device_(pick_device(cfg)),
+      device_(pick_device(cfg, runtime)),
       test_hooks_(TestHooks::from_environment()) {
   std::unique_ptr<Communicator> own_world;
   if (!world) {
@@ -99,7 +138,9 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
 
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
                   static_cast<int>(cfg_.device.tp())};
-  mesh_ = std::make_unique<Mesh>(*world, shape, device_.is_cuda() ? Backend::Nccl : Backend::Mpi);
+  mesh_ = std::make_unique<Mesh>(*world, shape, pick_backend(cfg_, device_));
+  if (mesh_->backend() == "nccl" && is_rank0_) spdlog::info("NCCL {} (library loaded at run time)", nccl_runtime_version());
+  log_placement(*mesh_, runtime_, device_);
 
   // Data first: a missing folder should fail before the model is built.
   watchdog_->beat("start-up: data loaders");
@@ -147,7 +188,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
                cfg_.model.n_layers(), cfg_.model.model_dimension, cfg_.model.n_head, cfg_.model.attention,
                cfg_.model.ffn, pc.total / 1e6, pc.active / 1e6);
   spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers [{}, {})", shape.dp, shape.pp, shape.tp,
-               device_.str(), mesh_->world().backend(), pm_.range.first_layer, pm_.range.end_layer);
+               device_.str(), mesh_->backend(), pm_.range.first_layer, pm_.range.end_layer);
 
   watchdog_->beat("start-up: loading the checkpoint");
   setup_checkpointing();

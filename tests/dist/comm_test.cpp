@@ -243,9 +243,10 @@ TEST(MeshTest, AxisCommunicatorsForEveryFactorisation) {
     EXPECT_EQ(c.dp, want.dp);
     EXPECT_EQ(c.pp, want.pp);
     EXPECT_EQ(c.tp, want.tp);
-    EXPECT_EQ(mesh.world().size(), rt.size());
-    EXPECT_EQ(mesh.world().rank(), rt.rank());
+    EXPECT_EQ(mesh.cpu_world().size(), rt.size());
+    EXPECT_EQ(mesh.cpu_world().rank(), rt.rank());
     EXPECT_EQ(mesh.cpu_world().backend(), "mpi");
+    EXPECT_EQ(mesh.backend(), "mpi");
     EXPECT_EQ(mesh.dp().size(), s.dp);
     EXPECT_EQ(mesh.dp().rank(), c.dp);
     EXPECT_EQ(mesh.pp().size(), s.pp);

@@ -17,15 +17,22 @@ const std::string kData = "/tmp/meshtrain-dp-parity-data";
 
 }  // namespace
 
-TEST(DataParallel, SameLossesAsOneProcess) {
+// Over both collective settings a CPU rank accepts: "mpi" takes the staged
+// communicators of device_config.collectives (CPU tensors pass through them).
+class DataParallelCollectives : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DataParallelCollectives, SameLossesAsOneProcess) {
   const int n = test_runtime().size();
-  Config cfg = test::tiny_config(test::synthetic_data(kData, 96), "dp");
+  Config cfg = test::tiny_config(test::synthetic_data(kData, 96), std::string("dp-") + GetParam());
+  cfg.device.collectives = GetParam();
   const auto ref = test::single_process_losses(cfg);
   const auto got = test::train_losses(test::with_mesh(cfg, n, 1, 1));
   expect_same(ref, got, 1e-5);
   // It learns: the last loss is below the first.
   EXPECT_LT(got.back(), got.front());
 }
+
+INSTANTIATE_TEST_SUITE_P(Collectives, DataParallelCollectives, ::testing::Values("auto", "mpi"));
 
 TEST(DataParallel, AccumulationAndMicrobatchesKeepParity) {
   const int n = test_runtime().size();

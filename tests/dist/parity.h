@@ -47,6 +47,9 @@ inline std::string synthetic_data(const std::string& data_dir, int64_t vocab, in
 // A tiny dense model; tests switch on what they need with the fields.
 inline Config tiny_config(const std::string& data_dir, const std::string& run_name) {
   Config c;
+  // CPU parity, also on GPU machines (where "auto" would put every rank on
+  // one GPU); the CUDA tests set their device themselves.
+  c.device.device = "cpu";
   c.model.model_dimension = 32;
   c.model.n_head = 4;
   c.model.blocks = 2;

@@ -466,3 +466,19 @@ TEST(ConfigLoad, CloudOutputDirMapsToLocalRuns) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+TEST(ConfigCollectives, AcceptsAutoNcclMpiAndRefusesTheRest) {
+  EXPECT_EQ(with({}).device.collectives, "auto");
+  EXPECT_EQ(with({"device_config.collectives=mpi"}).device.collectives, "mpi");
+  EXPECT_EQ(with({"device_config.collectives=nccl"}).device.collectives, "nccl");
+  expect_refused({"device_config.collectives=gloo"}, {"device_config.collectives", "gloo"});
+  expect_refused({"device_config.device=cpu", "device_config.collectives=nccl"},
+                 {"device_config.collectives", "nccl", "cpu"});
+  expect_refused({"device_config.collectives=3"}, {"device_config.collectives"});
+}
+
+}  // namespace
+}  // namespace meshtrain

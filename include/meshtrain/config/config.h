@@ -94,6 +94,10 @@ struct LrConfig {
 struct DeviceConfig {
   std::array<int64_t, 3> n_device_axis{1, 1, 1};  // dp, pp, tp
   std::string device = "auto";                    // auto | cpu | cuda
+  // auto | nccl | mpi: how ranks exchange tensors. auto = NCCL for CUDA, MPI
+  // for CPU; mpi on CUDA stages tensors through pinned host memory, so several
+  // ranks can share one GPU (NCCL refuses that).
+  std::string collectives = "auto";
   int64_t dp() const { return n_device_axis[0]; }
   int64_t pp() const { return n_device_axis[1]; }
   int64_t tp() const { return n_device_axis[2]; }

@@ -4,12 +4,15 @@
 //   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
 #include <array>
 #include <memory>
+#include <string>
 
 #include "meshtrain/dist/comm.h"
 #include "meshtrain/dist/runtime.h"
 
 namespace meshtrain {
 
+// Mpi: MPI communicators that also take CUDA tensors, staged through pinned
+// host memory (ranks may share a GPU). Nccl: NCCL, CUDA tensors only.
 enum class Backend { Mpi, Nccl };
 
 struct MeshShape {
@@ -42,10 +45,11 @@ class Mesh {
   const MeshCoord& coord() const { return coord_; }
   int rank() const { return rank_; }
 
-  Communicator& world() { return *world_; }
   Communicator& dp() { return *dp_; }
   Communicator& pp() { return *pp_; }
   Communicator& tp() { return *tp_; }
+  // "mpi" or "nccl": the backend of the three axis communicators.
+  std::string backend() const { return dp_->backend(); }
   // Host-side (MPI, CPU tensors) world communicator for control messages such
   // as "stop requested" or a checksum, whatever the backend of the others.
   Communicator& cpu_world() { return *cpu_world_; }
@@ -53,7 +57,7 @@ class Mesh {
   bool is_first_stage() const { return coord_.pp == 0; }
   bool is_last_stage() const { return coord_.pp == shape_.pp - 1; }
 
-  // Total bytes moved by the four axis communicators (for traffic tests).
+  // Total bytes moved by the three axis communicators (for traffic tests).
   int64_t bytes_moved() const;
   void reset_bytes();
 
@@ -61,7 +65,7 @@ class Mesh {
   MeshShape shape_;
   MeshCoord coord_;
   int rank_ = 0;
-  std::unique_ptr<Communicator> world_, dp_, pp_, tp_, cpu_world_;
+  std::unique_ptr<Communicator> dp_, pp_, tp_, cpu_world_;
 };
 
 }  // namespace meshtrain

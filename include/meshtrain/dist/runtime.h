@@ -17,6 +17,9 @@ class Runtime {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // This process among the ranks on its host (MPI_COMM_TYPE_SHARED): picks its GPU.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
 
   // Aborts every rank of the world (after an error on one of them).
   [[noreturn]] void abort(int code) const;
@@ -27,6 +30,8 @@ class Runtime {
  private:
   int rank_ = 0;
   int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
   bool owns_mpi_ = false;  // finalize only an MPI that this Runtime initialised
 };
 

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# One command for a GPU machine (NVIDIA GPUs, PyTorch 2.11 with CUDA installed
+# system-wide, no internet): builds meshtrain against that PyTorch, runs the
+# CUDA tests, then `meshtrain bench` for configs/gpt2-124m.json and
+# configs/moe1b-1gpu.json (the moe1B shape cut to fit one 80 GB GPU, checked
+# with `plan`), prints one table and writes summary.json plus one log per step
+# into DIR. A failing step is reported and the next one still runs; the exit
+# code is non-zero if any step failed.
+# Usage: scripts/gpu-check.sh DIR [--steps N]
+# Env: PYTHON (default python3), BUILD_DIR (default build-gpu), BUILD_JOBS.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT=""
+STEPS=20
+while (($#)); do
+  case "$1" in
+    --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
+    *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
+       OUT="$1"; shift ;;
+  esac
+done
+[ -n "$OUT" ] || { echo "usage: scripts/gpu-check.sh DIR [--steps N]" >&2; exit 2; }
+mkdir -p "$OUT" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+PY="${PYTHON:-python3}"
+BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
+BIN="$BUILD/meshtrain"
+DATA="$OUT/data"
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MESHTRAIN_OFFLINE=1
+cd "$ROOT" || exit 2
+
+STEP_ROWS="$OUT/steps.tsv"   # name, status, seconds, log
+: > "$STEP_ROWS"
+failures=0
+# step NAME CMD...: runs CMD with its output in DIR/NAME.log, records the outcome.
+step() {
+  local name="$1" start rc
+  shift
+  start=$(date +%s)
+  echo "== $name"
+  "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  local secs=$(( $(date +%s) - start ))
+  if [ "$rc" -eq 0 ]; then
+    printf '%s\tok\t%s\t%s\n' "$name" "$secs" "$name.log" >> "$STEP_ROWS"
+    echo "   ok (${secs}s)"
+  else
+    failures=$((failures + 1))
+    printf '%s\tFAILED (exit %s)\t%s\t%s\n' "$name" "$rc" "$secs" "$name.log" >> "$STEP_ROWS"
+    echo "   FAILED (exit $rc, ${secs}s): last lines of $OUT/$name.log"
+    tail -n 15 "$OUT/$name.log" | sed 's/^/   | /'
+  fi
+  return "$rc"
+}
+
+environment() {
+  nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv &&
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"gpus", torch.cuda.device_count()); assert torch.cuda.is_available(), "torch sees no GPU"'
+}
+
+build() {
+  local prefix
+  prefix="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" || return 1
+  echo "torch cmake prefix: $prefix"
+  MESHTRAIN_TORCH_PREFIX="$prefix" "$ROOT/scripts/setup.sh" || return 1
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # Configure-time output names the NCCL found and its version.
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$prefix" -DMESHTRAIN_CUDA=ON "${launcher[@]}" &&
+    cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}"
+}
+
+# The CUDA-only tests and the device/NCCL discovery tests; on a GPU machine a
+# skipped CUDA test is a failure (it means torch did not see the GPU).
+cuda_tests() {
+  ctest --test-dir "$BUILD" --output-on-failure -R 'cuda_test|unit\.device_test|unit\.nccl_discovery' || return 1
+  if grep -q '\[  SKIPPED \]' "$BUILD/Testing/Temporary/LastTest.log"; then
+    echo "CUDA tests were skipped on a GPU machine:"
+    grep '\[  SKIPPED \]' "$BUILD/Testing/Temporary/LastTest.log" | sort -u
+    return 1
+  fi
+}
+
+# The corpus for bench: the fortunes when installed, else the repository's
+# own text (bench measures speed; any tokens will do).
+corpus() {
+  [ -f "$DATA/tokenizer.json" ] && return 0
+  local input=/usr/share/games/fortunes
+  if [ ! -d "$input" ]; then
+    input="$OUT/corpus"
+    mkdir -p "$input"
+    find "$ROOT/src" "$ROOT/include" "$ROOT/README.md" -type f -exec cat {} + > "$input/repo.txt"
+  fi
+  "$BIN" prepare-data --input "$input" --output "$DATA" --vocab-size 4096
+}
+
+plan_fits() {  # CONFIG
+  "$BIN" plan --config "$1" --device cuda --device-memory-gb 80 &&
+    "$BIN" plan --config "$1" --device cuda --device-memory-gb 80 --json | tail -n 1 > "$OUT/plan.json" &&
+    "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); sys.exit(0 if p.get("fits") else 1)' "$OUT/plan.json"
+}
+
+bench() {  # NAME CONFIG
+  "$BIN" bench --config "$2" --steps "$STEPS" --set device_config.device=cuda \
+    --set "data_config.data_dir=$DATA" --set "output_dir=$OUT/runs" --n_device_axis 1 1 1 || return 1
+}
+
+step environment environment
+# A stale binary from an earlier build must not be benchmarked.
+if step build build && [ -x "$BIN" ]; then
+  step cuda_tests cuda_tests
+  step corpus corpus
+  step bench_gpt2-124m bench gpt2-124m configs/gpt2-124m.json
+  step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
+  step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
+else
+  for s in cuda_tests corpus bench_gpt2-124m plan_moe1b-1gpu bench_moe1b-1gpu; do
+    failures=$((failures + 1))
+    printf '%s\tnot run (build failed)\t0\t\n' "$s" >> "$STEP_ROWS"
+  done
+fi
+
+# One table and summary.json from the step rows and the bench JSON lines.
+"$PY" - "$OUT" "$STEP_ROWS" <<'PYEOF'
+import json, os, sys
+out, rows_file = sys.argv[1], sys.argv[2]
+steps = []
+for line in open(rows_file):
+    name, status, secs, log = line.rstrip("\n").split("\t")
+    steps.append({"step": name, "status": status, "seconds": int(secs), "log": log})
+bench = []
+for s in steps:
+    if not s["step"].startswith("bench_") or not s["log"]:
+        continue
+    path = os.path.join(out, s["log"])
+    rows = []
+    if os.path.exists(path):
+        for l in open(path, errors="replace"):
+            l = l.strip()
+            if l.startswith("{"):
+                try:
+                    rows.append(json.loads(l))
+                except ValueError:
+                    pass
+    r = rows[-1] if rows else {}
+    r["name"] = s["step"][len("bench_"):]
+    r["status"] = s["status"]
+    bench.append(r)
+summary = {"ok": all(s["status"] == "ok" for s in steps), "steps": steps, "bench": bench}
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
+
+print()
+print(f"{'step':<20} {'status':<22} {'seconds':>7}")
+for s in steps:
+    print(f"{s['step']:<20} {s['status']:<22} {s['seconds']:>7}")
+print()
+cols = [("name", "{}"), ("device", "{}"), ("tokens_per_sec", "{:.0f}"), ("tflops_per_device", "{:.1f}"),
+        ("mfu", "{:.3f}"), ("peak_memory_bytes", "{:.2e}"), ("last_loss", "{:.3f}")]
+print(" | ".join(c for c, _ in cols))
+for r in bench:
+    cells = []
+    for c, f in cols:
+        v = r.get(c)
+        cells.append("-" if v is None else (f.format(v) if not isinstance(v, str) else v))
+    print(" | ".join(cells))
+print()
+print(f"summary: {os.path.join(out, 'summary.json')}")
+PYEOF
+if ((failures)); then
+  echo "gpu-check: $failures step(s) failed (logs in $OUT)"
+  exit 1
+fi
+echo "gpu-check: all steps passed"

@@ -1,0 +1,243 @@
+// CUDA-only tests; where torch sees no GPU each one skips and says why. One
+// GPU is enough: with device_config.collectives "mpi" several ranks share it.
+// Runs under mpirun -np 1 (single-process tests), 2 (the one-axis meshes) and
+// 8 (the 2x2x2 mesh):
+//   - bf16 GPU losses of the first steps against fp32 CPU losses (dense, MoE+MLA);
+//   - every mesh with collectives "mpi" gives the losses of one GPU process;
+//   - NCCL collectives on one rank, staged MPI collectives on CUDA tensors;
+//   - a checkpoint saved from CUDA loads on CPU and back;
+//   - resume on GPU is exact with dropout (the CUDA RNG state is saved).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/dist/device.h"
+#include "parity.h"
+
+using namespace meshtrain;
+
+namespace {
+
+const std::string kData = "/tmp/meshtrain-cuda-data";
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA-only test: torch sees no CUDA device in this build/machine"
+
+#define SKIP_UNLESS_RANKS(n)                     \
+  if (test_runtime().size() != (n))              \
+  GTEST_SKIP() << "runs under mpirun -np " << (n) \
+               << " (this run has " << test_runtime().size() << " ranks)"
+
+Config on_gpu(Config c, const char* collectives) {
+  c.device.device = "cuda";
+  c.device.collectives = collectives;
+  return c;
+}
+
+test::Curve run(const Config& cfg, bool fresh, const std::string& checkpoint = "") {
+  TrainOptions o;
+  o.fresh = fresh;
+  o.quiet = true;
+  o.checkpoint = checkpoint;
+  Trainer t(cfg, test_runtime(), o);
+  t.train();
+  return test::curve_of(t);
+}
+
+// Every parameter of a trainer, on the CPU, by name.
+std::vector<std::pair<std::string, at::Tensor>> params_of(Trainer& t) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : t.model().params) out.emplace_back(p.layout.global_name, p.tensor.detach().cpu().clone());
+  return out;
+}
+
+void expect_same_params(const std::vector<std::pair<std::string, at::Tensor>>& a,
+                        const std::vector<std::pair<std::string, at::Tensor>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first) << what;
+    EXPECT_TRUE(at::equal(a[i].second, b[i].second)) << what << ": " << a[i].first << " differs";
+  }
+}
+
+int64_t tri(int p) { return int64_t{p} * (p + 1) / 2; }
+
+TEST(Cuda, Bf16GpuLossesMatchFp32Cpu) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  const Config dense = test::tiny_config(test::synthetic_data(kData, 96), "bf16");
+  for (const Config& base : {dense, test::moe_mla(dense)}) {
+    const std::string kind = base.model.ffn == "moe" ? "moe+mla" : "dense";
+    Config cpu = base;
+    cpu.name = "bf16-cpu-" + kind;
+    cpu.training_steps = 3;
+    cpu.model.model_dtype = "float32";
+    Config gpu = on_gpu(cpu, "auto");
+    gpu.name = "bf16-gpu-" + kind;
+    gpu.model.model_dtype = "bfloat16";
+    const auto ref = run(cpu, true), got = run(gpu, true);
+    ASSERT_EQ(ref.size(), got.size()) << kind;
+    // Same weights (drawn on the CPU by name) and batches: only bf16 rounding
+    // (8-bit mantissa, ~0.4% per op) separates the curves.
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 3e-2 * ref[i]) << kind << ": loss of step " << i;
+  }
+}
+
+// {(2,1,1), (1,2,1), (1,1,2)} under -np 2 and (2,2,2) under -np 8, all ranks
+// on one GPU with staged MPI collectives, against one GPU process (fp32).
+TEST(Cuda, MeshesWithMpiCollectivesMatchOneGpuProcess) {
+  SKIP_WITHOUT_CUDA();
+  const int n = test_runtime().size();
+  std::vector<std::array<int, 3>> meshes;
+  if (n == 2) meshes = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}};
+  if (n == 8) meshes = {{2, 2, 2}};
+  if (meshes.empty()) GTEST_SKIP() << "runs under mpirun -np 2 and -np 8 (this run has " << n << " ranks)";
+  const Config dense = on_gpu(test::tiny_config(test::synthetic_data(kData, 96), "cuda-mesh"), "mpi");
+  for (const Config& base : {dense, test::moe_mla(dense)}) {
+    Config cfg = base;
+    cfg.training_steps = 4;
+    cfg.data.micro_batch_size = 2;  // pp > 1 runs several microbatches
+    const std::string kind = base.model.ffn == "moe" ? "moe+mla" : "dense";
+    cfg.name = "cuda-mesh-" + kind;
+    const auto ref = test::single_process_losses(cfg);
+    for (const auto& m : meshes) {
+      const std::string what = kind + " on (" + std::to_string(m[0]) + "," + std::to_string(m[1]) + "," +
+                               std::to_string(m[2]) + ")";
+      Config c = test::with_mesh(cfg, m[0], m[1], m[2]);
+      c.name = cfg.name + "-" + std::to_string(m[0]) + std::to_string(m[1]) + std::to_string(m[2]);
+      test::expect_same_curve(ref, test::train_losses(c), 1e-4, what);
+    }
+  }
+}
+
+TEST(Cuda, NcclCollectivesOnOneRank) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  const at::Device dev = use_cuda_device(0);
+  EXPECT_FALSE(nccl_runtime_version().empty());
+  auto world = test_runtime().world();
+  Mesh mesh(*world, MeshShape{1, 1, 1}, Backend::Nccl);
+  ASSERT_EQ(mesh.backend(), "nccl");
+  Communicator& c = mesh.dp();
+  const at::Tensor x = at::arange(12, at::TensorOptions().dtype(at::kFloat).device(dev)).reshape({3, 4});
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    at::Tensor t = x.to(dtype);
+    c.all_reduce(t);
+    EXPECT_EQ(t.scalar_type(), dtype);
+    EXPECT_TRUE(at::equal(t.cpu(), x.to(dtype).cpu()));
+    EXPECT_TRUE(at::equal(c.reduce_scatter(x.to(dtype), 1).cpu(), x.to(dtype).cpu()));
+  }
+  EXPECT_TRUE(at::equal(c.all_gather(x, 1).cpu(), x.cpu()));
+  EXPECT_TRUE(at::equal(c.all_to_all(x).cpu(), x.cpu()));
+  at::Tensor b = x.clone();
+  c.broadcast(b, 0);
+  EXPECT_TRUE(at::equal(b.cpu(), x.cpu()));
+  c.barrier();
+  EXPECT_GT(mesh.bytes_moved(), 0);
+  // CPU tensors are refused with the reason, not handed to NCCL.
+  at::Tensor host = x.cpu();
+  EXPECT_THROW(c.all_reduce(host), Error);
+}
+
+TEST(Cuda, StagedMpiCollectivesOnCudaTensors) {
+  SKIP_WITHOUT_CUDA();
+  auto world = test_runtime().world();
+  const int p = world->size(), r = world->rank();
+  const at::Device dev = use_cuda_device(0);
+  Mesh mesh(*world, MeshShape{p, 1, 1}, Backend::Mpi);
+  Communicator& c = mesh.dp();
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(dev);
+  const at::Tensor base = at::arange(4 * p, opts).reshape({2 * p, 2});
+  at::Tensor t = base * (r + 1);
+  c.all_reduce(t);
+  EXPECT_TRUE(t.is_cuda());
+  EXPECT_TRUE(at::allclose(t.cpu(), (base * tri(p)).cpu()));
+  EXPECT_EQ(c.bytes_moved(), static_cast<int64_t>(t.nbytes()));
+  const at::Tensor g = c.all_gather(at::full({1}, r, opts), 0);
+  EXPECT_TRUE(g.is_cuda());
+  EXPECT_TRUE(at::equal(g.cpu(), at::arange(p, at::kFloat)));
+  const at::Tensor rs = c.reduce_scatter(base, 0);
+  EXPECT_TRUE(rs.is_cuda());
+  EXPECT_TRUE(at::allclose(rs.cpu(), (base.narrow(0, 2 * r, 2) * p).cpu()));
+  at::Tensor b = at::full({3}, r == 0 ? 7.0 : 0.0, opts.dtype(at::kBFloat16));
+  c.broadcast(b, 0);
+  EXPECT_EQ(b.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(b.cpu(), at::full({3}, 7.0, at::kBFloat16)));
+  const at::Tensor a2a = c.all_to_all(at::full({p}, r, opts));
+  EXPECT_TRUE(at::equal(a2a.cpu(), at::arange(p, at::kFloat)));
+  if (p > 1) {
+    // A ring of send/recv on strided (non-contiguous) CUDA views.
+    const at::Tensor out = at::full({2, 3}, r, opts).t();
+    at::Tensor in = at::zeros({2, 3}, opts).t();
+    if (r % 2 == 0) {
+      c.send(out, (r + 1) % p, 5);
+      c.recv(in, (r + p - 1) % p, 5);
+    } else {
+      c.recv(in, (r + p - 1) % p, 5);
+      c.send(out, (r + 1) % p, 5);
+    }
+    EXPECT_TRUE(at::equal(in.cpu(), at::full({3, 2}, (r + p - 1) % p, at::kFloat)));
+  }
+  c.barrier();
+}
+
+TEST(Cuda, CheckpointFromCudaLoadsOnCpuAndBack) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  Config gpu = on_gpu(test::tiny_config(test::synthetic_data(kData, 96), "cuda-ckpt"), "auto");
+  gpu.training_steps = 2;
+  gpu.checkpoint_steps = 2;
+  TrainOptions fresh;
+  fresh.fresh = true;
+  fresh.quiet = true;
+  Trainer a(gpu, test_runtime(), fresh);
+  a.train();
+  const auto saved = params_of(a);
+  const auto dir = find_latest_checkpoint(gpu.run_dir());
+  ASSERT_TRUE(dir.has_value());
+
+  Config cpu = gpu;
+  cpu.device.device = "cpu";
+  TrainOptions load;
+  load.quiet = true;
+  load.checkpoint = *dir;
+  Trainer b(cpu, test_runtime(), load);
+  EXPECT_FALSE(b.model().params.front().tensor.is_cuda());
+  expect_same_params(saved, params_of(b), "CUDA checkpoint loaded on CPU");
+  b.save_checkpoint();  // the same step, now written from CPU tensors
+
+  Trainer c(gpu, test_runtime(), load);
+  EXPECT_TRUE(c.model().params.front().tensor.is_cuda());
+  expect_same_params(saved, params_of(c), "CPU re-save loaded back on CUDA");
+  EXPECT_EQ(c.step(), 2);
+}
+
+TEST(Cuda, ResumeOnGpuIsExactWithDropout) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  Config cfg = on_gpu(test::tiny_config(test::synthetic_data(kData, 96), "cuda-resume"), "auto");
+  cfg.model.dropout_rate = 0.1;
+  cfg.training_steps = 6;
+  cfg.checkpoint_steps = 3;
+  const auto straight = run(cfg, true);
+  Config part = cfg;
+  part.name = "cuda-resume-split";
+  part.training_steps = 3;
+  run(part, true);
+  part.training_steps = 6;
+  const auto resumed = run(part, false);
+  ASSERT_EQ(straight.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);
+  // Dropout masks come from the CUDA generator: without its saved state the
+  // resumed steps draw other masks and the losses move by ~1e-2. 1e-6 leaves
+  // room only for non-deterministic reductions of CUDA kernels.
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(resumed[i], straight[3 + i], 1e-6) << "step " << 4 + i << " after resume";
+}
+
+}  // namespace
