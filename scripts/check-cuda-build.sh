@@ -30,6 +30,8 @@ if ldd "$BUILD/meshtrain" | grep -q 'libtorch\.so'; then
   echo "check-cuda-build: $BUILD/meshtrain loads libtorch.so (its std::filesystem breaks on Debian 12)" >&2
   exit 1
 fi
+echo "check-cuda-build: the binary loads:"
+ldd "$BUILD/meshtrain" | grep -E 'libtorch|libc10|libnccl|libcudart' | sed 's/^/  /'
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ctest --test-dir "$BUILD" --output-on-failure -j "${TEST_JOBS:-1}" "$@"
 echo "check-cuda-build: OK ($BUILD)"
