@@ -104,6 +104,7 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   double last_loss = 0;
   int64_t step = 0;
   auto one_step = [&] {
+    trainer.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
     const StepStats s = trainer.train_step();
     // Norm, clipping and the update exactly as train() does them (AdamW or ZeRO-1).
     trainer.apply_update(s, learning_rate(cfg.lr, step++));

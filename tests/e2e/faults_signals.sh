@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hangs and crashes: SIGINT/SIGTERM honoured by every subcommand (generate,
-# eval, prepare-data, the end-of-run sample) promptly and leaving nothing
+# eval, prepare-data, bench, the end-of-run sample) promptly and leaving nothing
 # half-written; a stuck rank named by the watchdog, in start-up too; numbers
 # that would overflow or run for hours refused.
 source "$(dirname "$0")/common.sh" "$@"
@@ -53,6 +53,12 @@ stop_with INT prep.log "" "$BIN" prepare-data --input bigcorpus --output bigdata
 check "prepare-data + SIGINT: rc 130 ($rc)" test $rc -eq 130
 prompt && ok "prepare-data + SIGINT: prompt (${took} s)" || bad "prepare-data + SIGINT: took ${took} s"
 check "prepare-data + SIGINT: no output, no temporary folder" bash -c "! ls -d bigdata* 2>/dev/null"
+
+# bench: 100000 timed steps.
+stop_with INT bench.log "model:" "$BIN" bench --config tiny.json --name benchrun --steps 100000 --warmup 0
+check "bench + SIGINT: rc 130 ($rc)" test $rc -eq 130
+check "bench + SIGINT: says why" grep -q "stopped by SIGINT during bench" bench.log
+prompt && ok "bench + SIGINT: prompt (${took} s)" || bad "bench + SIGINT: took ${took} s"
 
 # The end-of-run sample: the checkpoint is saved first, the sample is dropped, exit 0.
 stop_with TERM sample.log "saved checkpoint of step 3" "$BIN" train "${T[@]}" --name sample --training_steps 3 \

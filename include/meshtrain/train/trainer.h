@@ -81,6 +81,9 @@ class Trainer {
   // (AdamW or ZeRO-1) with learning rate lr; returns the norm (before clipping).
   double apply_update(const StepStats& s, double lr);
   void save_checkpoint();
+  // Throws Stopped on every rank when any rank received a stop signal
+  // (core/stop_signal.h); collective. Public for loops outside train() (bench).
+  void stop_point(const std::string& during);
 
  private:
   // Registers the checkpoint components (train/components.h) and loads the
@@ -93,8 +96,6 @@ class Trainer {
   void open_run_dir();
   // The stop signal any rank received (0: none); collective.
   int stop_agreed();
-  // Throws Stopped on every rank when any rank received a stop signal; collective.
-  void stop_point(const std::string& during);
   void warn_starved_experts(const StepStats& s);
   std::string progress_suffix() const;
   StepStats reduce_stats(const RoundSums& sums, int64_t seq_len);
