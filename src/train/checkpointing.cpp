@@ -23,6 +23,9 @@ void Trainer::setup_checkpointing() {
   add("optim", std::make_unique<OptimizerState>(pm_, *mesh_, vocab, opt_.get(), zero_.get()));
   add("data", std::make_unique<DataState>(*train_loader_, *val_loader_, opts_.load_data_cursor));
   add("rng", std::make_unique<RngState>(at::detail::getDefaultCPUGenerator()));
+  // On GPU, dropout draws from the device's CUDA generator: saved as well, so a
+  // resume on GPU is exact (checkpoints without it keep the seeded stream).
+  if (device_.is_cuda()) add("rng_cuda", std::make_unique<RngState>(at::globalContext().defaultGenerator(device_)));
 }
 
 void Trainer::save_checkpoint() {
