@@ -58,12 +58,14 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
   const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
   const at::Tensor qkv = mp_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
   const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
-  const at::Tensor heads = qkv.view({B, T, 3, H, hd});
+  // split / unbind, not narrow / select: their backward is one cat / stack
+  // instead of a zero-filled gradient per piece.
+  const auto parts = qkv.view({B, T, 3, H, hd}).split_with_sizes({2, 1}, 2);
   // q and k rotated together, in the activations' dtype.
-  const at::Tensor qk = rope_.apply(heads.narrow(2, 0, 2), offset, 1);  // [B, T, 2, H, hd]
-  const auto q = qk.select(2, 0).transpose(1, 2);                       // [B, H, T, hd]
-  auto k = qk.select(2, 1).transpose(1, 2);
-  auto v = heads.select(2, 2).transpose(1, 2);
+  const auto qk = rope_.apply(parts[0], offset, 1).unbind(2);  // [B, T, H, hd] each
+  const auto q = qk[0].transpose(1, 2);                         // [B, H, T, hd]
+  auto k = qk[1].transpose(1, 2);
+  auto v = parts[1].squeeze(2).transpose(1, 2);
   if (cache) {
     cache->a = k = append(cache->a, k, 2);
     cache->b = v = append(cache->b, v, 2);

@@ -24,7 +24,11 @@ namespace {
 enum class Kind { Other, Gemm, Attention };
 
 // What the schema and the registered kernels say about one operator overload.
+// Indexed ops touch the indexed elements only, not their whole operands.
+enum class Access { Dense, Gather, ScatterInPlace };
+
 struct OpInfo {
+  Access access = Access::Dense;
   bool kernel = true;      // can be a kernel (not a view, allocation or metadata op)
   bool composite = false;  // only forwards to other ops (CompositeImplicitAutograd)
   bool fused = false;      // one GPU kernel whatever it decomposes to here
@@ -61,8 +65,16 @@ OpInfo classify(const char* name, const char* overload) {
                          "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
                          "aten::masked_select", "aten::is_nonzero", "aten::equal", "aten::bincount",
                          "aten::repeat_interleave"});
+  // gather / index_select read the rows they return; in-place scatters and
+  // index_add_ / index_copy_ read their source and read-modify-write as many
+  // elements of self.
+  if (one_of(n, {"aten::gather", "aten::index_select"})) info.access = Access::Gather;
+  if (one_of(n, {"aten::scatter_", "aten::scatter_add_", "aten::scatter_reduce_", "aten::index_add_",
+                 "aten::index_copy_", "aten::index_put_", "aten::_index_put_impl_"}))
+    info.access = Access::ScatterInPlace;
   // Allocations, metadata and host reads that launch nothing by themselves.
-  if (one_of(n, {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+  // (_unsafe_view and alias are views whose schemas do not say so.)
+  if (one_of(n, {"aten::_unsafe_view", "aten::alias", "aten::_reshape_alias", "aten::lift", "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
                  "aten::new_empty_strided", "aten::resize_", "aten::resize_as_", "aten::set_", "aten::_resize_output_",
                  "aten::lift_fresh", "aten::result_type", "aten::size", "aten::sym_size", "aten::stride",
                  "aten::is_same_size", "aten::_has_compatible_shallow_copy_type", "aten::requires_grad_",
@@ -205,16 +217,23 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!f.suppressed) {
     const auto inputs = fn.inputs();
     bool d2h = false;
+    double last_tensor = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const bool write_only = i < f.info->write_only.size() && f.info->write_only[i];
+      // Indexed ops: self (argument 0) is touched only where indexed.
+      const bool skip = f.info->access != Access::Dense && i == 0;
       for_each_tensor(inputs[i], [&](const at::Tensor& t) {
         if (!t.defined()) return;
         if (t.device() == s->device) {
           f.on_device = true;
-          if (!write_only) f.in_bytes += tensor_bytes(t);
+          if (!write_only && !skip) f.in_bytes += tensor_bytes(t);
+          last_tensor = tensor_bytes(t);
         }
       });
     }
+    // In-place scatters: as many elements of self read and written as the
+    // source (the last tensor argument) has.
+    if (f.info->access == Access::ScatterInPlace) f.in_bytes += 2 * last_tensor;
     // copy_(dst on the host, src on the device): a device-to-host read.
     if (f.name == "aten::copy_" && inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor())
       d2h = inputs[0].toTensor().device().is_cpu() && inputs[1].toTensor().device() == s->device;
@@ -243,6 +262,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
       for_each_tensor(v, [&](const at::Tensor& t) {
         if (t.defined() && t.device() == s->device) out_bytes += tensor_bytes(t);
       });
+    if (f.info->access == Access::Gather) out_bytes *= 2;  // the rows read, then written
+    if (f.info->access == Access::ScatterInPlace) out_bytes = 0;  // counted with the source
     // In-place and out= ops return nothing new for foreach/fused lists: their
     // written arguments were counted as reads (read-modify-write) or not at all.
     if (fn.outputs().empty() && f.info->fused) out_bytes = f.in_bytes;
