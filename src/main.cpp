@@ -27,6 +27,7 @@
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/dist/runtime.h"
 #include "meshtrain/train/bench.h"
+#include "meshtrain/train/meta_bench.h"
 #include "meshtrain/train/plan.h"
 #include "meshtrain/train/trainer.h"
 
@@ -220,12 +221,25 @@ int run(int argc, char** argv, Runtime& runtime) {
   plan->add_flag("--json", plan_json, "print one JSON object instead of the report");
 
   BenchOptions bench_opts;
+  MetaBenchOptions meta_opts;
+  std::string bench_device;
   auto* bench = app.add_subcommand("bench", "time training steps: tokens/s, MFU, peak memory");
   bench_flags.add_to(bench);
   bench->add_option("--steps", bench_opts.steps, "timed steps")->check(integer_at_least(1));
   bench->add_option("--warmup", bench_opts.warmup, "untimed warm-up steps")->check(integer_at_least(0));
-  bench->add_option("--peak-tflops", bench_opts.peak_tflops, "device peak TFLOP/s for MFU (default: known GPUs)")
+  bench->add_option("--peak-tflops", bench_opts.peak_tflops,
+                    "device peak TFLOP/s for MFU (default: known GPUs; with --device meta: 989, an H100's dense bf16)")
       ->check(number_at_least(0));
+  bench->add_option("--device", bench_device,
+                    "meta: the performance model, no GPU needed. Runs one full-size step on the meta device (one "
+                    "unsharded rank, n_device_axis taken as [1,1,1]) and counts GEMM/attention FLOPs, bytes of every "
+                    "other kernel, kernels and host syncs; est_step_ms = (GEMM+attention FLOPs) / (efficiency x peak) "
+                    "+ non-GEMM bytes / bandwidth, nothing overlapped, launch latency ignored")
+      ->check(CLI::IsMember({"meta"}));
+  bench->add_option("--efficiency", meta_opts.efficiency,
+                    "--device meta: fraction of the peak GEMMs and attention reach (default 0.6)");
+  bench->add_option("--bandwidth-tbps", meta_opts.bandwidth_tbps,
+                    "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
 
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);
@@ -282,6 +296,10 @@ int run(int argc, char** argv, Runtime& runtime) {
     const Config cfg = plan_flags.load().config;
     const std::string report = plan_report(cfg, plan_device(cfg, plan_dev), device_gib, plan_json);
     if (runtime.rank() == 0) std::cout << report << std::endl;
+  } else if (*bench && bench_device == "meta") {
+    if (bench_opts.peak_tflops > 0) meta_opts.peak_tflops = bench_opts.peak_tflops, meta_opts.peak_name = "custom";
+    const MetaBenchResult r = run_meta_bench(bench_flags.load().config, runtime, meta_opts);
+    if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
   } else if (*bench) {
     const BenchResult r = run_bench(bench_flags.load().config, runtime, bench_opts);
     if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;

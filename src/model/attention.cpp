@@ -3,6 +3,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/model/matmul_dtype.h"
 
 namespace meshtrain {
 
@@ -38,7 +39,8 @@ at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
 
 }  // namespace
 
-MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) : cfg_(cfg) {
+MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
+    : cfg_(cfg), rope_(cfg.rope_theta) {
   const int64_t d = cfg.model_dimension;
   const bool b = cfg.linear_bias;
   wq_ = register_module("wq", factory.column(prefix + ".wq", d, d, cfg.init_std, b));
@@ -49,9 +51,21 @@ MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
 
 at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
   const int64_t hd = cfg_.head_dim();
-  const auto q = apply_rope(split_heads(wq_->forward(x), hd), offset, cfg_.rope_theta);
-  auto k = apply_rope(split_heads(wk_->forward(x), hd), offset, cfg_.rope_theta);
-  auto v = split_heads(wv_->forward(x), hd);
+  // One GEMM for q, k and v: the three weights (each this rank's heads) are
+  // concatenated per call, which moves only the weights; the parameters stay
+  // three, so checkpoints and tp shards keep their layout.
+  const at::Tensor w = at::cat({wq_->weight(), wk_->weight(), wv_->weight()}, 0);
+  const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
+  const at::Tensor qkv = mp_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
+  const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
+  // split / unbind, not narrow / select: their backward is one cat / stack
+  // instead of a zero-filled gradient per piece.
+  const auto parts = qkv.view({B, T, 3, H, hd}).split_with_sizes({2, 1}, 2);
+  // q and k rotated together, in the activations' dtype.
+  const auto qk = rope_.apply(parts[0], offset, 1).unbind(2);  // [B, T, H, hd] each
+  const auto q = qk[0].transpose(1, 2);                         // [B, H, T, hd]
+  auto k = qk[1].transpose(1, 2);
+  auto v = parts[1].squeeze(2).transpose(1, 2);
   if (cache) {
     cache->a = k = append(cache->a, k, 2);
     cache->b = v = append(cache->b, v, 2);
@@ -61,7 +75,7 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
 }
 
 MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR)
-    : cfg_(cfg), factory_(&factory), dhR_(dhR) {
+    : cfg_(cfg), factory_(&factory), dhR_(dhR), rope_(cfg.rope_theta) {
   const int64_t d = cfg.model_dimension, L = cfg.latent_dim, H = cfg.n_head, hd = cfg.head_dim();
   MT_CHECK(L > 0, "model_config.latent_dim must be > 0 for attention \"mla\"");
   const double s = cfg.init_std;
@@ -90,12 +104,12 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
     // [c_kv, c_q] (model.py: Dense(dhR)(x) after x = Dense(2 * latent_dim)(x)).
     const bool joint = cfg_.mla_rope_input == "joint_latent";
     const at::Tensor latent = joint ? at::cat({c, cq}, -1) : at::Tensor();
-    const auto q_rope = apply_rope(split_heads(w_qr_->forward(joint ? latent : cq), dhR_), offset, cfg_.rope_theta);
+    const auto q_rope = rope_.apply(split_heads(w_qr_->forward(joint ? latent : cq), dhR_), offset, 2);
     q = at::cat({q, q_rope}, -1);
     // The rope key is computed once (replicated) but read by this rank's heads
     // only: entering the tp region sums its gradient over all heads (and, under
     // sequence parallelism, gathers the whole sequence before rotating it).
-    k_rope = apply_rope(factory_->enter_tp(w_kr_->forward(joint ? latent : x)), offset, cfg_.rope_theta);
+    k_rope = rope_.apply(factory_->enter_tp(w_kr_->forward(joint ? latent : x)), offset, 1);
   }
   if (cache) {
     cache->a = c = append(cache->a, c, 1);
@@ -105,6 +119,13 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
   const auto v = split_heads(w_uv_->forward(c), hd);
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
+  if (dhR_ > 0 && !v.is_cpu()) {
+    // Flash kernels want one head size for q, k and v: v padded with zeros to
+    // hd + dhR gives the same first hd output columns (the rest are zeros).
+    // The CPU kernels take unequal sizes as they are.
+    const at::Tensor o = causal_attention(q, k, at::constant_pad_nd(v, {0, dhR_}), p);
+    return wo_->forward(merge_heads(o.narrow(-1, 0, hd)));
+  }
   return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
 }
 

@@ -2,7 +2,9 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/matmul_dtype.h"
 
 namespace meshtrain {
 
@@ -32,13 +34,11 @@ class PlainHead : public LMHead {
   explicit PlainHead(at::Tensor w) : weight_(register_parameter("weight", std::move(w))) {}
   explicit PlainHead(std::shared_ptr<Embedding> tied) : tied_(std::move(tied)) {}
 
-  at::Tensor logits(const at::Tensor& h) override { return at::linear(h, weight()); }
+  at::Tensor logits(const at::Tensor& h) override { return mp_linear(h, weight()); }
 
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets) override {
-    const auto z = logits(h).to(at::kFloat);
-    const auto losses = at::cross_entropy_loss(z.reshape({-1, z.size(-1)}), targets.reshape({-1}).to(at::kLong),
-                                               {}, at::Reduction::None);
-    return losses.view(targets.sizes());
+    // Chunked: never the whole batch's fp32 logits (model/cross_entropy.h).
+    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), weight(), targets).view(targets.sizes());
   }
 
  private:
@@ -68,35 +68,73 @@ PlainLinear::PlainLinear(at::Tensor w, at::Tensor b) : weight_(register_paramete
   if (b.defined()) bias_ = register_parameter("bias", std::move(b));
 }
 
-at::Tensor PlainLinear::forward(const at::Tensor& x) { return at::linear(x, weight_, bias_); }
+at::Tensor PlainLinear::forward(const at::Tensor& x) { return mp_linear(x, weight_, bias_); }
 
-RMSNorm::RMSNorm(int64_t d, double eps, bool bias)
-    : weight_(register_parameter("weight", torch::ones({d}))), eps_(eps) {
-  if (bias) bias_ = register_parameter("bias", torch::zeros({d}));
+RMSNorm::RMSNorm(int64_t d, double eps, bool bias, at::Device device)
+    : weight_(register_parameter("weight", torch::ones({d}, at::TensorOptions().device(device)))), eps_(eps) {
+  if (bias) bias_ = register_parameter("bias", torch::zeros({d}, at::TensorOptions().device(device)));
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  // fp32 statistics: a bf16 mean of squares loses too many bits at large d.
-  const auto xf = x.to(at::kFloat);
-  auto y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight_.to(at::kFloat);
-  if (bias_.defined()) y = y + bias_.to(at::kFloat);
-  return y.to(x.scalar_type());
+  // One fused kernel forward and one backward on CUDA (fp32 statistics inside
+  // even for bf16 inputs). It needs the weight in x's dtype; otherwise it is
+  // libtorch's composite, the same fp32 chain as on CPU.
+  const at::Tensor y = at::rms_norm(x, {x.size(-1)}, weight_.to(x.scalar_type()), eps_);
+  return bias_.defined() ? y + bias_.to(x.scalar_type()) : y;
+}
+
+namespace {
+
+at::Tensor swap_halves(const at::Tensor& x) {
+  const auto h = x.chunk(2, -1);
+  return at::cat({h[1], h[0]}, -1);
+}
+
+// y = x*cos + swap(x)*sin. swap is its own transpose, so the backward is the
+// same shape of computation: dx = g*cos + swap(g*sin).
+class RotateFn : public torch::autograd::Function<RotateFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return x * cos + swap_halves(x) * sin;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    return {g * saved[0] + swap_halves(g * saved[1]), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor Rotary::apply(const at::Tensor& x, int64_t offset, int64_t seq_dim) {
+  const int64_t dim = x.size(-1);
+  if (seq_dim < 0) seq_dim += x.dim();
+  const int64_t T = x.size(seq_dim);
+  MT_CHECK(dim % 2 == 0, "rope needs an even number of dims, got ", dim, " (hint: head_dim and dhR must be even)");
+  const std::string key = std::to_string(dim) + "/" + x.device().str() + "/" + c10::toString(x.scalar_type());
+  Tables& t = cache_[key];
+  if (!t.cos.defined() || t.cos.size(0) < offset + T) {
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(x.device());
+    const auto inv_freq = at::pow(theta_, -at::arange(0, dim, 2, f32) / static_cast<double>(dim));  // [dim/2]
+    const auto angle = at::outer(at::arange(0, offset + T, f32), inv_freq);                       // [n, dim/2]
+    const auto c = angle.cos(), s = angle.sin();
+    t.cos = at::cat({c, c}, -1).to(x.scalar_type());
+    t.sin = at::cat({-s, s}, -1).to(x.scalar_type());
+  }
+  // [T, 1, .., 1, dim]: broadcast over the dims between positions and features.
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim() - seq_dim), 1);
+  shape.front() = T;
+  shape.back() = dim;
+  const at::Tensor cos = t.cos.narrow(0, offset, T).view(shape), sin = t.sin.narrow(0, offset, T).view(shape);
+  return RotateFn::apply(x, cos, sin);
 }
 
 at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta) {
-  const int64_t dim = x.size(-1);
-  const int64_t T = x.size(-2);
-  MT_CHECK(dim % 2 == 0, "rope needs an even number of dims, got ", dim, " (hint: head_dim and dhR must be even)");
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(x.device());
-  const auto inv_freq = at::pow(theta, -at::arange(0, dim, 2, f32) / static_cast<double>(dim));  // [dim/2]
-  const auto pos = at::arange(offset, offset + T, f32);
-  const auto angle = at::outer(pos, inv_freq);  // [T, dim/2]
-  const auto cos = at::cat({angle.cos(), angle.cos()}, -1);
-  const auto sin = at::cat({angle.sin(), angle.sin()}, -1);
-  const auto xf = x.to(at::kFloat);
-  const auto halves = xf.chunk(2, -1);
-  const auto rotated = at::cat({-halves[1], halves[0]}, -1);
-  return (xf * cos + rotated * sin).to(x.scalar_type());
+  Rotary r(theta);
+  return r.apply(x, offset, -2);
 }
 
 at::Tensor LayerFactory::draw(const std::string& name, at::IntArrayRef global_shape, double std) {

@@ -6,8 +6,21 @@
 #include <cmath>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/matmul_dtype.h"
 
 namespace meshtrain {
+
+namespace {
+
+// at::one_hot checks its indices' range with host reads on every device but
+// CUDA; a scatter gives the same [.., E] int64 tensor with none.
+at::Tensor expert_one_hot(const at::Tensor& idx, int64_t E) {
+  std::vector<int64_t> shape = idx.sizes().vec();
+  shape.push_back(E);
+  return at::zeros(shape, idx.options().dtype(at::kLong)).scatter_(-1, idx.unsqueeze(-1), 1);
+}
+
+}  // namespace
 
 Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training) {
   MT_CHECK(router_logits.dim() == 3, "MoE router logits must be [B, T, E], got ", router_logits.sizes());
@@ -39,9 +52,11 @@ Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool trai
                                                        static_cast<double>(E)));
   // Flattening [T, k] per sequence gives the position-major priority order;
   // a running count per expert along it is each assignment's 1-based slot.
-  auto onehot = at::one_hot(idx.reshape({B, T * k}), E);  // [B, T*k, E]
+  auto onehot = expert_one_hot(idx.reshape({B, T * k}), E);  // [B, T*k, E]
   auto slot = (onehot.cumsum(1) * onehot).sum(-1);        // [B, T*k]
   r.keep = (slot <= capacity).reshape({N, k});
+  r.capacity = capacity;
+  r.slot = slot.reshape({N, k});
   return r;
 }
 
@@ -50,7 +65,7 @@ at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n
            ", expected [", B * T, ", ", k, "]");
   // f counts assignments before capacity: a saturated expert must still be
   // pushed away from, not look balanced because its overflow was dropped.
-  auto f = at::one_hot(r.expert.reshape({B, T * k}), n_experts).to(at::kFloat).sum(1) /
+  auto f = expert_one_hot(r.expert.reshape({B, T * k}), n_experts).to(at::kFloat).sum(1) /
            static_cast<double>(T * k);                                // [B, E], no grad
   auto P = r.probs.reshape({B, T, n_experts}).mean(1);                // [B, E]
   return (static_cast<double>(n_experts) * (f * P).sum(-1)).mean();  // mean over sequences
@@ -100,6 +115,31 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   }
 }
 
+at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate, int64_t B,
+                                    int64_t T) {
+  // Every expert gets B * C slots (C per sequence) in one buffer; assignment
+  // (b, t, j) goes to row expert * B * C + b * C + slot - 1 and dropped ones
+  // to a spare row that is never computed. Static shapes: no host sync, and
+  // the experts run as two batched GEMMs over [E, B * C] rows.
+  const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension, N = xflat.size(0);
+  const int64_t C = r.capacity, S = B * C;
+  const auto ids = r.expert.options();
+  const at::Tensor a = at::arange(N * k, ids);
+  const at::Tensor token = a.div(k, "floor");
+  const at::Tensor seq = a.div(T * k, "floor");
+  const at::Tensor slot_row = r.expert.reshape({N * k}) * S + seq * C + (r.slot.reshape({N * k}) - 1);
+  const at::Tensor row = at::where(r.keep.reshape({N * k}), slot_row, at::full({}, E * S, ids));
+  const at::Tensor buf = at::zeros({E * S + 1, d}, xflat.options()).index_copy(0, row, xflat.index_select(0, token));
+  const at::Tensor xin = buf.narrow(0, 0, E * S).view({E, S, d});
+  const at::Tensor hid = at::gelu(at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2)), "tanh");
+  const at::Tensor out = at::bmm(hid, matmul_operand(w_out_).transpose(1, 2));  // [E, S, d]
+  const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
+  // Combine: gates scale each tp rank's partial output before exit_tp sums
+  // them (exact: the combine is linear); dropped assignments read zeros.
+  const at::Tensor each = rows.index_select(0, row) * gate.unsqueeze(1).to(out.scalar_type());
+  return at::zeros({N, d}, out.options()).index_add(0, token, each);
+}
+
 at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   MT_CHECK(x.dim() == 3 && x.size(2) == cfg_.model_dimension, "MoE input must be [B, T, ",
            cfg_.model_dimension, "], got ", x.sizes());
@@ -134,43 +174,50 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   const at::Tensor gate =
       factory_->enter_tp(factory_->scatter_sequence(r.gate.reshape({B, T, k}))).reshape({N * k});
 
-  // Dispatch: kept (token, expert) assignments, grouped by expert.
-  const at::Tensor kept = r.keep.reshape({N * k}).nonzero().squeeze(1);  // assignment ids a = token*k + j
-  const at::Tensor kept_expert = r.expert.reshape({N * k}).index_select(0, kept);
-  const at::Tensor order = std::get<1>(kept_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const at::Tensor assignment = kept.index_select(0, order);
-  const at::Tensor token = assignment.div(k, "floor");
-  const at::Tensor counts = at::bincount(kept_expert, {}, E).cpu();  // one host sync per layer
-  const auto* count = counts.data_ptr<int64_t>();
-
-  // Compute: one matmul pair per expert on its contiguous slice.
-  at::Tensor routed;
-  if (assignment.numel() > 0) {
-    const at::Tensor xin = xflat.index_select(0, token);  // [M, d]
-    std::vector<at::Tensor> outs;
-    outs.reserve(static_cast<size_t>(E));
-    int64_t offset = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (count[e] == 0) continue;
-      at::Tensor pre = xin.narrow(0, offset, count[e]).matmul(w_in_[e].t());
-      if (b_in_.defined()) pre = pre + b_in_[e].to(pre.scalar_type());
-      const at::Tensor hid = at::gelu(pre, "tanh");
-      outs.push_back(hid.matmul(w_out_[e].t()));
-      offset += count[e];
-    }
-    at::Tensor out = at::cat(outs, 0);
-    // Combine: gates scale each tp rank's partial output before exit_tp sums
-    // them, which is exact because the combine is linear.
-    out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
-    routed = at::zeros({N, d}, out.options()).index_add(0, token, out);
+  // Without expert biases and with a capacity: static shapes, no host sync.
+  // Otherwise (unbounded capacity, Jaxformer's expert biases) the experts run
+  // on per-expert counts read on the host.
+  at::Tensor routed, assignment, token;
+  if (r.capacity > 0 && !b_in_.defined() && !b_out_.defined()) {
+    routed = experts_by_capacity(xflat, r, gate, B, T);
   } else {
-    routed = at::zeros({N, d}, xe.options());
+    // Dispatch: kept (token, expert) assignments, grouped by expert.
+    const at::Tensor kept = r.keep.reshape({N * k}).nonzero().squeeze(1);  // assignment ids a = token*k + j
+    const at::Tensor kept_expert = r.expert.reshape({N * k}).index_select(0, kept);
+    const at::Tensor order = std::get<1>(kept_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+    assignment = kept.index_select(0, order);
+    token = assignment.div(k, "floor");
+    const at::Tensor counts = at::bincount(kept_expert, {}, E).cpu();  // one host sync per layer
+    const auto* count = counts.data_ptr<int64_t>();
+
+    // Compute: one matmul pair per expert on its contiguous slice.
+    if (assignment.numel() > 0) {
+      const at::Tensor xin = xflat.index_select(0, token);  // [M, d]
+      std::vector<at::Tensor> outs;
+      outs.reserve(static_cast<size_t>(E));
+      int64_t offset = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        if (count[e] == 0) continue;
+        at::Tensor pre = mp_linear(xin.narrow(0, offset, count[e]), w_in_[e]);
+        if (b_in_.defined()) pre = pre + b_in_[e].to(pre.scalar_type());
+        const at::Tensor hid = at::gelu(pre, "tanh");
+        outs.push_back(mp_linear(hid, w_out_[e]));
+        offset += count[e];
+      }
+      at::Tensor out = at::cat(outs, 0);
+      // Combine: gates scale each tp rank's partial output before exit_tp sums
+      // them, which is exact because the combine is linear.
+      out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
+      routed = at::zeros({N, d}, out.options()).index_add(0, token, out);
+    } else {
+      routed = at::zeros({N, d}, xe.options());
+    }
   }
   at::Tensor y = factory_->exit_tp(routed.reshape({B, T, d}));
 
   // Output biases: replicated, so added once after the tp sum, from the
   // replicated routing (whole sequences), then cut to this rank's shard.
-  if (b_out_.defined() && assignment.numel() > 0) {
+  if (b_out_.defined() && assignment.defined() && assignment.numel() > 0) {
     const at::Tensor g = r.gate.reshape({N * k}).index_select(0, assignment).unsqueeze(1);
     const at::Tensor bias = b_out_.index_select(0, r.expert.reshape({N * k}).index_select(0, assignment)) * g;
     const at::Tensor full = at::zeros({N, d}, bias.options()).index_add(0, token, bias).reshape({B, T, d});
@@ -196,7 +243,10 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
       // Unweighted, like aux_loss: the trainer applies router_z_loss (and alpha).
       aux->add_z(at::logsumexp(r.logits, -1).pow(2).mean());
     }
-    aux->expert_tokens.push_back(at::bincount(r.expert.reshape({N * k}), {}, E).to(at::kFloat).detach());
+    // A scatter, not bincount: bincount sizes its output from the data, a host sync on GPUs.
+    const at::Tensor ids = r.expert.reshape({N * k});
+    const at::Tensor ones = at::ones({N * k}, r.gate.options().dtype(at::kFloat));
+    aux->expert_tokens.push_back(at::zeros({E}, ones.options()).scatter_add_(0, ids, ones).detach());
     const at::Tensor dropped = (~r.keep).sum().to(at::kFloat).detach();
     const at::Tensor assigned = at::full({}, static_cast<double>(N * k), dropped.options());
     aux->dropped = aux->dropped.defined() ? aux->dropped + dropped : dropped;

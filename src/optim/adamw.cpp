@@ -2,39 +2,59 @@
 
 #include <torch/torch.h>
 
-#include <cmath>
-
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
 
-AdamW::AdamW(std::vector<OptimParam> params, const LrConfig& cfg)
-    : params_(std::move(params)), beta1_(cfg.beta1), beta2_(cfg.beta2), eps_(cfg.eps),
-      weight_decay_(cfg.weight_decay) {
+void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                 const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
+                 const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
+                 const at::Tensor& found_inf) {
+  if (params.empty()) return;
+  MT_ASSERT(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
+            "fused_adamw: lists of different lengths");
+  // Every parameter reads the one step counter: the lists may repeat a tensor.
+  const std::vector<at::Tensor> steps(params.size(), step);
+  std::optional<at::Tensor> inf;
+  if (found_inf.defined()) inf = found_inf;
+  at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, cfg.beta1, cfg.beta2,
+                    weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, inf);
+}
+
+AdamW::AdamW(std::vector<OptimParam> params, const LrConfig& cfg) : params_(std::move(params)), cfg_(cfg) {
+  MT_CHECK(!params_.empty(), "the optimizer got no parameters");
   for (auto& p : params_) {
     MT_CHECK(p.param.defined(), "optimizer parameter '", p.name, "' is undefined");
     auto opts = p.param.options().dtype(at::kFloat);
     if (!p.exp_avg.defined()) p.exp_avg = at::zeros(p.param.sizes(), opts);
     if (!p.exp_avg_sq.defined()) p.exp_avg_sq = at::zeros(p.param.sizes(), opts);
   }
+  step_ = at::zeros({}, params_.front().param.options().dtype(at::kFloat).requires_grad(false));
 }
 
-void AdamW::step(double lr) {
-  ++step_;
+int64_t AdamW::steps_taken() const { return static_cast<int64_t>(step_.item<float>()); }
+
+void AdamW::set_steps_taken(int64_t s) {
   at::NoGradGuard no_grad;
-  const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step_));
-  for (auto& p : params_) {
-    at::Tensor g = p.param.grad();
-    if (!g.defined()) continue;
-    g = g.to(at::kFloat);
-    p.exp_avg.mul_(beta1_).add_(g, 1.0 - beta1_);
-    p.exp_avg_sq.mul_(beta2_).addcmul_(g, g, 1.0 - beta2_);
-    at::Tensor denom = (p.exp_avg_sq / bc2).sqrt_().add_(eps_);
-    at::Tensor update = (p.exp_avg / bc1).div_(denom);
-    if (p.decay && weight_decay_ != 0.0) update.add_(p.param.to(at::kFloat), weight_decay_);
-    p.param.sub_((update * lr).to(p.param.scalar_type()));
+  step_.fill_(static_cast<double>(s));
+}
+
+void AdamW::step(double lr, const at::Tensor& found_inf) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> p[2], g[2], m[2], v[2];  // [0]: no decay, [1]: decay
+  for (auto& o : params_) {
+    const at::Tensor& grad = o.param.grad();
+    if (!grad.defined()) continue;
+    const int i = o.decay ? 1 : 0;
+    p[i].push_back(o.param);
+    g[i].push_back(grad);
+    m[i].push_back(o.exp_avg);
+    v[i].push_back(o.exp_avg_sq);
   }
+  step_.add_(1);
+  for (int i = 0; i < 2; ++i)
+    fused_adamw(p[i], g[i], m[i], v[i], step_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
+  if (found_inf.defined()) step_.sub_(found_inf);  // a skipped update is no step
 }
 
 }  // namespace meshtrain

@@ -71,20 +71,25 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
   }
 }
 
-double global_grad_norm(ParallelModel& pm, Mesh& mesh) {
+at::Tensor grad_norm(ParallelModel& pm, Mesh& mesh) {
   at::NoGradGuard no_grad;
-  // On the parameters' device: with NCCL the reductions below move device memory.
-  at::Tensor sq = at::zeros({1}, pm.params.front().tensor.options().dtype(at::kDouble));
+  std::vector<at::Tensor> grads;
   for (auto& p : pm.params) {
     if (!p.tensor.grad().defined()) continue;
     // Each parameter once: tp replicas only from tp rank 0, tied copies never.
     if (p.layout.tied_copy) continue;
     if (p.layout.split_dim < 0 && mesh.coord().tp != 0) continue;
-    sq += p.tensor.grad().to(at::kDouble).pow(2).sum();
+    grads.push_back(p.tensor.grad());
   }
+  // On the parameters' device: with NCCL the reductions below move device memory.
+  const auto opts = pm.params.front().tensor.options().dtype(at::kDouble);
+  at::Tensor sq = grads.empty() ? at::zeros({1}, opts)
+                                : at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum().reshape({1});
   if (mesh.shape().tp > 1) mesh.tp().all_reduce(sq);
   if (mesh.shape().pp > 1) mesh.pp().all_reduce(sq);
-  return std::sqrt(sq.item<double>());
+  return sq.sqrt().squeeze(0);
 }
+
+double global_grad_norm(ParallelModel& pm, Mesh& mesh) { return grad_norm(pm, mesh).item<double>(); }
 
 }  // namespace meshtrain

@@ -10,30 +10,26 @@ namespace meshtrain {
 
 namespace {
 
-// Adds src into dst, element by element, growing dst to src's shape.
-void add_counts(std::vector<std::vector<double>>& dst, const std::vector<std::vector<double>>& src) {
-  if (dst.size() < src.size()) dst.resize(src.size());
-  for (size_t l = 0; l < src.size(); ++l) {
-    auto& d = dst[l];
-    if (d.size() < src[l].size()) d.resize(src[l].size(), 0.0);
-    for (size_t e = 0; e < src[l].size(); ++e) d[e] += src[l][e];
-  }
-}
+at::Tensor plus(const at::Tensor& sum, const at::Tensor& x) { return sum.defined() ? sum + x : x; }
 
 }  // namespace
 
 RoundSums& RoundSums::operator+=(const RoundSums& o) {
-  ce_sum += o.ce_sum;
+  if (o.ce_sum.defined()) ce_sum = plus(ce_sum, o.ce_sum);
   tokens += o.tokens;
-  aux_sum += o.aux_sum;
-  z_sum += o.z_sum;
-  dropped += o.dropped;
-  assigned += o.assigned;
-  add_counts(expert_tokens, o.expert_tokens);
+  if (o.aux_sum.defined()) aux_sum = plus(aux_sum, o.aux_sum);
+  if (o.z_sum.defined()) z_sum = plus(z_sum, o.z_sum);
+  if (o.dropped.defined()) dropped = plus(dropped, o.dropped);
+  if (o.assigned.defined()) assigned = plus(assigned, o.assigned);
+  if (expert_tokens.size() < o.expert_tokens.size()) expert_tokens.resize(o.expert_tokens.size());
+  for (size_t l = 0; l < o.expert_tokens.size(); ++l)
+    if (o.expert_tokens[l].defined()) expert_tokens[l] = plus(expert_tokens[l], o.expert_tokens[l]);
   peak_live_microbatches = std::max(peak_live_microbatches, o.peak_live_microbatches);
   wait_seconds += o.wait_seconds;
   return *this;
 }
+
+double sum_value(const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; }
 
 std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets) {
   const int64_t b = inputs.size(0);
@@ -45,16 +41,21 @@ std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& 
 }
 
 void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences) {
-  if (aux.aux_loss.defined()) sums.aux_sum += aux.aux_loss.item<double>() * static_cast<double>(sequences);
-  if (aux.z_loss.defined()) sums.z_sum += aux.z_loss.item<double>() * static_cast<double>(sequences);
-  if (aux.dropped.defined()) sums.dropped += aux.dropped.item<double>();
-  if (aux.assigned.defined()) sums.assigned += aux.assigned.item<double>();
-  std::vector<std::vector<double>> counts;
-  for (const auto& t : aux.expert_tokens) {
-    at::Tensor c = t.to(at::kDouble).cpu().contiguous();
-    counts.emplace_back(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
-  }
-  add_counts(sums.expert_tokens, counts);
+  // fp64 on the device, as the host sums were: no read until the step logs.
+  const double seqs = static_cast<double>(sequences);
+  auto f64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
+  if (aux.aux_loss.defined()) sums.aux_sum = plus(sums.aux_sum, f64(aux.aux_loss) * seqs);
+  if (aux.z_loss.defined()) sums.z_sum = plus(sums.z_sum, f64(aux.z_loss) * seqs);
+  if (aux.dropped.defined()) sums.dropped = plus(sums.dropped, f64(aux.dropped));
+  if (aux.assigned.defined()) sums.assigned = plus(sums.assigned, f64(aux.assigned));
+  if (sums.expert_tokens.size() < aux.expert_tokens.size()) sums.expert_tokens.resize(aux.expert_tokens.size());
+  for (size_t l = 0; l < aux.expert_tokens.size(); ++l)
+    sums.expert_tokens[l] = plus(sums.expert_tokens[l], f64(aux.expert_tokens[l]));
+}
+
+void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses) {
+  sums.ce_sum = plus(sums.ce_sum, token_losses.detach().sum().to(at::kDouble));
+  sums.tokens += static_cast<double>(token_losses.numel());
 }
 
 at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec) {

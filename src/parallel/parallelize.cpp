@@ -45,10 +45,12 @@ bool row_parallel_bias(const std::string& path, const std::map<std::string, Para
   return w != layouts.end() && w->second.split_dim == 1;
 }
 
-ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh) {
+ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
   ParallelModel pm;
   pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp)[mesh.coord().pp];
-  pm.factory = make_layer_factory(cfg, mesh);
+  MT_CHECK(!meta || mesh.shape().tp == 1, "the meta device models one unsharded rank (tp = 1), got tp = ",
+           mesh.shape().tp);
+  pm.factory = meta ? std::make_unique<MetaLayerFactory>() : make_layer_factory(cfg, mesh);
   pm.factory->set_seed(cfg.seed);
   pm.model = std::make_shared<Transformer>(cfg.model, *pm.factory, pm.range);
   // After tp (the factory) and before dp, as torchtitan orders them.

@@ -17,8 +17,7 @@ RoundSums run_single_stage(ParallelModel& pm, const Config& cfg, const at::Tenso
     ForwardAux aux;
     at::Tensor h = pm.model->forward_layers(pm.model->embed(mb.inputs), &aux);
     at::Tensor losses = pm.model->token_losses(h, mb.targets);
-    sums.ce_sum += losses.detach().sum().item<double>();
-    sums.tokens += static_cast<double>(losses.numel());
+    accumulate_losses(sums, losses);
     accumulate_aux(sums, aux, mb.inputs.size(0));
     if (spec.backward) stage_loss(losses, aux, mb.inputs.size(0), spec).backward();
     sums.peak_live_microbatches = std::max<int64_t>(sums.peak_live_microbatches, 1);

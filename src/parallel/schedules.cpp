@@ -76,8 +76,7 @@ class StageRunner {
     accumulate_aux(sums_, aux, seqs);
     if (last_) {
       at::Tensor losses = pm_.model->token_losses(h, m.targets);
-      sums_.ce_sum += losses.detach().sum().item<double>();
-      sums_.tokens += static_cast<double>(losses.numel());
+      accumulate_losses(sums_, losses);
       if (spec_.backward) s.loss = stage_loss(losses, aux, seqs, spec_);
     } else {
       MT_ASSERT(h.sizes().vec() == hidden_shape(mb) && h.scalar_type() == options_.dtype(),

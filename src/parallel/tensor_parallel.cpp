@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/matmul_dtype.h"
 #include "meshtrain/parallel/mappings.h"
 #include "vocab_parallel.h"
 
@@ -18,7 +19,10 @@ class ColumnParallelLinear : public Linear {
       : weight_(register_parameter("weight", std::move(w))), factory_(factory) {
     if (b.defined()) bias_ = register_parameter("bias", std::move(b));
   }
-  at::Tensor forward(const at::Tensor& x) override { return at::linear(factory_->enter_tp(x), weight_, bias_); }
+  at::Tensor forward(const at::Tensor& x) override { return mp_linear(input(x), weight_, bias_); }
+  at::Tensor input(const at::Tensor& x) override { return factory_->enter_tp(x); }
+  const at::Tensor& weight() const override { return weight_; }
+  at::Tensor bias() const override { return bias_; }
 
  private:
   at::Tensor weight_, bias_;
@@ -36,9 +40,11 @@ class RowParallelLinear : public Linear {
     if (b.defined()) bias_ = register_parameter("bias", std::move(b));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor y = factory_->exit_tp(at::linear(x, weight_));
+    at::Tensor y = factory_->exit_tp(mp_linear(x, weight_));
     return bias_.defined() ? y + bias_.to(y.scalar_type()) : y;
   }
+  // Not fusable: the output leaves the tp region.
+  const at::Tensor& weight() const override { return weight_; }
 
  private:
   at::Tensor weight_, bias_;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/matmul_dtype.h"
 #include "meshtrain/parallel/mappings.h"
 
 namespace meshtrain {
@@ -98,7 +99,7 @@ class VocabParallelHead : public LMHead {
 
  private:
   at::Tensor local_logits(const at::Tensor& h) {
-    return at::linear(factory_->enter_tp(h), tied_ ? tied_->weight() : weight_);
+    return mp_linear(factory_->enter_tp(h), tied_ ? tied_->weight() : weight_);
   }
 
   at::Tensor weight_;

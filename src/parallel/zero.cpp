@@ -5,11 +5,11 @@
 #include <cmath>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/optim/adamw.h"
 
 namespace meshtrain {
 
-ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg)
-    : pm_(pm), mesh_(mesh), beta1_(cfg.beta1), beta2_(cfg.beta2), eps_(cfg.eps), weight_decay_(cfg.weight_decay) {
+ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), cfg_(cfg) {
   MT_CHECK(!pm.params.empty(), "zero_stage 1: this rank has no parameters");
   int64_t total = 0;
   for (const auto& p : pm.params) {
@@ -25,14 +25,19 @@ ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg)
   exp_avg_ = at::zeros({slice_}, opts);
   exp_avg_sq_ = at::zeros({slice_}, opts);
   grad_ = at::zeros({slice_}, opts);
-  decay_mask_ = at::zeros({slice_}, opts);
+  step_t_ = at::zeros({}, opts);
   norm_mask_ = at::zeros({slice_}, opts.dtype(at::kDouble));
   const bool tp_lead = mesh.coord().tp == 0;
   for (size_t i = 0; i < pm.params.size(); ++i) {
     const ParamInfo& p = pm.params[i];
     const int64_t lo = std::max(offsets_[i], begin_), hi = std::min(offsets_[i] + p.tensor.numel(), begin_ + slice_);
     if (lo >= hi) continue;
-    if (p.decay) decay_mask_.narrow(0, lo - begin_, hi - lo).fill_(1.0);
+    // Runs of the slice by weight decay (adjacent parameters alike merge);
+    // the padding past the last parameter is never updated.
+    if (!runs_.empty() && std::get<2>(runs_.back()) == p.decay && std::get<1>(runs_.back()) == lo - begin_)
+      std::get<1>(runs_.back()) = hi - begin_;
+    else
+      runs_.emplace_back(lo - begin_, hi - begin_, p.decay);
     // As global_grad_norm: tp replicas only from tp rank 0, the tied head copy never.
     const bool counted = !p.layout.tied_copy && (p.layout.split_dim >= 0 || tp_lead);
     if (counted) norm_mask_.narrow(0, lo - begin_, hi - lo).fill_(1.0);
@@ -73,7 +78,7 @@ std::vector<at::Tensor> ZeroOptimizer::unflatten(const at::Tensor& flat) const {
   return out;
 }
 
-double ZeroOptimizer::reduce_gradients() {
+at::Tensor ZeroOptimizer::reduce_gradients() {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : pm_.params) grads.push_back(p.tensor.grad());
@@ -88,30 +93,34 @@ double ZeroOptimizer::reduce_gradients() {
   if (mesh_.shape().dp > 1) mesh_.dp().all_reduce(sq);
   if (mesh_.shape().tp > 1) mesh_.tp().all_reduce(sq);
   if (mesh_.shape().pp > 1) mesh_.pp().all_reduce(sq);
-  return std::sqrt(sq.item<double>());
+  return sq.sqrt().squeeze(0);
 }
 
-void ZeroOptimizer::scale_gradients(double scale) {
+void ZeroOptimizer::scale_gradients(const at::Tensor& scale) {
   at::NoGradGuard no_grad;
   grad_.mul_(scale);
 }
 
-void ZeroOptimizer::step(double lr) {
-  ++step_;
+void ZeroOptimizer::step(double lr, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& p : pm_.params) params.push_back(p.tensor.detach());
   at::Tensor param = owned_slice(params);
 
-  // AdamW::step's arithmetic, in the same order, so both stages round alike.
-  const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(step_));
-  const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(step_));
-  exp_avg_.mul_(beta1_).add_(grad_, 1.0 - beta1_);
-  exp_avg_sq_.mul_(beta2_).addcmul_(grad_, grad_, 1.0 - beta2_);
-  at::Tensor denom = (exp_avg_sq_ / bc2).sqrt_().add_(eps_);
-  at::Tensor update = (exp_avg_ / bc1).div_(denom);
-  if (weight_decay_ != 0.0) update.add_(param * decay_mask_, weight_decay_);
-  param.sub_(update * lr);
+  // AdamW's fused update over the owned slice, cut into the runs of
+  // parameters with and without weight decay (two groups, as AdamW::step).
+  std::vector<at::Tensor> p[2], g[2], m[2], v[2];
+  for (const auto& [lo, hi, decay] : runs_) {
+    const int i = decay ? 1 : 0;
+    p[i].push_back(param.narrow(0, lo, hi - lo));
+    g[i].push_back(grad_.narrow(0, lo, hi - lo));
+    m[i].push_back(exp_avg_.narrow(0, lo, hi - lo));
+    v[i].push_back(exp_avg_sq_.narrow(0, lo, hi - lo));
+  }
+  step_t_.add_(1);
+  for (int i = 0; i < 2; ++i)
+    fused_adamw(p[i], g[i], m[i], v[i], step_t_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
+  if (found_inf.defined()) step_t_.sub_(found_inf);
 
   at::Tensor all = mesh_.shape().dp > 1 ? mesh_.dp().all_gather(param, 0) : param;
   const auto updated = unflatten(all);
@@ -119,6 +128,13 @@ void ZeroOptimizer::step(double lr) {
     at::Tensor t = pm_.params[i].tensor.detach();
     t.copy_(updated[i].to(t.scalar_type()));
   }
+}
+
+int64_t ZeroOptimizer::steps_taken() const { return static_cast<int64_t>(step_t_.item<float>()); }
+
+void ZeroOptimizer::set_steps_taken(int64_t s) {
+  at::NoGradGuard no_grad;
+  step_t_.fill_(static_cast<double>(s));
 }
 
 std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::gather_moments() {

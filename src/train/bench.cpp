@@ -20,34 +20,13 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/train/plan.h"
 #include "meshtrain/train/trainer.h"
+#include "temp_dir.h"
 
 namespace meshtrain {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// The bench's run dir: a fresh temporary folder, removed when the bench ends
-// (also on errors) so no metrics or checkpoints are left behind.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "meshtrain-bench-XXXXXX").string();
-    MT_CHECK(mkdtemp(pattern.data()) != nullptr, "bench: cannot create a temporary run dir under ",
-             fs::temp_directory_path().string());
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string device_name(const at::Device& dev) {
   if (!dev.is_cuda()) return "cpu";
@@ -105,10 +84,10 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   int64_t step = 0;
   auto one_step = [&] {
     trainer.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
-    const StepStats s = trainer.train_step();
+    StepStats s = trainer.train_step();
     // Norm, clipping and the update exactly as train() does them (AdamW or ZeRO-1).
     trainer.apply_update(s, learning_rate(cfg.lr, step++));
-    if (dev.is_cuda()) torch::cuda::synchronize();
+    s.read();  // as train() logs every step: one host read
     last_loss = s.loss;
   };
   for (int64_t i = 0; i < opts.warmup; ++i) one_step();

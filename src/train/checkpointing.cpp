@@ -20,7 +20,7 @@ void Trainer::setup_checkpointing() {
     components_.push_back(std::move(c));
   };
   add("model", std::make_unique<ModelState>(pm_, *mesh_, vocab));
-  add("optim", std::make_unique<OptimizerState>(pm_, *mesh_, vocab, opt_.get(), zero_.get()));
+  add("optim", std::make_unique<OptimizerState>(pm_, *mesh_, vocab, *opt_));
   add("data", std::make_unique<DataState>(*train_loader_, *val_loader_, opts_.load_data_cursor));
   add("rng", std::make_unique<RngState>(at::detail::getDefaultCPUGenerator()));
   // On GPU, dropout draws from the device's CUDA generator: saved as well, so a

@@ -82,21 +82,14 @@ ComponentState OptimizerState::state() const {
   // Under ZeRO-1 gathered from the dp slices, so the checkpoint reads back on
   // any dp and any zero_stage.
   std::vector<at::Tensor> exp_avg, exp_avg_sq;
-  if (zero_) {
-    std::tie(exp_avg, exp_avg_sq) = zero_->gather_moments();
-  } else {
-    for (const auto& o : adamw_->params()) {
-      exp_avg.push_back(o.exp_avg);
-      exp_avg_sq.push_back(o.exp_avg_sq);
-    }
-  }
+  std::tie(exp_avg, exp_avg_sq) = opt_.gather_moments();
   ComponentState s;
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     const ParamLayout& l = pm_.params[i].layout;
     s.tensors.push_back({"exp_avg." + l.global_name, exp_avg[i].cpu(), spec_of(l, mesh_), writes(l, mesh_)});
     s.tensors.push_back({"exp_avg_sq." + l.global_name, exp_avg_sq[i].cpu(), spec_of(l, mesh_), writes(l, mesh_)});
   }
-  s.values["steps"] = zero_ ? zero_->steps_taken() : adamw_->steps_taken();
+  s.values["steps"] = opt_.steps_taken();
   return s;
 }
 
@@ -109,17 +102,8 @@ void OptimizerState::load_state(const ComponentReader& in) {
     exp_avg_sq.push_back(read_chunk(in, "exp_avg_sq." + p.layout.global_name, spec, vocab_));
   }
   const int64_t steps = in.values().at("steps").get<int64_t>();
-  if (zero_) {
-    zero_->load_moments(exp_avg, exp_avg_sq);  // keeps this rank's dp slice
-    zero_->set_steps_taken(steps);
-    return;
-  }
-  auto& params = adamw_->params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].exp_avg.copy_(exp_avg[i].to(params[i].exp_avg.device()));
-    params[i].exp_avg_sq.copy_(exp_avg_sq[i].to(params[i].exp_avg_sq.device()));
-  }
-  adamw_->set_steps_taken(steps);
+  opt_.load_moments(exp_avg, exp_avg_sq);  // ZeRO-1 keeps this rank's dp slice
+  opt_.set_steps_taken(steps);
 }
 
 ComponentState DataState::state() const {

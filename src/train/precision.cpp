@@ -5,6 +5,7 @@
 namespace meshtrain {
 
 AutocastGuard::AutocastGuard(const Config& cfg, const at::Device& device) {
+  if (device.is_meta() && cfg.model.model_dtype == "bfloat16") meta_.emplace(at::kBFloat16);
   if (!device.is_cuda() || cfg.model.model_dtype != "bfloat16") return;
   active_ = true;
   was_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);

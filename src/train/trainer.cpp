@@ -31,8 +31,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // The device of this rank: with CUDA, the GPU its local rank maps to
-// (dist/device.h), made current before any other CUDA or NCCL call.
-at::Device pick_device(const Config& cfg, const Runtime& rt) {
+// (dist/device.h), made current before any other CUDA or NCCL call; the meta
+// device for bench --device meta (shapes only, nothing computed).
+at::Device pick_device(const Config& cfg, const Runtime& rt, const TrainOptions& opts) {
+  if (opts.meta) return at::Device(at::kMeta);
   const std::string& d = cfg.device.device;
   if (d == "cpu") return at::Device(at::kCPU);
   const bool cuda = torch::cuda::is_available();
@@ -119,7 +121,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
     : cfg_(cfg),
       runtime_(runtime),
       opts_(std::move(opts)),
-      device_(pick_device(cfg, runtime)),
+      device_(pick_device(cfg, runtime, opts_)),
       test_hooks_(TestHooks::from_environment()) {
   std::unique_ptr<Communicator> own_world;
   if (!world) {
@@ -145,7 +147,11 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   // Data first: a missing folder should fail before the model is built.
   watchdog_->beat("start-up: data loaders");
   const int dp_rank = mesh_->coord().dp, dp = shape.dp;
-  if (!cfg_.data.datasets.empty()) {
+  MT_CHECK(!opts_.meta || world->size() == 1, "the meta device models one rank; run it without mpirun (world ",
+           world->size(), ")");
+  if (opts_.meta) {
+    // Synthetic batches (next_train_batch): no data folder is read.
+  } else if (!cfg_.data.datasets.empty()) {
     train_loader_ = std::make_unique<DataLoader>(blend_sources(cfg_), cfg_.data.T, cfg_.data.train_batch_size,
                                                  dp_rank, dp, cfg_.model.vocab_size);
     val_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.val_folder_name), cfg_.data.T,
@@ -164,7 +170,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
                                                cfg_.data.val_batch_size, dp_rank, dp, cfg_.model.vocab_size);
   }
   const fs::path tok = fs::path(cfg_.data.data_dir) / "tokenizer.json";
-  if (fs::exists(tok)) {
+  if (!opts_.meta && fs::exists(tok)) {
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok.string()));
     MT_CHECK(tokenizer_->vocab_size() <= cfg_.model.vocab_size, "model_config.vocab_size=", cfg_.model.vocab_size,
              " is smaller than the tokenizer's vocabulary (", tokenizer_->vocab_size(), " in ", tok.string(), ")");
@@ -172,16 +178,10 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
 
   watchdog_->beat("start-up: building the model");
   torch::manual_seed(cfg_.seed);
-  pm_ = build_parallel_model(cfg_, *mesh_);
+  pm_ = build_parallel_model(cfg_, *mesh_, opts_.meta);
   pm_.model->to(device_);
   for (auto& p : pm_.params) p.tensor = pm_.model->named_parameters()[p.path];
-  if (cfg_.zero_stage == 1) {
-    zero_ = std::make_unique<ZeroOptimizer>(pm_, *mesh_, cfg_.lr);
-  } else {
-    std::vector<OptimParam> params;
-    for (auto& p : pm_.params) params.push_back({p.layout.global_name, p.tensor, p.decay, {}, {}});
-    opt_ = std::make_unique<AdamW>(std::move(params), cfg_.lr);
-  }
+  opt_ = make_optimizer(pm_, *mesh_, cfg_);
 
   const ParamCount pc = count_params(cfg_.model);
   spdlog::info("model: {} layers, d {}, {} heads, {} / {} | parameters: {:.3f}M total, {:.3f}M active per token",
@@ -190,6 +190,10 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers [{}, {})", shape.dp, shape.pp, shape.tp,
                device_.str(), mesh_->backend(), pm_.range.first_layer, pm_.range.end_layer);
 
+  if (opts_.meta) {
+    MT_CHECK(opts_.fresh && opts_.checkpoint.empty(), "the meta device loads no checkpoint");
+    return;
+  }
   watchdog_->beat("start-up: loading the checkpoint");
   setup_checkpointing();
   resume();
@@ -198,44 +202,65 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
 
 Trainer::~Trainer() = default;
 
-StepStats Trainer::reduce_stats(const RoundSums& sums, int64_t seq_len) {
-  // One world-wide sum: ce lives on the last stage, aux on every stage; only
-  // tp rank 0 contributes so tp replicas are not counted twice.
+StepStats Trainer::reduce_stats(const RoundSums& sums, double global_tokens, int64_t seq_len) {
+  // One world-wide sum on the device, read later (StepStats::read): ce lives
+  // on the last stage, aux on every stage; only tp rank 0 contributes so tp
+  // replicas are not counted twice.
   const int64_t n_layers = cfg_.model.n_layers();
   const int64_t E = cfg_.model.ffn == "moe" ? cfg_.model.n_experts : 0;
-  std::vector<double> v = {sums.ce_sum, sums.tokens, sums.aux_sum, sums.z_sum, sums.dropped, sums.assigned};
-  const size_t base = v.size();
-  v.resize(base + static_cast<size_t>(n_layers * E), 0.0);
-  // expert_tokens has one entry per MoE layer of this stage, in order; with
-  // moe_layers "last_in_block" those are not all of its layers.
-  std::vector<int64_t> moe_layers;
-  for (int64_t i = pm_.range.first_layer; i < pm_.range.end_layer; ++i)
-    if (is_moe_layer(cfg_.model, i)) moe_layers.push_back(i);
-  MT_ASSERT(sums.expert_tokens.size() <= moe_layers.size(), "expert counts for ", sums.expert_tokens.size(),
-            " layers but the stage has ", moe_layers.size(), " MoE layers");
-  for (size_t l = 0; l < sums.expert_tokens.size(); ++l)
-    for (size_t e = 0; e < sums.expert_tokens[l].size(); ++e)
-      v[base + static_cast<size_t>(moe_layers[l] * E) + e] = sums.expert_tokens[l][e];
-  at::Tensor t = at::tensor(v, at::kDouble);
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(device_);
+  auto value = [&](const at::Tensor& t) { return t.defined() ? t.reshape({1}) : at::zeros({1}, opts); };
+  std::vector<at::Tensor> parts = {value(sums.ce_sum), value(sums.aux_sum), value(sums.z_sum), value(sums.dropped),
+                                   value(sums.assigned)};
+  if (E > 0) {
+    // expert_tokens has one entry per MoE layer of this stage, in order; with
+    // moe_layers "last_in_block" those are not all of its layers. Layers this
+    // stage does not own (or dense ones) stay zero.
+    std::vector<int64_t> moe_layers;
+    for (int64_t i = pm_.range.first_layer; i < pm_.range.end_layer; ++i)
+      if (is_moe_layer(cfg_.model, i)) moe_layers.push_back(i);
+    MT_ASSERT(sums.expert_tokens.size() <= moe_layers.size(), "expert counts for ", sums.expert_tokens.size(),
+              " layers but the stage has ", moe_layers.size(), " MoE layers");
+    at::Tensor experts = at::zeros({n_layers * E}, opts);
+    for (size_t l = 0; l < sums.expert_tokens.size(); ++l)
+      if (sums.expert_tokens[l].defined()) experts.narrow(0, moe_layers[l] * E, E).copy_(sums.expert_tokens[l]);
+    parts.push_back(experts);
+  }
+  at::Tensor t = at::cat(parts);
   if (mesh_->coord().tp != 0) t.zero_();
-  mesh_->cpu_world().all_reduce(t);
-  auto a = t.accessor<double, 1>();
+  if (mesh_->world().size() > 1) mesh_->world().all_reduce(t);
   StepStats s;
-  s.tokens = a[1];
-  s.loss = a[1] > 0 ? a[0] / a[1] : 0.0;
-  const double sequences = a[1] / static_cast<double>(seq_len);
-  s.aux_loss = sequences > 0 ? a[2] / sequences : 0.0;
-  s.z_loss = sequences > 0 ? a[3] / sequences : 0.0;
-  s.dropped_fraction = a[5] > 0 ? a[4] / a[5] : 0.0;
+  s.device = t;
+  s.tokens = global_tokens;  // every token of the step reaches the loss on some rank
+  s.seq_len = seq_len;
+  s.n_layers = n_layers;
+  s.n_experts = E;
+  return s;
+}
+
+void StepStats::read() {
+  if (read_done) return;
+  read_done = true;
+  std::vector<at::Tensor> parts = {device};
+  if (grad_norm_t.defined()) parts.push_back(grad_norm_t.reshape({1}).to(at::kDouble));
+  const at::Tensor host = at::cat(parts).cpu();  // the one device-to-host read of the step
+  const auto a = host.accessor<double, 1>();
+  loss = tokens > 0 ? a[0] / tokens : 0.0;
+  const double sequences = seq_len > 0 ? tokens / static_cast<double>(seq_len) : 0.0;
+  aux_loss = sequences > 0 ? a[1] / sequences : 0.0;
+  z_loss = sequences > 0 ? a[2] / sequences : 0.0;
+  dropped_fraction = a[4] > 0 ? a[3] / a[4] : 0.0;
+  const int64_t base = 5, E = n_experts;
+  expert_fraction.clear();
   for (int64_t l = 0; l < n_layers && E > 0; ++l) {
     std::vector<double> f(static_cast<size_t>(E));
     double total = 0;
-    for (int64_t e = 0; e < E; ++e) total += a[static_cast<int64_t>(base) + l * E + e];
+    for (int64_t e = 0; e < E; ++e) total += a[base + l * E + e];
     if (total <= 0) continue;  // a dense layer
-    for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = a[static_cast<int64_t>(base) + l * E + e] / total;
-    s.expert_fraction.push_back(std::move(f));
+    for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = a[base + l * E + e] / total;
+    expert_fraction.push_back(std::move(f));
   }
-  return s;
+  if (grad_norm_t.defined()) grad_norm = a[host.size(0) - 1];
 }
 
 StepStats Trainer::train_step() {
@@ -254,7 +279,7 @@ StepStats Trainer::train_step() {
   spec.z_scale = cfg_.model.router_z_loss / global_seqs;
   RoundSums total;
   for (int64_t r = 0; r < cfg_.grad_step; ++r) {
-    Batch b = train_loader_->next(batch);
+    Batch b = next_train_batch(batch);
     // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
     // truncation); the pipeline takes its activation shape from inputs.size(1).
     const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
@@ -274,18 +299,27 @@ StepStats Trainer::train_step() {
     mesh_->cpu_world().all_reduce(w, ReduceOp::Max);
     wait = w.item<double>();
   }
-  // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in train().
-  synchronize_gradients(pm_, *mesh_, /*dp=*/!zero_);
+  // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in apply_update().
+  synchronize_gradients(pm_, *mesh_, /*dp=*/cfg_.zero_stage == 0);
   test_hooks_.after_backward(step_ + 1, pm_);
-  StepStats stats = reduce_stats(total, T);
+  StepStats stats = reduce_stats(total, global_tokens, T);
   stats.pipeline_wait_seconds = wait;
   stats.batch_size = batch;
   stats.seq_len = T;
   return stats;
 }
 
+Batch Trainer::next_train_batch(int64_t global_batch) {
+  if (train_loader_) return train_loader_->next(global_batch);
+  // Meta: token values never matter, only the shape of this rank's share.
+  const int64_t local = global_batch / mesh_->shape().dp;
+  const at::Tensor tokens = at::zeros({local, cfg_.data.T}, at::kLong);
+  return {tokens, tokens};
+}
+
 double Trainer::evaluate() {
   if (cfg_.eval_steps == 0) return std::nan("");
+  MT_CHECK(val_loader_, "evaluate() reads validation data, which the meta device has none of");
   pm_.model->eval();
   RoundSpec spec;
   spec.backward = false;
@@ -299,7 +333,7 @@ double Trainer::evaluate() {
       Batch b = val_loader_->next();
       AutocastGuard autocast(cfg_, device_);
       RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
-      ce += s.ce_sum;
+      ce += sum_value(s.ce_sum);
       tokens += s.tokens;
     }
   } catch (...) {
@@ -408,34 +442,41 @@ void Trainer::stop_point(const std::string& during) {
   if (const int sig = stop_agreed()) throw Stopped(sig, during);
 }
 
-double Trainer::apply_update(const StepStats& s, double lr) {
-  const double norm = zero_ ? zero_->reduce_gradients() : global_grad_norm(pm_, *mesh_);
-  const bool finite = std::isfinite(s.loss) && std::isfinite(norm);
-  if (!finite) {
-    // step_ + 1: the number this step gets in the log and metrics.jsonl.
-    MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_ + 1, " (loss ", s.loss,
-             ", grad norm ", norm, "); nan_policy is \"stop\"");
-    ++nan_skips_in_a_row_;
-    spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip, {} of at most {} "
-                 "in a row)", step_ + 1, s.loss, norm, nan_skips_in_a_row_, cfg_.max_nan_skips);
-    // Skipping forever would burn the run's budget on a diverged model and exit 0.
-    MT_CHECK(nan_skips_in_a_row_ < cfg_.max_nan_skips, "nan_policy skip: steps ", step_ + 2 - nan_skips_in_a_row_,
-             " to ", step_ + 1, " (", nan_skips_in_a_row_, " in a row, max_nan_skips) all had a non-finite loss or ",
-             "gradient; giving up. The checkpoints saved so far are untouched; lower lr.max_lr or resume from an ",
-             "earlier checkpoint");
-  } else {
-    if (cfg_.grad_clip_norm > 0 && norm > cfg_.grad_clip_norm) {
-      at::NoGradGuard ng;
-      const double scale = cfg_.grad_clip_norm / (norm + 1e-6);
-      if (zero_) zero_->scale_gradients(scale);
-      for (auto& p : pm_.params)
-        if (p.tensor.grad().defined()) p.tensor.grad().mul_(scale);
-    }
-    if (zero_) zero_->step(lr);
-    else opt_->step(lr);
-    nan_skips_in_a_row_ = 0;
+void Trainer::apply_update(StepStats& s, double lr) {
+  at::NoGradGuard ng;
+  const at::Tensor norm = opt_->reduce_gradients();
+  s.grad_norm_t = norm;
+  // Everything below stays on the device. A non-finite loss or norm skips
+  // the update there (found_inf); nan_policy acts when the step is read.
+  const at::Tensor ce = s.device.narrow(0, 0, 1).squeeze(0);
+  const at::Tensor found_inf = at::logical_not(at::isfinite(ce) & at::isfinite(norm)).to(at::kFloat);
+  if (cfg_.grad_clip_norm > 0) {
+    // Clip only above the threshold, as min(1, c / (norm + 1e-6)) would not.
+    const at::Tensor clip = at::full({}, cfg_.grad_clip_norm, norm.options());
+    const at::Tensor scale = at::where(norm > clip, clip / (norm + 1e-6), at::ones_like(norm));
+    opt_->scale_gradients(scale.to(at::kFloat));
   }
-  return norm;
+  opt_->step(lr, found_inf);
+}
+
+void Trainer::read_step(StepStats& s) {
+  s.read();
+  if (std::isfinite(s.loss) && std::isfinite(s.grad_norm)) {
+    nan_skips_in_a_row_ = 0;
+    return;
+  }
+  // The update was skipped on the device (found_inf); step_ + 1: the number
+  // this step gets in the log and metrics.jsonl.
+  MT_CHECK(cfg_.nan_policy != "stop", "non-finite loss or gradient at step ", step_ + 1, " (loss ", s.loss,
+           ", grad norm ", s.grad_norm, "); nan_policy is \"stop\"");
+  ++nan_skips_in_a_row_;
+  spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip, {} of at most {} "
+               "in a row)", step_ + 1, s.loss, s.grad_norm, nan_skips_in_a_row_, cfg_.max_nan_skips);
+  // Skipping forever would burn the run's budget on a diverged model and exit 0.
+  MT_CHECK(nan_skips_in_a_row_ < cfg_.max_nan_skips, "nan_policy skip: steps ", step_ + 2 - nan_skips_in_a_row_,
+           " to ", step_ + 1, " (", nan_skips_in_a_row_, " in a row, max_nan_skips) all had a non-finite loss or ",
+           "gradient; giving up. The checkpoints saved so far are untouched; lower lr.max_lr or resume from an ",
+           "earlier checkpoint");
 }
 
 std::string Trainer::progress_suffix() const {
@@ -484,7 +525,9 @@ double Trainer::train() {
     const auto t0 = std::chrono::steady_clock::now();
     const double lr = learning_rate(cfg_.lr, step_);
     StepStats s = train_step();
-    const double norm = apply_update(s, lr);
+    apply_update(s, lr);
+    read_step(s);  // the step's one host read: every step is logged (metrics.jsonl)
+    const double norm = s.grad_norm;
     ++step_;
     last = s.loss;
     losses_.push_back(s.loss);

@@ -30,6 +30,7 @@ class MHA : public Attention {
 
  private:
   ModelConfig cfg_;
+  Rotary rope_;
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
 };
 
@@ -51,6 +52,7 @@ class MLA : public Attention {
   ModelConfig cfg_;
   LayerFactory* factory_;  // the shared rope key enters the tp region through it
   int64_t dhR_;
+  Rotary rope_;
   std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;
 };
 

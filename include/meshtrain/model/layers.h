@@ -26,6 +26,13 @@ uint64_t param_seed(uint64_t seed, const std::string& name);
 class Linear : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;
+  // The pieces of forward for layers fused into one GEMM (QKV): what the
+  // layer does to its input before the matmul (column-parallel: the tp region
+  // entry; shared by layers reading the same tensor) and its local weight.
+  // Only layers whose forward is exactly matmul(input(x), weight()^T) fuse.
+  virtual at::Tensor input(const at::Tensor& x) { return x; }
+  virtual const at::Tensor& weight() const = 0;
+  virtual at::Tensor bias() const { return {}; }  // undefined: none
 };
 
 // Token embedding: tokens [B, T] int64 -> [B, T, d] (or the sequence shard).
@@ -75,6 +82,9 @@ class LayerFactory {
 
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }
+  // Where parameters are created (layers built outside the factory, such as
+  // norms, take it from here): the meta device for MetaLayerFactory.
+  virtual at::Device param_device() const { return at::Device(at::kCPU); }
   virtual int64_t tp_size() const { return 1; }
   virtual int64_t tp_rank() const { return 0; }
 
@@ -127,6 +137,9 @@ class LayerFactory {
 // Builds the model's parameters on the meta device (shapes, no storage or
 // init), so a model too big for this machine can still be built and counted.
 class MetaLayerFactory : public LayerFactory {
+ public:
+  at::Device param_device() const override { return at::Device(at::kMeta); }
+
  protected:
   at::Tensor draw(const std::string& name, at::IntArrayRef global_shape, double std) override;
 };
@@ -136,7 +149,8 @@ class PlainLinear : public Linear {
  public:
   explicit PlainLinear(at::Tensor w, at::Tensor b = {});
   at::Tensor forward(const at::Tensor& x) override;
-  const at::Tensor& weight() const { return weight_; }
+  const at::Tensor& weight() const override { return weight_; }
+  at::Tensor bias() const override { return bias_; }
 
  private:
   at::Tensor weight_, bias_;
@@ -145,7 +159,7 @@ class PlainLinear : public Linear {
 // x / rms(x) * weight (+ bias when `bias`: Jaxformer's RMSNorm has a beta).
 class RMSNorm : public torch::nn::Module {
  public:
-  explicit RMSNorm(int64_t d, double eps = 1e-6, bool bias = false);
+  explicit RMSNorm(int64_t d, double eps = 1e-6, bool bias = false, at::Device device = at::kCPU);
   at::Tensor forward(const at::Tensor& x);
 
  private:
@@ -153,10 +167,29 @@ class RMSNorm : public torch::nn::Module {
   double eps_;
 };
 
-// Rotary embedding tables for positions [offset, offset + T) of `dim` dims
-// (even), applied to x [B, H, T, dim] (any leading dims; T is dim -2).
-// Half-split convention (GPT-NeoX / Llama-HF): dim i pairs with dim i + dim/2,
-// rotated by angle pos * theta^(-2i/dim). Computed in fp32, cast back.
+// Rotary embedding, half-split convention (GPT-NeoX / Llama-HF): dim i pairs
+// with dim i + dim/2, rotated by angle pos * theta^(-2i/dim). Tables are
+// computed in fp32 once per (dim, device, dtype) and extended when a longer
+// position range is asked for; the rotation runs in the activations' dtype
+// (no fp32 round trip) as x*cos + swap_halves(x)*sin_signed, forward and
+// backward four kernels each.
+class Rotary {
+ public:
+  explicit Rotary(double theta) : theta_(theta) {}
+  // x [..., T, ..., dim] with positions offset.. along dimension seq_dim (T
+  // = x.size(seq_dim)); the dims between seq_dim and the last are broadcast
+  // (e.g. q and k stacked as [B, T, 2, H, dim] with seq_dim 1).
+  at::Tensor apply(const at::Tensor& x, int64_t offset, int64_t seq_dim);
+
+ private:
+  double theta_;
+  struct Tables {
+    at::Tensor cos, sin;  // [n, dim]; sin's first half negated
+  };
+  std::map<std::string, Tables> cache_;  // key: dim, device, dtype
+};
+
+// One-off rotation of x [..., T, dim] (T is dim -2); Rotary caches the tables.
 at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta);
 
 }  // namespace meshtrain

@@ -26,6 +26,11 @@ struct Routing {
   at::Tensor keep;     // [N, k] bool: assignment within capacity (all true in eval)
   at::Tensor probs;    // [N, E] router probabilities (for the aux loss)
   at::Tensor logits;   // [N, E] router logits (for the z-loss)
+  // With a capacity (training, capacity_factor > 0): C assignments per expert
+  // and sequence, and each assignment's 1-based slot among its expert's in
+  // its sequence (kept iff slot <= C). capacity 0: unbounded, slot undefined.
+  int64_t capacity = 0;
+  at::Tensor slot;     // [N, k] int64
 };
 
 // Route tokens with router logits [B, T, E]. Scores are computed in fp32.
@@ -57,6 +62,12 @@ class MoE : public torch::nn::Module {
   const at::Tensor& w_out() const { return w_out_; }
 
  private:
+  // Routed experts on the flat input [N, d] -> [N, d] (this tp rank's partial
+  // sum) by capacity slots: static shapes, no host sync (training with a
+  // capacity and no expert biases; forward() runs the others by counts).
+  at::Tensor experts_by_capacity(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate, int64_t B,
+                                 int64_t T);
+
   ModelConfig cfg_;
   LayerFactory* factory_;
   std::shared_ptr<Linear> router_;

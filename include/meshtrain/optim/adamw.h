@@ -3,6 +3,10 @@
 // applies to matrices only (not norms, biases), decided by the caller per
 // parameter. State (moments, step) is exposed by name so checkpoints can save
 // it with the same shard layout as the parameter it belongs to.
+//
+// The update is at::_fused_adamw_ (one multi-tensor kernel per group on CUDA)
+// over two groups, decay and no decay; fused_adamw() is the same update for
+// any lists of tensors (ZeRO-1 runs it on its flat slices).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -21,23 +25,35 @@ struct OptimParam {
   at::Tensor exp_avg_sq;
 };
 
+// One AdamW update of params (fp32) from grads with moments exp_avg,
+// exp_avg_sq, all lists of equal length and shapes; step is a 0-dim fp32
+// tensor on the parameters' device holding the step number (1 for the first
+// update). found_inf (0-dim fp32, optional): the update is skipped on the
+// device where it is non-zero, so skipping needs no host read.
+void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                 const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
+                 const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
+                 const at::Tensor& found_inf);
+
 class AdamW {
  public:
   AdamW(std::vector<OptimParam> params, const LrConfig& cfg);
 
   // One update with learning rate lr from each parameter's .grad(). Parameters
-  // without a gradient are left alone (their moments too).
-  void step(double lr);
+  // without a gradient are left alone (their moments too). found_inf: see
+  // fused_adamw (a skipped update does not count as a step).
+  void step(double lr, const at::Tensor& found_inf = {});
 
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t s) { step_ = s; }
+  // Reads the device's step counter (a host sync: checkpoints only).
+  int64_t steps_taken() const;
+  void set_steps_taken(int64_t s);
   std::vector<OptimParam>& params() { return params_; }
   const std::vector<OptimParam>& params() const { return params_; }
 
  private:
   std::vector<OptimParam> params_;
-  double beta1_, beta2_, eps_, weight_decay_;
-  int64_t step_ = 0;
+  LrConfig cfg_;
+  at::Tensor step_;  // 0-dim fp32 on the parameters' device
 };
 
 }  // namespace meshtrain

@@ -16,7 +16,10 @@ namespace meshtrain {
 void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp = true);
 
 // Global L2 norm of all gradients, counting each parameter once whatever the
-// mesh (tp shards summed, tp replicas and tied copies counted once).
+// mesh (tp shards summed, tp replicas and tied copies counted once): a 0-dim
+// fp64 tensor on the parameters' device, from one foreach norm (no host read).
+at::Tensor grad_norm(ParallelModel& pm, Mesh& mesh);
+// The same, read on the host.
 double global_grad_norm(ParallelModel& pm, Mesh& mesh);
 
 // Sum of one flat buffer over `comm`, in buckets of bucket_bytes.

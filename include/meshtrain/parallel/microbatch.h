@@ -13,20 +13,26 @@
 
 namespace meshtrain {
 
-// Sums over the microbatches this rank computed (non-zero on the last stage only).
+// Sums over the microbatches this rank computed (non-zero on the last stage
+// only). The sums are 0-dim fp64 tensors on the model's device, undefined when
+// nothing was added: reading them is a device-to-host sync, which a training
+// step does once, when it logs (Trainer::train_step packs them).
 struct RoundSums {
-  double ce_sum = 0;        // sum of token cross-entropies
-  double tokens = 0;        // tokens counted in ce_sum
-  double aux_sum = 0;       // sum over sequences of the per-sequence aux loss (all MoE layers)
-  double z_sum = 0;
-  double dropped = 0, assigned = 0;            // MoE token-assignments (this rank's layers)
-  std::vector<std::vector<double>> expert_tokens;  // per local MoE layer, per expert
+  at::Tensor ce_sum;        // sum of token cross-entropies
+  double tokens = 0;        // tokens counted in ce_sum (known on the host)
+  at::Tensor aux_sum;       // sum over sequences of the per-sequence aux loss (all MoE layers)
+  at::Tensor z_sum;
+  at::Tensor dropped, assigned;                // MoE token-assignments (this rank's layers)
+  std::vector<at::Tensor> expert_tokens;       // per local MoE layer: [E] fp64, per expert
   int64_t peak_live_microbatches = 0;          // activations held at once (schedule tests)
   double wait_seconds = 0;                     // blocked in pipeline send/recv (bubble measurement)
 
   // Adds another round's (or microbatch's) sums; the peak is a maximum.
   RoundSums& operator+=(const RoundSums& o);
 };
+
+// The value of a sum (0 when undefined); a device-to-host read.
+double sum_value(const at::Tensor& t);
 
 struct RoundSpec {
   double ce_scale = 1.0;    // multiplies the ce sum in the backward loss (1 / global tokens of the step)
@@ -40,8 +46,10 @@ struct Microbatch {
 };
 
 std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets);
-// Adds one microbatch's MoE statistics to the round's sums.
+// Adds one microbatch's MoE statistics to the round's sums (on the device).
 void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences);
+// Adds one microbatch's per-token losses (their sum and count).
+void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses);
 // The scalar whose backward gives this microbatch's share of the step's gradient.
 at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec);
 

@@ -33,6 +33,7 @@ struct ParallelModel {
 // possible, earlier stages taking the remainder.
 std::vector<StageRange> partition_stages(int64_t n_layers, int pp);
 
-ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh);
+// meta: parameters are meta tensors, nothing drawn (the performance model; tp = 1).
+ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta = false);
 
 }  // namespace meshtrain

@@ -9,47 +9,49 @@
 //   reduce_gradients()   reduce-scatter of the flat gradient over dp + global norm
 //   scale_gradients(c)   clipping, on the owned slice
 //   step(lr)             AdamW on the owned slice, all-gather of the slices
-// The update is element for element the one AdamW (optim/adamw.h) makes, so
-// zero_stage 0 and 1 give the same losses. Moments are saved per parameter by
+// The update is AdamW's own (optim/adamw.h fused_adamw, decay and no-decay
+// groups), so zero_stage 0 and 1 give the same losses. Moments are saved per parameter by
 // global name (gather_moments / load_moments), so checkpoints do not depend on
 // dp nor on zero_stage.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/mesh.h"
+#include "meshtrain/parallel/optimizer.h"
 #include "meshtrain/parallel/parallelize.h"
 
 namespace meshtrain {
 
-class ZeroOptimizer {
+class ZeroOptimizer : public Optimizer {
  public:
   ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg);
 
   // Sums the parameters' .grad() over dp, keeping this rank's slice, and
   // returns the global L2 norm with each parameter counted once (tp replicas
   // once, tied copies never), identical on every rank. Collective.
-  double reduce_gradients();
+  at::Tensor reduce_gradients() override;
   // Multiplies the owned gradient slice (clipping).
-  void scale_gradients(double scale);
+  void scale_gradients(const at::Tensor& scale) override;
   // AdamW with learning rate lr on the owned slice, then every rank gets every
   // updated slice back into its parameters. Collective.
-  void step(double lr);
+  void step(double lr, const at::Tensor& found_inf = {}) override;
 
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t s) { step_ = s; }
+  int64_t steps_taken() const override;
+  void set_steps_taken(int64_t s) override;
   // Elements of optimizer state this rank holds (both moments).
-  int64_t state_numel() const { return exp_avg_.numel() + exp_avg_sq_.numel(); }
+  int64_t state_numel() const override { return exp_avg_.numel() + exp_avg_sq_.numel(); }
 
   // The full moments of every parameter (params order, each in the
   // parameter's shape), gathered over dp. Collective.
-  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments();
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() override;
   // Full per-parameter moments (params order; an undefined tensor: zeros) ->
   // this rank's slice. Local.
-  void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq);
+  void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) override;
 
  private:
   at::Tensor flat_of(const std::vector<at::Tensor>& per_param) const;  // [padded] fp32, zeros where undefined
@@ -58,13 +60,13 @@ class ZeroOptimizer {
 
   ParallelModel& pm_;
   Mesh& mesh_;
-  double beta1_, beta2_, eps_, weight_decay_;
-  int64_t step_ = 0;
+  LrConfig cfg_;
+  at::Tensor step_t_;  // 0-dim fp32 step counter on the device
   std::vector<int64_t> offsets_;  // start of each parameter in the flat space
   int64_t padded_ = 0, slice_ = 0, begin_ = 0;
   at::Tensor grad_;         // [slice] summed gradient of the owned slice
   at::Tensor exp_avg_, exp_avg_sq_;
-  at::Tensor decay_mask_;   // [slice] 1 where weight decay applies
+  std::vector<std::tuple<int64_t, int64_t, bool>> runs_;  // [lo, hi) of the slice, weight decay
   at::Tensor norm_mask_;    // [slice] double, 1 where the element counts in the global norm
 };
 

@@ -35,12 +35,12 @@ class ModelState : public Stateful {
 
 // Tensors "exp_avg.<global name>" and "exp_avg_sq.<global name>", laid out as
 // the parameter, so they read back on any dp and any zero_stage; value "steps".
-// Exactly one of adamw / zero is non-null. A checkpoint lacking a moment is
-// incomplete: loading throws rather than resuming with zeroed moments.
+// A checkpoint lacking a moment is incomplete: loading throws rather than
+// resuming with zeroed moments.
 class OptimizerState : public Stateful {
  public:
-  OptimizerState(ParallelModel& pm, Mesh& mesh, int64_t vocab, AdamW* adamw, ZeroOptimizer* zero)
-      : pm_(pm), mesh_(mesh), vocab_(vocab), adamw_(adamw), zero_(zero) {}
+  OptimizerState(ParallelModel& pm, Mesh& mesh, int64_t vocab, Optimizer& opt)
+      : pm_(pm), mesh_(mesh), vocab_(vocab), opt_(opt) {}
   ComponentState state() const override;  // collective under ZeRO-1 (gathers the moments)
   void load_state(const ComponentReader& in) override;
 
@@ -48,8 +48,7 @@ class OptimizerState : public Stateful {
   ParallelModel& pm_;
   Mesh& mesh_;
   int64_t vocab_;
-  AdamW* adamw_;
-  ZeroOptimizer* zero_;
+  Optimizer& opt_;
 };
 
 // Values "train_cursor", "val_cursor": positions in the global token stream, so

@@ -17,6 +17,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/parallelize.h"
 #include "meshtrain/parallel/pipeline.h"
+#include "meshtrain/parallel/optimizer.h"
 #include "meshtrain/parallel/zero.h"
 #include "meshtrain/metrics/metrics.h"
 #include "meshtrain/train/test_hooks.h"
@@ -29,9 +30,16 @@ struct TrainOptions {
   bool require_checkpoint = false; // no checkpoint to load is an error (eval, generate)
   bool load_data_cursor = true;    // restore the loaders' positions from the checkpoint
   bool quiet = false;              // no per-step console lines
+  // The performance model (`bench --device meta`): parameters and activations
+  // are meta tensors (shapes only) and batches are synthetic, so no data
+  // folder is read; one rank, no checkpoints.
+  bool meta = false;
 };
 
-// Step statistics reduced over the whole mesh (identical on every rank).
+// Step statistics reduced over the whole mesh (identical on every rank). A
+// step leaves them on the device (`device`, `grad_norm_t`); read() brings
+// them to the host in one copy, which is the step's only device-to-host sync
+// and happens when the step is logged.
 struct StepStats {
   double loss = 0;       // mean cross-entropy over the step's tokens (+ nothing else)
   double aux_loss = 0;   // mean per-sequence aux loss (sum over MoE layers)
@@ -39,9 +47,19 @@ struct StepStats {
   double dropped_fraction = 0;
   std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global index order), per expert
   double tokens = 0;
+  double grad_norm = 0;              // global gradient norm before clipping (after apply_update)
   double pipeline_wait_seconds = 0;  // most time any rank spent blocked on a pipeline neighbour
   int64_t batch_size = 0;  // sequences per accumulation round (rampup_batch_size)
   int64_t seq_len = 0;     // tokens per sequence (seq_len_warmup)
+
+  // Device side, until read(): [ce_sum, aux_sum, z_sum, dropped, assigned,
+  // expert tokens per (layer, expert)] fp64, summed over the mesh.
+  at::Tensor device;
+  at::Tensor grad_norm_t;  // 0-dim fp64 (apply_update)
+  int64_t n_layers = 0, n_experts = 0;
+  bool read_done = false;
+  // Fills the doubles above from the device values (one host read); idempotent.
+  void read();
 };
 
 class Trainer {
@@ -62,12 +80,14 @@ class Trainer {
   const Config& config() const { return cfg_; }
   Mesh& mesh() { return *mesh_; }
   ParallelModel& model() { return pm_; }
-  // The optimizer: AdamW with zero_stage 0, ZeroOptimizer (else null) with 1.
+  // The optimizer (AdamW or ZeRO-1 behind one interface).
+  Optimizer& optim() { return *opt_; }
+  // The replicated AdamW (zero_stage 0); zero_stage 1 has none.
   AdamW& optimizer() {
-    MT_CHECK(opt_, "zero_stage 1: the optimizer is the ZeroOptimizer (Trainer::zero_optimizer())");
-    return *opt_;
+    MT_CHECK(opt_->adamw(), "zero_stage 1: the optimizer is the ZeroOptimizer (Trainer::zero_optimizer())");
+    return *opt_->adamw();
   }
-  ZeroOptimizer* zero_optimizer() { return zero_.get(); }
+  ZeroOptimizer* zero_optimizer() { return dynamic_cast<ZeroOptimizer*>(opt_.get()); }
   // Sequences trained on so far (drives the batch-size rampup; saved in checkpoints).
   int64_t consumed_samples() const { return consumed_samples_; }
   // Losses of every step trained by this object, in order (for tests).
@@ -77,9 +97,11 @@ class Trainer {
 
   // One optimizer step (grad_step rounds); public for tests.
   StepStats train_step();
-  // After train_step: global grad norm, nan_policy, clipping, optimizer update
-  // (AdamW or ZeRO-1) with learning rate lr; returns the norm (before clipping).
-  double apply_update(const StepStats& s, double lr);
+  // After train_step: global grad norm, clipping, optimizer update (AdamW or
+  // ZeRO-1) with learning rate lr, all on the device: a non-finite loss or
+  // norm skips the update there (nan_policy is applied when the step is
+  // read). Sets s.grad_norm_t; reads nothing.
+  void apply_update(StepStats& s, double lr);
   void save_checkpoint();
   // Throws Stopped on every rank when any rank received a stop signal
   // (core/stop_signal.h); collective. Public for loops outside train() (bench).
@@ -96,9 +118,12 @@ class Trainer {
   void open_run_dir();
   // The stop signal any rank received (0: none); collective.
   int stop_agreed();
+  Batch next_train_batch(int64_t global_batch);
   void warn_starved_experts(const StepStats& s);
   std::string progress_suffix() const;
-  StepStats reduce_stats(const RoundSums& sums, int64_t seq_len);
+  StepStats reduce_stats(const RoundSums& sums, double global_tokens, int64_t seq_len);
+  // Reads s and applies nan_policy to a non-finite step (throws for "stop").
+  void read_step(StepStats& s);
   void log_step(const StepStats& s, double lr, double grad_norm, double seconds);
 
   Config cfg_;
@@ -108,8 +133,7 @@ class Trainer {
   std::unique_ptr<Watchdog> watchdog_;  // first: it watches the start-up too
   std::unique_ptr<Mesh> mesh_;
   ParallelModel pm_;
-  std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<ZeroOptimizer> zero_;
+  std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<RunLock> run_lock_;      // rank 0, while training

@@ -1,0 +1,53 @@
+#pragma once
+// The optimizer as the trainer sees it, whatever it shards: one interface for
+// AdamW with replicated state (zero_stage 0) and ZeRO-1 (parallel/zero.h).
+// A step, after backward and synchronize_gradients():
+//   norm = reduce_gradients()        the global gradient norm (device tensor)
+//   scale_gradients(scale)           clipping, scale a device tensor
+//   step(lr, found_inf)              the update, skipped on the device if found_inf
+// Nothing here reads device memory on the host: the norm is read when the
+// step is logged (Trainer), so the GPU never waits for the host mid-step.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/dist/mesh.h"
+#include "meshtrain/parallel/parallelize.h"
+
+namespace meshtrain {
+
+class AdamW;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // The dp reduction this optimizer needs (ZeRO: reduce-scatter; replicated:
+  // done by synchronize_gradients) and the global L2 norm of the gradients,
+  // each parameter counted once: a 0-dim fp64 tensor on the device. Collective.
+  virtual at::Tensor reduce_gradients() = 0;
+  // Multiplies the gradients the update reads by scale (0-dim, device).
+  virtual void scale_gradients(const at::Tensor& scale) = 0;
+  // AdamW with learning rate lr; a no-op on the device where found_inf (0-dim
+  // fp32, optional) is non-zero. Collective for ZeRO.
+  virtual void step(double lr, const at::Tensor& found_inf = {}) = 0;
+  // Updates made (a host read of the device counter: checkpoints only).
+  virtual int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(int64_t s) = 0;
+  // Elements of optimizer state this rank holds (both moments).
+  virtual int64_t state_numel() const = 0;
+  // Full per-parameter moments in ParallelModel::params order (collective for
+  // ZeRO), and back (undefined: zeros). Checkpoints do not depend on sharding.
+  virtual std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() = 0;
+  virtual void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) = 0;
+  // The replicated AdamW inside, or nullptr (ZeRO).
+  virtual AdamW* adamw() { return nullptr; }
+};
+
+// zero_stage 1: ZeroOptimizer; 0: AdamW over every parameter of this rank.
+std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);
+
+}  // namespace meshtrain

@@ -1,0 +1,53 @@
+#pragma once
+// `meshtrain bench --device meta`: the performance model. Runs one full-size
+// training step of a config (forward, backward, gradient norm, clipping and
+// the optimizer update, as Trainer::train_step + apply_update do them) on the
+// meta device, where tensors have shapes but no data, under an OpObserver, and
+// estimates the step time on a GPU from what it dispatched:
+//   est_step_ms = (gemm_tflop + attention_tflop) / (efficiency * peak_tflops)
+//               + non_gemm_gb / bandwidth_tbps
+// i.e. matmuls and attention at a fixed fraction of the bf16 tensor-core peak,
+// every other kernel bound by memory bandwidth, nothing overlapped, kernel
+// launch latency ignored (it hides behind the GPU while the host runs ahead,
+// which is why host syncs are counted separately). Defaults: H100 SXM, 989
+// TFLOP/s dense bf16, 3.35 TB/s HBM3, efficiency 0.6 (what cuBLAS and flash
+// attention reach on GPT-2-small shapes).
+//
+// The model is one unsharded rank: n_device_axis is taken as [1, 1, 1] and the
+// whole train_batch_size * grad_step runs on it. The measured step is the
+// second one (the first warms caches such as RoPE tables) and is a step that
+// logs nothing, so host_syncs must be 0 for a step that never waits on the GPU.
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/config/config.h"
+#include "meshtrain/dist/runtime.h"
+#include "meshtrain/train/op_observer.h"
+
+namespace meshtrain {
+
+struct MetaBenchOptions {
+  double peak_tflops = 989.0;    // dense bf16 per device
+  double bandwidth_tbps = 3.35;  // device memory bandwidth
+  double efficiency = 0.6;       // fraction of peak_tflops GEMMs and attention reach
+  std::string peak_name = "H100";
+  int64_t top_ops = 15;          // rows in the readable table
+};
+
+struct MetaBenchResult {
+  OpTotals totals;
+  int64_t tokens_per_step = 0;
+  double est_step_ms = 0;
+  double est_tokens_per_sec = 0;
+  MetaBenchOptions opts;
+};
+
+MetaBenchResult run_meta_bench(const Config& cfg, Runtime& runtime, const MetaBenchOptions& opts);
+
+// The readable table (top operators by bytes, totals) and the one-line JSON:
+// {"gemm_tflop","attention_tflop","non_gemm_gb","kernels","host_syncs",
+//  "est_step_ms","est_tokens_per_sec","peak"}.
+std::string to_string(const MetaBenchResult& r);
+std::string to_json(const MetaBenchResult& r);
+
+}  // namespace meshtrain

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""meshtrain's CPU training step vs plain PyTorch eager on the same model.
+
+Runs `meshtrain bench` on a dense MHA config and the same model written in
+PyTorch (pre-norm RMSNorm, half-split RoPE, tanh-GELU MLP, tied embeddings,
+per-token cross-entropy, global-norm clipping, AdamW over decay / no-decay
+groups), both on the CPU with the same number of threads, and prints the
+tokens/s of each. Usage (from the repo root, after scripts/build.sh):
+
+  $(scripts/setup-pyenv.sh | tail -1) scripts/cpu-bench.py [--config configs/tiny.json]
+      [--threads 1] [--steps 10] [--warmup 2] [--bin build/meshtrain] [--set key=value ...]
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def load_config(path, sets):
+    with open(path) as f:
+        cfg = json.load(f)
+    for s in sets:
+        key, value = s.split("=", 1)
+        node = cfg
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = json.loads(value)
+    return cfg
+
+
+def prepare_data(binary, work):
+    corpus = os.path.join(work, "corpus")
+    os.makedirs(corpus)
+    src = "/usr/share/games/fortunes"
+    for f in ("computers", "cookie", "definitions"):
+        with open(os.path.join(src, f), "rb") as i, open(os.path.join(corpus, f), "wb") as o:
+            o.write(i.read())
+    data = os.path.join(work, "data")
+    subprocess.run([binary, "prepare-data", "--input", corpus, "--output", data, "--vocab-size", "320"],
+                   check=True, capture_output=True)
+    return data
+
+
+def meshtrain_tokens_per_sec(binary, cfg, data, threads, steps, warmup, work):
+    cfg = json.loads(json.dumps(cfg))
+    cfg["data_config"]["data_dir"] = data
+    cfg["model_config"]["vocab_size"] = max(cfg["model_config"]["vocab_size"], 320)
+    cfg["device_config"]["device"] = "cpu"
+    cfg["torch_threads"] = threads
+    path = os.path.join(work, "bench.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([binary, "bench", "--config", path, "--steps", str(steps), "--warmup", str(warmup)],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    row = [json.loads(l) for l in out.splitlines() if l.startswith("{")][-1]
+    return row["tokens_per_sec"]
+
+
+def torch_tokens_per_sec(cfg, threads, steps, warmup):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    m = cfg["model_config"]
+    d, H, V = m["model_dimension"], m["n_head"], max(m["vocab_size"], 320)
+    L = m["blocks"] * m["layers_per_block"]
+    hidden = m.get("mlp_hidden", 0) or 4 * d
+    hd, T = d // H, cfg["data_config"]["T"]
+    B = cfg["data_config"]["train_batch_size"]
+    mb = cfg["data_config"].get("micro_batch_size", 0) or B
+    std = m.get("init_std", 0.02)
+    theta = m.get("rope_theta", 10000.0)
+    assert m["attention"] == "mha" and m["ffn"] == "dense", "the PyTorch model covers dense MHA configs"
+
+    g = torch.Generator().manual_seed(0)
+    def p(*shape, s=std):
+        return torch.nn.Parameter(torch.randn(*shape, generator=g) * s)
+    res_std = std / math.sqrt(2 * L)
+    params = {"embed": p(V, d)}
+    for i in range(L):
+        params.update({f"{i}.n1": torch.nn.Parameter(torch.ones(d)), f"{i}.n2": torch.nn.Parameter(torch.ones(d)),
+                       f"{i}.wq": p(d, d), f"{i}.wk": p(d, d), f"{i}.wv": p(d, d), f"{i}.wo": p(d, d, s=res_std),
+                       f"{i}.win": p(hidden, d), f"{i}.wout": p(d, hidden, s=res_std)})
+    params["nf"] = torch.nn.Parameter(torch.ones(d))
+
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+    def rope(x):
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def forward(tokens, targets):
+        b = tokens.shape[0]
+        h = F.embedding(tokens, params["embed"])
+        for i in range(L):
+            x = rms(h, params[f"{i}.n1"])
+            q, k, v = (F.linear(x, params[f"{i}.w{n}"]).view(b, T, H, hd).transpose(1, 2) for n in "qkv")
+            o = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+            h = h + F.linear(o.transpose(1, 2).reshape(b, T, d), params[f"{i}.wo"])
+            x = rms(h, params[f"{i}.n2"])
+            h = h + F.linear(F.gelu(F.linear(x, params[f"{i}.win"]), approximate="tanh"), params[f"{i}.wout"])
+        z = F.linear(rms(h, params["nf"]), params["embed"])
+        return F.cross_entropy(z.view(-1, V), targets.view(-1), reduction="sum")
+
+    decay = [v for v in params.values() if v.dim() >= 2]
+    no_decay = [v for v in params.values() if v.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for s in range(0, B, mb):
+            (forward(tokens[s:s + mb], tokens[s:s + mb]) / (B * T)).backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return B * T * steps / (time.perf_counter() - t0)
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=os.path.join(root, "configs", "tiny.json"))
+    ap.add_argument("--bin", default=os.path.join(root, "build", "meshtrain"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], help="override a config key: model_config.n_head=4")
+    a = ap.parse_args()
+    if not os.access(a.bin, os.X_OK):
+        sys.exit(f"cpu-bench: no meshtrain binary at {a.bin} (build it with scripts/build.sh meshtrain)")
+    cfg = load_config(a.config, a.set)
+    with tempfile.TemporaryDirectory() as work:
+        data = prepare_data(a.bin, work)
+        mt = meshtrain_tokens_per_sec(a.bin, cfg, data, a.threads, a.steps, a.warmup, work)
+    pt = torch_tokens_per_sec(cfg, a.threads, a.steps, a.warmup)
+    print(f"config {os.path.basename(a.config)}, {a.threads} thread(s), {a.steps} steps after {a.warmup} warm-up")
+    print(f"  meshtrain (C++)   {mt:12.1f} tokens/s")
+    print(f"  PyTorch eager     {pt:12.1f} tokens/s")
+    print(f"  ratio             {mt / pt:12.3f}")
+    print(json.dumps({"meshtrain_tokens_per_sec": mt, "pytorch_tokens_per_sec": pt, "threads": a.threads}))
+
+
+if __name__ == "__main__":
+    main()

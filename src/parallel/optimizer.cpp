@@ -1,0 +1,81 @@
+// The replicated AdamW behind the Optimizer interface, and the factory.
+#include "meshtrain/parallel/optimizer.h"
+
+#include <torch/torch.h>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/zero.h"
+
+namespace meshtrain {
+
+namespace {
+
+class ReplicatedAdamW : public Optimizer {
+ public:
+  ReplicatedAdamW(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), opt_(params(pm), cfg) {}
+
+  at::Tensor reduce_gradients() override { return grad_norm(pm_, mesh_); }
+
+  void scale_gradients(const at::Tensor& scale) override {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    for (auto& p : pm_.params)
+      if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
+    if (!grads.empty()) at::_foreach_mul_(grads, scale);
+  }
+
+  void step(double lr, const at::Tensor& found_inf) override { opt_.step(lr, found_inf); }
+  int64_t steps_taken() const override { return opt_.steps_taken(); }
+  void set_steps_taken(int64_t s) override { opt_.set_steps_taken(s); }
+  int64_t state_numel() const override {
+    int64_t n = 0;
+    for (const auto& p : opt_.params()) n += p.exp_avg.numel() + p.exp_avg_sq.numel();
+    return n;
+  }
+
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() override {
+    std::vector<at::Tensor> m, v;
+    for (const auto& p : opt_.params()) {
+      m.push_back(p.exp_avg);
+      v.push_back(p.exp_avg_sq);
+    }
+    return {m, v};
+  }
+
+  void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) override {
+    at::NoGradGuard no_grad;
+    auto& ps = opt_.params();
+    MT_CHECK(exp_avg.size() == ps.size() && exp_avg_sq.size() == ps.size(), "optimizer: moments for ",
+             exp_avg.size(), " parameters, this rank has ", ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (exp_avg[i].defined()) ps[i].exp_avg.copy_(exp_avg[i].reshape(ps[i].exp_avg.sizes()));
+      else ps[i].exp_avg.zero_();
+      if (exp_avg_sq[i].defined()) ps[i].exp_avg_sq.copy_(exp_avg_sq[i].reshape(ps[i].exp_avg_sq.sizes()));
+      else ps[i].exp_avg_sq.zero_();
+    }
+  }
+
+  AdamW* adamw() override { return &opt_; }
+
+ private:
+  static std::vector<OptimParam> params(ParallelModel& pm) {
+    std::vector<OptimParam> out;
+    for (auto& p : pm.params) out.push_back({p.layout.global_name, p.tensor, p.decay, {}, {}});
+    return out;
+  }
+
+  ParallelModel& pm_;
+  Mesh& mesh_;
+  AdamW opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
+  if (cfg.zero_stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
+  return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg.lr);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,102 @@
+// `bench --device meta`: one observed training step on the meta device (see meta_bench.h).
+#include "meshtrain/train/meta_bench.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/optim/schedule.h"
+#include "meshtrain/train/meta_kernels.h"
+#include "meshtrain/train/trainer.h"
+#include "temp_dir.h"
+
+namespace meshtrain {
+
+MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const MetaBenchOptions& opts) {
+  MT_CHECK(opts.peak_tflops > 0, "bench --peak-tflops must be > 0, got ", opts.peak_tflops);
+  MT_CHECK(opts.bandwidth_tbps > 0, "bench --bandwidth-tbps must be > 0, got ", opts.bandwidth_tbps);
+  MT_CHECK(opts.efficiency > 0 && opts.efficiency <= 1, "bench --efficiency must be in (0, 1], got ", opts.efficiency);
+  install_meta_kernels();
+  TempDir tmp;
+  Config cfg = cfg_in;
+  cfg.output_dir = tmp.path();
+  cfg.name = "bench-meta";
+  cfg.device.n_device_axis = {1, 1, 1};
+  cfg.training_steps = std::max<int64_t>(cfg.training_steps, 2);
+  TrainOptions to;
+  to.fresh = true;
+  to.quiet = true;
+  to.meta = true;
+  Trainer trainer(cfg, runtime, to);
+
+  auto one_step = [&](int64_t step) {
+    StepStats s = trainer.train_step();
+    trainer.apply_update(s, learning_rate(cfg.lr, step));
+    // Not read: the measured step is one that logs nothing.
+  };
+  one_step(0);  // warm-up: caches fill on the first step
+  MetaBenchResult r;
+  {
+    OpObserver observer(at::Device(at::kMeta));
+    one_step(1);
+    r.totals = observer.totals();
+  }
+  r.opts = opts;
+  r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
+  const double compute_s = (r.totals.gemm_flop + r.totals.attention_flop) / (opts.efficiency * opts.peak_tflops * 1e12);
+  const double memory_s = r.totals.other_bytes / (opts.bandwidth_tbps * 1e12);
+  r.est_step_ms = (compute_s + memory_s) * 1e3;
+  r.est_tokens_per_sec = static_cast<double>(r.tokens_per_step) / (compute_s + memory_s);
+  return r;
+}
+
+std::string to_string(const MetaBenchResult& r) {
+  std::vector<std::pair<std::string, OpRow>> rows(r.totals.by_op.begin(), r.totals.by_op.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.second.bytes != b.second.bytes ? a.second.bytes > b.second.bytes : a.second.calls > b.second.calls;
+  });
+  std::ostringstream o;
+  o << std::fixed;
+  o << "bench --device meta: one training step, " << r.tokens_per_step << " tokens, modelled on " << r.opts.peak_name
+    << " (" << r.opts.peak_tflops << " TFLOP/s x " << r.opts.efficiency << ", " << r.opts.bandwidth_tbps << " TB/s)\n";
+  o << "  " << std::left << std::setw(52) << "operator" << std::right << std::setw(8) << "calls" << std::setw(12)
+    << "GB" << std::setw(12) << "TFLOP" << "\n";
+  const size_t n = std::min(rows.size(), static_cast<size_t>(std::max<int64_t>(0, r.opts.top_ops)));
+  for (size_t i = 0; i < n; ++i) {
+    const auto& [name, row] = rows[i];
+    o << "  " << std::left << std::setw(52) << name << std::right << std::setw(8) << row.calls << std::setprecision(3)
+      << std::setw(12) << row.bytes / 1e9 << std::setw(12) << row.flop / 1e12 << "\n";
+  }
+  if (rows.size() > n) o << "  ... " << rows.size() - n << " more operators\n";
+  const OpTotals& t = r.totals;
+  o << std::setprecision(3);
+  o << "  GEMM        " << t.gemm_flop / 1e12 << " TFLOP (" << t.gemm_bytes / 1e9 << " GB)\n";
+  o << "  attention   " << t.attention_flop / 1e12 << " TFLOP (" << t.attention_bytes / 1e9 << " GB)\n";
+  o << "  non-GEMM    " << t.other_bytes / 1e9 << " GB\n";
+  o << "  kernels     " << t.kernels << "\n";
+  o << "  host syncs  " << t.host_syncs << "\n";
+  o << std::setprecision(1);
+  o << "  estimate    " << r.est_step_ms << " ms per step, " << std::setprecision(0) << r.est_tokens_per_sec
+    << " tokens/s\n";
+  return o.str();
+}
+
+std::string to_json(const MetaBenchResult& r) {
+  nlohmann::json j;
+  j["gemm_tflop"] = r.totals.gemm_flop / 1e12;
+  j["attention_tflop"] = r.totals.attention_flop / 1e12;
+  j["non_gemm_gb"] = r.totals.other_bytes / 1e9;
+  j["kernels"] = r.totals.kernels;
+  j["host_syncs"] = r.totals.host_syncs;
+  j["est_step_ms"] = r.est_step_ms;
+  j["est_tokens_per_sec"] = r.est_tokens_per_sec;
+  j["peak"] = r.opts.peak_name;
+  return j.dump();
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,148 @@
+// The GPU-shaped step, lever by lever, each against the computation it
+// replaced (CPU, fp32: same values and gradients), and the performance model
+// (op observer + meta kernels) on known operators.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "meshtrain/config/load.h"
+#include "meshtrain/dist/runtime.h"
+#include "meshtrain/model/attention.h"
+#include "meshtrain/model/layers.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/train/meta_bench.h"
+#include "meshtrain/train/meta_kernels.h"
+#include "meshtrain/train/op_observer.h"
+
+namespace meshtrain {
+namespace {
+
+at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+// Lever 1: the fused rms_norm is the old fp32 chain, bit for bit on CPU.
+TEST(Step, RmsNormMatchesTheFp32Chain) {
+  RMSNorm norm(8);
+  at::NoGradGuard ng;
+  norm.named_parameters()["weight"].copy_(randn({8}, 1));
+  const at::Tensor x = randn({3, 5, 8}, 2);
+  const at::Tensor w = norm.named_parameters()["weight"];
+  const at::Tensor ref = x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * w;
+  EXPECT_TRUE(at::equal(norm.forward(x), ref));
+}
+
+at::Tensor old_rope(const at::Tensor& x, int64_t offset, double theta) {
+  const int64_t dim = x.size(-1), T = x.size(-2);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto inv_freq = at::pow(theta, -at::arange(0, dim, 2, f32) / static_cast<double>(dim));
+  const auto angle = at::outer(at::arange(offset, offset + T, f32), inv_freq);
+  const auto cos = at::cat({angle.cos(), angle.cos()}, -1), sin = at::cat({angle.sin(), angle.sin()}, -1);
+  const auto h = x.chunk(2, -1);
+  return x * cos + at::cat({-h[1], h[0]}, -1) * sin;
+}
+
+// Lever 2: cached tables, q and k rotated together ([B, T, 2, H, dim]), the
+// custom backward: the old values and gradients exactly.
+TEST(Step, RotaryMatchesTheOldRopeWithGradients) {
+  Rotary rope(10000.0);
+  for (int64_t offset : {0, 5, 2}) {  // 2 after 5: served from the longer cached table
+    const at::Tensor x = randn({2, 6, 2, 3, 8}, 3).requires_grad_(true);
+    const at::Tensor g = randn({2, 6, 2, 3, 8}, 4);
+    const at::Tensor y = rope.apply(x, offset, 1);
+    const at::Tensor xr = x.detach().clone().requires_grad_(true);
+    const at::Tensor ref = old_rope(xr.permute({0, 2, 3, 1, 4}), offset, 10000.0).permute({0, 3, 1, 2, 4});
+    EXPECT_TRUE(at::equal(y, ref)) << offset;
+    y.backward(g);
+    ref.backward(g);
+    EXPECT_TRUE(at::equal(x.grad(), xr.grad())) << offset;
+  }
+}
+
+// Lever 3: the fused QKV projection computes what three linears did.
+TEST(Step, FusedQkvMatchesThreeProjections) {
+  ModelConfig c;
+  c.model_dimension = 16;
+  c.n_head = 4;
+  c.blocks = 1;
+  c.layers_per_block = 1;
+  c.T = 8;
+  c.init_std = 0.2;
+  LayerFactory f;
+  f.set_seed(7);
+  MHA mha(c, f, "attn");
+  auto p = mha.named_parameters();
+  const at::Tensor x = randn({2, 8, 16}, 5).requires_grad_(true);
+  const at::Tensor y = mha.forward(x, nullptr, 0);
+  // Reference: the pre-fusion forward from the same weights.
+  auto heads = [](const at::Tensor& t) { return t.view({2, 8, 4, 4}).transpose(1, 2); };
+  const at::Tensor xr = x.detach().clone().requires_grad_(true);
+  const at::Tensor q = old_rope(heads(at::linear(xr, p["wq.weight"])), 0, c.rope_theta);
+  const at::Tensor k = old_rope(heads(at::linear(xr, p["wk.weight"])), 0, c.rope_theta);
+  const at::Tensor v = heads(at::linear(xr, p["wv.weight"]));
+  const at::Tensor o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  const at::Tensor ref = at::linear(o.transpose(1, 2).reshape({2, 8, 16}), p["wo.weight"]);
+  EXPECT_TRUE(at::allclose(y, ref, 1e-5, 1e-6));
+  y.sum().backward();
+  const at::Tensor gw = p["wq.weight"].grad().clone();
+  for (auto& kv : p) kv.value().mutable_grad() = at::Tensor();
+  ref.sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(gw, p["wq.weight"].grad(), 1e-5, 1e-6));
+}
+
+// Lever 5: a found_inf update is skipped on the device and is no step.
+TEST(Step, FusedAdamWSkipsOnFoundInf) {
+  LrConfig cfg;
+  cfg.weight_decay = 0.1;
+  at::Tensor w = torch::tensor({1.0f, -2.0f}).requires_grad_(true);
+  AdamW opt({{"w", w, true, {}, {}}}, cfg);
+  w.mutable_grad() = torch::tensor({0.5f, 0.5f});
+  opt.step(0.1, at::ones({}, at::kFloat));
+  EXPECT_TRUE(at::equal(w, torch::tensor({1.0f, -2.0f})));
+  EXPECT_EQ(opt.steps_taken(), 0);
+  opt.step(0.1, at::zeros({}, at::kFloat));
+  EXPECT_FALSE(at::equal(w, torch::tensor({1.0f, -2.0f})));
+  EXPECT_EQ(opt.steps_taken(), 1);
+}
+
+// The observer: GEMM FLOPs from shapes, views are no kernels, item() is a
+// host sync, fused ops count once.
+TEST(Step, ObserverCountsKernelsFlopsBytesAndSyncs) {
+  install_meta_kernels();
+  const auto meta = at::TensorOptions().dtype(at::kFloat).device(at::kMeta);
+  const at::Tensor a = at::empty({64, 32}, meta), b = at::empty({32, 16}, meta);
+  OpObserver obs(at::Device(at::kMeta));
+  at::Tensor c = at::mm(a, b);                      // 1 GEMM kernel
+  at::Tensor d = c.view({16, 64}).transpose(0, 1);  // views: nothing
+  at::Tensor e = d.contiguous();                    // 1 copy kernel
+  at::Tensor f = e * 2.0;                           // 1 kernel
+  (void)f.sum().item<float>();                      // 1 kernel + 1 host sync
+  std::vector<at::Tensor> list = {a, b};
+  at::_foreach_mul_(list, 2.0);                     // one fused kernel
+  const OpTotals& t = obs.totals();
+  EXPECT_DOUBLE_EQ(t.gemm_flop, 2.0 * 64 * 32 * 16);
+  EXPECT_EQ(t.kernels, 5);
+  EXPECT_EQ(t.host_syncs, 1);
+  // copy 2x4KiB, mul 2x4KiB, sum 4KiB + 4 B, foreach read+write of a and b
+  const double n = 64 * 16 * 4;
+  EXPECT_DOUBLE_EQ(t.other_bytes, 2 * n + 2 * n + n + 4 + 2 * (64 * 32 + 32 * 16) * 4.0);
+}
+
+// Flash attention on meta: picked for bf16 with equal head sizes, FLOPs of
+// forward (2 products) and backward (5), causal halves.
+TEST(Step, MetaAttentionIsFlashWithFlops) {
+  install_meta_kernels();
+  const auto meta = at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta);
+  const at::Tensor q = at::empty({2, 3, 128, 64}, meta).requires_grad_(true);
+  OpObserver obs(at::Device(at::kMeta));
+  const at::Tensor o = at::scaled_dot_product_attention(q, q, q, {}, 0.0, true);
+  o.backward(at::empty_like(o));
+  const double tt = 2.0 * 3 * 128 * 128 * 0.5;
+  EXPECT_DOUBLE_EQ(obs.totals().attention_flop, 2 * tt * 128 + 2 * tt * (3 * 64 + 2 * 64));
+  EXPECT_EQ(obs.totals().by_op.count("aten::_scaled_dot_product_flash_attention"), 1u);
+  EXPECT_EQ(obs.totals().by_op.count("aten::_scaled_dot_product_flash_attention_backward"), 1u);
+}
+
+}  // namespace
+}  // namespace meshtrain
