@@ -228,7 +228,11 @@ StepStats Trainer::reduce_stats(const RoundSums& sums, double global_tokens, int
   }
   at::Tensor t = at::cat(parts);
   if (mesh_->coord().tp != 0) t.zero_();
-  if (mesh_->world().size() > 1) mesh_->world().all_reduce(t);
+  // A sum over the world is a sum over each axis in turn (the axes partition
+  // it); the axis communicators move device tensors (NCCL on GPU), so the
+  // statistics never leave the device here.
+  for (Communicator* c : {&mesh_->tp(), &mesh_->dp(), &mesh_->pp()})
+    if (c->size() > 1) c->all_reduce(t);
   StepStats s;
   s.device = t;
   s.tokens = global_tokens;  // every token of the step reaches the loss on some rank
