@@ -227,11 +227,10 @@ StepStats Trainer::reduce_stats(const RoundSums& sums, double global_tokens, int
     parts.push_back(experts);
   }
   at::Tensor t = at::cat(parts);
-  if (mesh_->coord().tp != 0) t.zero_();
-  // A sum over the world is a sum over each axis in turn (the axes partition
-  // it); the axis communicators move device tensors (NCCL on GPU), so the
-  // statistics never leave the device here.
-  for (Communicator* c : {&mesh_->tp(), &mesh_->dp(), &mesh_->pp()})
+  // tp ranks hold the same statistics, so the sum over the mesh is the sum
+  // over dp and pp; their communicators move device tensors (NCCL on GPU), so
+  // the statistics never leave the device, and the tp traffic stays the model's.
+  for (Communicator* c : {&mesh_->dp(), &mesh_->pp()})
     if (c->size() > 1) c->all_reduce(t);
   StepStats s;
   s.device = t;

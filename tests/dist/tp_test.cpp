@@ -255,7 +255,7 @@ TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesUnsharded) {
       expect_close(losses_p.detach(), losses_t.detach(), 1e-5, tag + " CE");
       (losses_p * R).sum().backward();
       (losses_t * R).sum().backward();
-      expect_close(sp ? own_chunk(hp.grad(), 1, r, n) : hp.grad(), ht.grad(), 1e-6, tag + " dh");
+      expect_close(sp ? own_chunk(hp.grad(), 1, r, n) : hp.grad(), ht.grad(), 2e-6, tag + " dh");  // fp32 round-off of the chunked reductions
       const at::Tensor wp = tied ? pe->weight() : weight_of(*ph);
       const at::Tensor wt = tied ? te->weight() : weight_of(*th);
       const at::Tensor g = gather_grad(f.m.tp(), wt.grad(), 0);

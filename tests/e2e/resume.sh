@@ -32,7 +32,7 @@ check "8 + 4 resumed steps equal 12 straight, bit for bit" test $same -eq 1
 check "dp 2 -> 1 reshard continues like the straight run" python3 -c "
 import sys
 a=[float(x) for x in sys.argv[1:5]]; b=[float(x) for x in sys.argv[5:9]]
-sys.exit(0 if all(abs(x-y)<1e-5 for x,y in zip(a,b)) else 1)" \
+sys.exit(0 if all(abs(x-y)<1e-4 for x,y in zip(a,b)) else 1)" \
   $(for s in 9 10 11 12; do loss_at runs/reshard/metrics.jsonl $s; done) \
   $(for s in 9 10 11 12; do loss_at runs/straight/metrics.jsonl $s; done)
 
