@@ -219,7 +219,7 @@ InputPlan plan_inputs(const std::vector<std::string>& inputs) {
   std::vector<fs::path> candidates;
   for (const auto& input : inputs) {
     fs::path p(input);
-    MT_CHECK(fs::exists(p), "prepare-data: input ", input, " does not exist");
+    MT_CHECK(fs::exists(p), "prepare-data: --input '", input, "' does not exist");
     if (fs::is_directory(p)) {
       std::vector<fs::path> found;
       for (auto it = fs::recursive_directory_iterator(p); it != fs::recursive_directory_iterator(); ++it) {
