@@ -5,6 +5,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/build.sh"
+# The Python reference libraries (tiktoken, tokenizers, ...) the parity tests
+# compare against: installed once here, not inside a timed test.
+"$ROOT/scripts/setup-pyenv.sh" >/dev/null
 export OMP_NUM_THREADS=1
 # Root in containers: mpirun needs these to run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
