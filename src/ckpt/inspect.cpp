@@ -66,10 +66,15 @@ std::string inspect_checkpoint(const std::string& ckpt_dir) {
   for (const auto& name : r.names()) {
     const auto& t = m.at("tensors").at(name);
     const auto split = t.at("split_dim").get<int64_t>();
+    const auto outer = t.value("outer_dim", int64_t{-1});
+    std::string layout = outer < 0 && split < 0 ? "replicated" : "";
+    // Experts under expert parallelism: "experts (dim 0) in 2, split dim 1 in 2".
+    if (outer >= 0)
+      layout = (outer == 0 && name.find(".moe.experts.") != std::string::npos ? "experts (dim 0)" : "split dim " + std::to_string(outer)) +
+               " in " + std::to_string(t.at("outer_shards").get<int64_t>()) + (split >= 0 ? ", " : "");
+    if (split >= 0) layout += "split dim " + std::to_string(split) + " in " + std::to_string(t.at("num_shards").get<int64_t>());
     os << "  " << name << "  " << shape_str(r.global_shape(name)) << "  " << t.at("dtype").get<std::string>() << "  "
-       << (split < 0 ? std::string("replicated")
-                     : "split dim " + std::to_string(split) + " in " + std::to_string(t.at("num_shards").get<int64_t>()))
-       << "\n";
+       << layout << "\n";
   }
   os << "trainer state:\n";
   const auto& state = r.trainer_state();

@@ -43,14 +43,21 @@ std::string make_staging_dir(const std::string& run_dir, int64_t step, const std
 
 nlohmann::json to_json(const RankShards& r) {
   nlohmann::json shards = nlohmann::json::array();
-  for (const auto& s : r.shards)
-    shards.push_back({{"name", s.name},
-                      {"key", s.key},
-                      {"dtype", s.dtype},
-                      {"global_shape", s.spec.global_shape},
-                      {"split_dim", s.spec.split_dim},
-                      {"shard", s.spec.shard},
-                      {"num_shards", s.spec.num_shards}});
+  for (const auto& s : r.shards) {
+    nlohmann::json j = {{"name", s.name},
+                        {"key", s.key},
+                        {"dtype", s.dtype},
+                        {"global_shape", s.spec.global_shape},
+                        {"split_dim", s.spec.split_dim},
+                        {"shard", s.spec.shard},
+                        {"num_shards", s.spec.num_shards}};
+    if (s.spec.outer_dim >= 0) {
+      j["outer_dim"] = s.spec.outer_dim;
+      j["outer_shard"] = s.spec.outer_shard;
+      j["outer_shards"] = s.spec.outer_shards;
+    }
+    shards.push_back(std::move(j));
+  }
   return {{"rank", r.rank},         {"file", r.file},     {"bytes", r.bytes},
           {"checksum", r.checksum}, {"shards", shards},   {"error", r.error}};
 }
@@ -71,6 +78,9 @@ RankShards rank_shards_from_json(const nlohmann::json& j) {
     sh.spec.split_dim = s.at("split_dim").get<int64_t>();
     sh.spec.shard = s.at("shard").get<int64_t>();
     sh.spec.num_shards = s.at("num_shards").get<int64_t>();
+    sh.spec.outer_dim = s.value("outer_dim", int64_t{-1});
+    sh.spec.outer_shard = s.value("outer_shard", int64_t{0});
+    sh.spec.outer_shards = s.value("outer_shards", int64_t{1});
     r.shards.push_back(std::move(sh));
   }
   return r;

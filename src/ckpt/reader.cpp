@@ -30,9 +30,28 @@ nlohmann::json parse_json_file(const fs::path& p) {
 // Along dim d, the half-open range of the global tensor a spec covers.
 std::pair<int64_t, int64_t> covered(const ShardSpec& s, int64_t d) {
   const int64_t size = s.global_shape[d];
-  if (s.split_dim != d) return {0, size};
-  const int64_t chunk = size / s.num_shards;
-  return {s.shard * chunk, (s.shard + 1) * chunk};
+  if (s.split_dim == d) return {s.shard * (size / s.num_shards), (s.shard + 1) * (size / s.num_shards)};
+  if (s.outer_dim == d) {
+    const int64_t chunk = size / s.outer_shards;
+    return {s.outer_shard * chunk, (s.outer_shard + 1) * chunk};
+  }
+  return {0, size};
+}
+
+// A tensor's saved layout from its manifest entry (outer split optional:
+// checkpoints without expert parallelism have none).
+ShardSpec saved_spec(const nlohmann::json& t) {
+  ShardSpec spec{t.at("global_shape").get<std::vector<int64_t>>(), t.at("split_dim").get<int64_t>(), 0,
+                 t.at("num_shards").get<int64_t>()};
+  spec.outer_dim = t.value("outer_dim", int64_t{-1});
+  spec.outer_shards = t.value("outer_shards", int64_t{1});
+  return spec;
+}
+
+// Shard number i of the manifest -> (outer_shard, shard).
+void set_index(ShardSpec& spec, int64_t i) {
+  spec.shard = i % spec.num_shards;
+  spec.outer_shard = i / spec.num_shards;
 }
 
 }  // namespace
@@ -64,14 +83,16 @@ CheckpointReader::CheckpointReader(const std::string& ckpt_dir) : dir_(ckpt_dir)
   // Cross-check the manifest with the file headers now, so read() can trust both.
   for (const auto& [name, t] : manifest_.at("tensors").items()) {
     try {
-      ShardSpec spec{t.at("global_shape").get<std::vector<int64_t>>(), t.at("split_dim").get<int64_t>(), 0,
-                     t.at("num_shards").get<int64_t>()};
+      ShardSpec spec = saved_spec(t);
+      MT_CHECK(spec.num_shards >= 1 && spec.outer_shards >= 1, "bad shard counts");
       const auto dtype = safetensors_dtype(t.at("dtype").get<std::string>());
       const auto& shards = t.at("shards");
-      MT_CHECK(static_cast<int64_t>(shards.size()) == spec.num_shards, "lists ", shards.size(), " shards of ",
-               spec.num_shards);
+      MT_CHECK(static_cast<int64_t>(shards.size()) == spec.total_shards(), "lists ", shards.size(), " shards of ",
+               spec.total_shards());
       for (const auto& s : shards) {
-        spec.shard = s.at("index").get<int64_t>();
+        const int64_t index = s.at("index").get<int64_t>();
+        MT_CHECK(index >= 0 && index < spec.total_shards(), "shard index ", index, " is out of range");
+        set_index(spec, index);
         const auto file = s.at("file").get<std::string>();
         const auto key = s.at("key").get<std::string>();
         auto it = files_.find(file);
@@ -121,15 +142,15 @@ at::Tensor CheckpointReader::read(const std::string& name, const ShardSpec& want
   at::Tensor out = at::empty(shard_shape(want, name), at::TensorOptions().dtype(dtype(name)));
   if (out.numel() == 0) return out;
 
-  ShardSpec saved{global, t.at("split_dim").get<int64_t>(), 0, t.at("num_shards").get<int64_t>()};
+  ShardSpec saved = saved_spec(t);
   int64_t copied = 0;
   for (const auto& s : t.at("shards")) {
-    saved.shard = s.at("index").get<int64_t>();
-    // The saved shard and the wanted chunk are boxes that differ in at most
-    // two dims (the two split dims); copy their intersection.
+    set_index(saved, s.at("index").get<int64_t>());
+    // The saved shard and the wanted chunk are boxes that differ only in
+    // their split dims; copy their intersection.
     std::vector<int64_t> dims;
-    for (int64_t d : {saved.split_dim, want.split_dim})
-      if (d >= 0 && (dims.empty() || dims[0] != d)) dims.push_back(d);
+    for (int64_t d : {saved.split_dim, saved.outer_dim, want.split_dim, want.outer_dim})
+      if (d >= 0 && std::find(dims.begin(), dims.end(), d) == dims.end()) dims.push_back(d);
     bool overlap = true;
     std::vector<std::array<int64_t, 3>> cuts;  // dim, start, length in global coordinates
     for (int64_t d : dims) {

@@ -33,14 +33,14 @@ RankShards write_rank_shards(const std::string& dir, int rank, const std::vector
     MT_CHECK(t.tensor.defined(), "tensor \"", t.name, "\" on rank ", rank, " is undefined");
     const auto want = shard_shape(t.spec, t.name);
     MT_CHECK(t.tensor.sizes().vec() == want, "tensor \"", t.name, "\" on rank ", rank, " has shape ",
-             shape_str(t.tensor.sizes().vec()), " but shard ", t.spec.shard, " of ", t.spec.num_shards,
+             shape_str(t.tensor.sizes().vec()), " but shard ", t.spec.index(), " of ", t.spec.total_shards(),
              " of its global shape ", shape_str(t.spec.global_shape), " is ", shape_str(want));
     RankShards::Shard s;
     s.name = t.name;
-    s.key = t.name + "@" + std::to_string(t.spec.shard);
+    s.key = t.name + "@" + std::to_string(t.spec.index());
     s.dtype = safetensors_dtype_name(t.tensor.scalar_type());
     s.spec = t.spec;
-    MT_CHECK(keys.insert(s.key).second, "rank ", rank, " was given shard ", t.spec.shard, " of \"", t.name,
+    MT_CHECK(keys.insert(s.key).second, "rank ", rank, " was given shard ", t.spec.index(), " of \"", t.name,
              "\" twice");
     tensors.emplace_back(s.key, t.tensor.detach());
     out.shards.push_back(std::move(s));

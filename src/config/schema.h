@@ -71,6 +71,7 @@ void visit_fields(C& c, V&& v) {
   v("device_config", "n_device_axis", c.device.n_device_axis);
   v("device_config", "device", c.device.device);
   v("device_config", "collectives", c.device.collectives);
+  v("device_config", "expert_parallel", c.device.expert_parallel);
 
   auto& i = c.inference;
   v("inference_config", "prompt", i.prompt);

@@ -91,7 +91,9 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
     MT_CHECK(m.k >= 1 && m.k <= m.n_experts, "model_config.k must be in [1, model_config.n_experts = ",
              m.n_experts, "], got ", m.k);
     at_least(m.n_shared, 0, "model_config.n_shared");
-    MT_CHECK(m.capacity_factor > 0, "model_config.capacity_factor must be > 0, got ", m.capacity_factor);
+    MT_CHECK(std::isfinite(m.capacity_factor) && m.capacity_factor >= 0,
+             "model_config.capacity_factor must be >= 0 (0: dropless, no token is ever dropped), got ",
+             m.capacity_factor);
   }
 }
 
@@ -195,6 +197,16 @@ void validate_mesh(const Config& c) {
            " layers (model_config.blocks * model_config.layers_per_block): every stage needs a layer");
   if (c.sequence_parallel)
     MT_CHECK(m.T % tp == 0, "sequence_parallel needs model_config.T (", m.T, ") divisible by tp = ", tp);
+  const int64_t ep = c.device.expert_parallel;
+  MT_CHECK(ep >= 1, "device_config.expert_parallel must be >= 1, got ", ep);
+  MT_CHECK(dp % ep == 0, "device_config.expert_parallel (", ep, ") must divide dp = ", dp,
+           " (device_config.n_device_axis[0]): experts are split over ranks of the dp group");
+  if (ep > 1) {
+    MT_CHECK(m.ffn == "moe", "device_config.expert_parallel = ", ep, " needs an MoE model (model_config.ffn \"moe\"), "
+             "got ffn \"", m.ffn, "\"");
+    MT_CHECK(m.n_experts % ep == 0, "device_config.expert_parallel (", ep, ") must divide model_config.n_experts (",
+             m.n_experts, "): every rank of an ep group holds n_experts / expert_parallel experts");
+  }
   validate_warmups(c);
 }
 

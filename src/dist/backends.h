@@ -3,6 +3,7 @@
 // Deliberately free of mpi.h/nccl.h so only the backend .cpp files see them;
 // the MPI handle stays inside mpi_comm.cpp and is reached through the parent.
 #include <memory>
+#include <vector>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/dist/comm.h"
@@ -16,6 +17,30 @@ inline int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* backend, c
   const int64_t d = dim < 0 ? dim + t.dim() : dim;
   MT_CHECK(d >= 0 && d < t.dim(), backend, " ", op, ": dim ", dim, " out of range for shape ", t.sizes());
   return d;
+}
+
+// all_to_all_v's arguments checked against t and the group size; returns the
+// bytes of one row (dim 0 slice). Errors name the backend, the rank and the
+// bad count.
+inline int64_t row_bytes_for_all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
+                                          const std::vector<int64_t>& recv_rows, int rank, int size,
+                                          const char* backend) {
+  MT_CHECK(t.defined() && t.dim() > 0, backend, " all_to_all_v on rank ", rank,
+           ": needs a defined tensor with at least one dim");
+  MT_CHECK(static_cast<int>(send_rows.size()) == size && static_cast<int>(recv_rows.size()) == size, backend,
+           " all_to_all_v on rank ", rank, ": ", send_rows.size(), " send and ", recv_rows.size(),
+           " receive counts for a group of ", size, " ranks");
+  int64_t sent = 0;
+  for (int j = 0; j < size; ++j) {
+    MT_CHECK(send_rows[j] >= 0 && recv_rows[j] >= 0, backend, " all_to_all_v on rank ", rank,
+             ": negative row count for peer ", j);
+    sent += send_rows[j];
+  }
+  MT_CHECK(sent == t.size(0), backend, " all_to_all_v on rank ", rank, ": send counts add up to ", sent,
+           " rows but the tensor has ", t.size(0), " (shape ", t.sizes(), ")");
+  int64_t row = static_cast<int64_t>(t.element_size());
+  for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
+  return row;
 }
 
 // The dtype every backend reduces `t` in, so a mesh gives the same numbers over

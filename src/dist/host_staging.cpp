@@ -5,6 +5,7 @@
 // can run on a single-GPU machine (device_config.collectives "mpi").
 #include <torch/torch.h>
 
+#include <chrono>
 #include <utility>
 
 #include "backends.h"
@@ -63,6 +64,13 @@ class HostStagedCommunicator final : public Communicator {
     return on_gpu(t) ? out.to(t.device()) : out;
   }
 
+  at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
+                          const std::vector<int64_t>& recv_rows) override {
+    at::Tensor out;
+    counted("all_to_all_v", [&] { out = inner_->all_to_all_v(on_gpu(t) ? to_host(t) : t, send_rows, recv_rows); });
+    return on_gpu(t) ? out.to(t.device()) : out;
+  }
+
   void barrier() override {
     counted("barrier", [&] { inner_->barrier(); });
   }
@@ -90,8 +98,10 @@ class HostStagedCommunicator final : public Communicator {
   template <class F>
   void counted(const char* op, F&& f) {
     const int64_t before = inner_->bytes_moved();
+    const auto t0 = std::chrono::steady_clock::now();
     f();
     count(op, inner_->bytes_moved() - before);
+    add_seconds(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 
   std::unique_ptr<Communicator> inner_;

@@ -16,6 +16,8 @@ std::string describe(const MeshShape& s) {
 
 void check_shape(const MeshShape& s) {
   MT_CHECK(s.dp >= 1 && s.pp >= 1 && s.tp >= 1, describe(s), ": every axis must be at least 1");
+  MT_CHECK(s.ep >= 1 && s.dp % s.ep == 0, "device_config.expert_parallel = ", s.ep, " must be >= 1 and divide dp = ",
+           s.dp, " (", describe(s), ")");
 }
 
 }  // namespace
@@ -58,12 +60,18 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
   auto dp = mpi_split(*cpu_world_, coord_.pp * shape_.tp + coord_.tp, coord_.dp);
   auto pp = mpi_split(*cpu_world_, coord_.dp * shape_.tp + coord_.tp, coord_.pp);
   auto tp = mpi_split(*cpu_world_, coord_.pp * shape_.dp + coord_.dp, coord_.tp);
+  // ep groups: consecutive dp ranks (neighbours on the network); expert-dp: same dp % ep.
+  const int ep = shape_.ep, outer = (coord_.pp * shape_.tp + coord_.tp) * shape_.dp;
+  auto eps = mpi_split(*cpu_world_, outer + coord_.dp / ep, coord_.dp % ep);
+  auto edp = mpi_split(*cpu_world_, outer + coord_.dp % ep, coord_.dp / ep);
 
   if (backend == Backend::Mpi) {
     // Staged, so CUDA tensors work too (collectives "mpi"); CPU tensors pass through.
     dp_ = host_staged(std::move(dp));
     pp_ = host_staged(std::move(pp));
     tp_ = host_staged(std::move(tp));
+    ep_ = host_staged(std::move(eps));
+    edp_ = host_staged(std::move(edp));
   } else {
     // Every rank creates the three NCCL communicators in the same order; each
     // init only waits for the members of its own group, so this cannot deadlock.
@@ -71,6 +79,10 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
     dp_ = nccl_communicator(*dp);
     pp_ = nccl_communicator(*pp);
     tp_ = nccl_communicator(*tp);
+    // Without expert parallelism the ep group is this rank alone and
+    // expert_dp() is dp: no NCCL communicators for them.
+    ep_ = ep > 1 ? nccl_communicator(*eps) : host_staged(std::move(eps));
+    edp_ = ep > 1 ? nccl_communicator(*edp) : host_staged(std::move(edp));
   }
   // Setup traffic (unique-id broadcasts) is not training traffic.
   cpu_world_->reset_bytes();
@@ -79,13 +91,15 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
 Mesh::~Mesh() = default;
 
 int64_t Mesh::bytes_moved() const {
-  return dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved();
+  return dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved() + ep_->bytes_moved() + edp_->bytes_moved();
 }
 
 void Mesh::reset_bytes() {
   dp_->reset_bytes();
   pp_->reset_bytes();
   tp_->reset_bytes();
+  ep_->reset_bytes();
+  edp_->reset_bytes();
 }
 
 }  // namespace meshtrain

@@ -5,8 +5,11 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <chrono>
+
 #include <climits>
 #include <string>
+#include <vector>
 
 #include "backends.h"
 #include "meshtrain/core/check.h"
@@ -160,6 +163,7 @@ class MpiCommunicator final : public Communicator {
 
   at::Tensor all_to_all(const at::Tensor& t) override {
     check_cpu(t, "all_to_all");
+    const auto t0 = std::chrono::steady_clock::now();
     MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "mpi all_to_all: dim 0 of shape ", t.sizes(),
              " is not divisible by the group size ", size_);
     at::Tensor x = t.contiguous();
@@ -167,6 +171,36 @@ class MpiCommunicator final : public Communicator {
     const int n = to_count(x.nbytes() / size_, "all_to_all");
     ok(MPI_Alltoall(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_to_all");
     count("all_to_all", t.nbytes());
+    add_seconds("all_to_all", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return out;
+  }
+
+  at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
+                          const std::vector<int64_t>& recv_rows) override {
+    check_cpu(t, "all_to_all_v");
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t row = row_bytes_for_all_to_all_v(t, send_rows, recv_rows, rank_, size_, "mpi");
+    at::Tensor x = t.contiguous();
+    std::vector<int64_t> out_shape = x.sizes().vec();
+    out_shape[0] = 0;
+    for (int64_t r : recv_rows) out_shape[0] += r;
+    at::Tensor out = at::empty(out_shape, x.options());
+    // Byte counts and displacements: MPI's are int, so each is checked.
+    std::vector<int> scount(size_), sdispl(size_), rcount(size_), rdispl(size_);
+    int64_t so = 0, ro = 0;
+    for (int j = 0; j < size_; ++j) {
+      scount[j] = to_count(send_rows[j] * row, "all_to_all_v");
+      sdispl[j] = to_count(so, "all_to_all_v");
+      rcount[j] = to_count(recv_rows[j] * row, "all_to_all_v");
+      rdispl[j] = to_count(ro, "all_to_all_v");
+      so += send_rows[j] * row;
+      ro += recv_rows[j] * row;
+    }
+    ok(MPI_Alltoallv(x.data_ptr(), scount.data(), sdispl.data(), MPI_BYTE, out.data_ptr(), rcount.data(),
+                     rdispl.data(), MPI_BYTE, comm_),
+       "all_to_all_v");
+    count("all_to_all_v", t.nbytes());
+    add_seconds("all_to_all_v", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
 

@@ -2,6 +2,8 @@
 // only when nccl.h was found; otherwise nccl_communicator() explains why not.
 #include <torch/torch.h>
 
+#include <chrono>
+
 #include "backends.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/dist/device.h"
@@ -143,6 +145,7 @@ class NcclCommunicator final : public Communicator {
 
   at::Tensor all_to_all(const at::Tensor& t) override {
     check_cuda(t, "all_to_all");
+    const auto t0 = std::chrono::steady_clock::now();
     MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "nccl all_to_all: dim 0 of shape ", t.sizes(),
              " is not divisible by the group size ", size_);
     at::Tensor x = t.contiguous();
@@ -160,6 +163,40 @@ class NcclCommunicator final : public Communicator {
     }
     ok(ncclGroupEnd(), "all_to_all(group_end)");
     count("all_to_all", t.nbytes());
+    add_seconds("all_to_all", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return out;
+  }
+
+  // Grouped send/recv pairs: NCCL has no all-to-all-v, and the group makes
+  // them one launch that cannot deadlock whatever the order of peers.
+  at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
+                          const std::vector<int64_t>& recv_rows) override {
+    check_cuda(t, "all_to_all_v");
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t row_bytes = row_bytes_for_all_to_all_v(t, send_rows, recv_rows, rank_, size_, "nccl");
+    at::Tensor x = t.contiguous();
+    std::vector<int64_t> out_shape = x.sizes().vec();
+    out_shape[0] = 0;
+    for (int64_t r : recv_rows) out_shape[0] += r;
+    at::Tensor out = at::empty(out_shape, x.options());
+    const auto type = nccl_dtype(x.scalar_type(), "all_to_all_v");
+    const int64_t row = row_bytes / static_cast<int64_t>(x.element_size());  // elements per row
+    auto* src = static_cast<char*>(x.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    cudaStream_t s = stream(x);
+    ok(ncclGroupStart(), "all_to_all_v(group_start)");
+    int64_t so = 0, ro = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (send_rows[peer] > 0)
+        ok(ncclSend(src + so * row_bytes, send_rows[peer] * row, type, peer, comm_, s), "all_to_all_v(send)");
+      if (recv_rows[peer] > 0)
+        ok(ncclRecv(dst + ro * row_bytes, recv_rows[peer] * row, type, peer, comm_, s), "all_to_all_v(recv)");
+      so += send_rows[peer];
+      ro += recv_rows[peer];
+    }
+    ok(ncclGroupEnd(), "all_to_all_v(group_end)");
+    count("all_to_all_v", t.nbytes());
+    add_seconds("all_to_all_v", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
 

@@ -191,4 +191,26 @@ at::Tensor LayerFactory::param(const std::string& name, std::vector<int64_t> glo
   return draw(name, global_shape, std);
 }
 
+at::Tensor LayerFactory::expert_param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim,
+                                      double std) {
+  MT_ASSERT(!global_shape.empty() && split_dim != 0, "expert parameter ", name, " needs dim 0 for the experts");
+  at::Tensor t = param(name, global_shape, split_dim, std);
+  layouts_[name].expert_split = true;
+  const int64_t ep = dispatcher_->size();
+  if (ep == 1) return t;
+  MT_CHECK(global_shape[0] % ep == 0, "expert parameter ", name, ": ", global_shape[0],
+           " experts do not split over expert_parallel = ", ep);
+  const int64_t local = global_shape[0] / ep;
+  return t.narrow(0, dispatcher_->rank() * local, local).contiguous();
+}
+
+TokenDispatcher::Dispatched TokenDispatcher::dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts) {
+  Dispatched d;
+  d.rows = rows;
+  d.counts = counts;
+  return d;
+}
+
+at::Tensor TokenDispatcher::combine(const at::Tensor& rows, const Dispatched&) { return rows; }
+
 }  // namespace meshtrain

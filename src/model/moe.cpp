@@ -94,11 +94,17 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   const bool b = cfg.linear_bias;
   router_ = register_module("router", factory.replicated(prefix + ".router", d, E, std, b));
   experts_ = register_module("experts", std::make_shared<torch::nn::Module>());
-  w_in_ = experts_->register_parameter("w_in", factory.param(prefix + ".experts.w_in", {E, h, d}, 1, std));
+  // Routed experts: this rank's share of them under expert parallelism.
+  dispatcher_ = factory.token_dispatcher();
+  MT_CHECK(E % dispatcher_->size() == 0, "model_config.n_experts (", E, ") must be divisible by expert_parallel = ",
+           dispatcher_->size());
+  w_in_ = experts_->register_parameter("w_in", factory.expert_param(prefix + ".experts.w_in", {E, h, d}, 1, std));
   w_out_ = experts_->register_parameter("w_out",
-                                        factory.param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
+                                        factory.expert_param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
   if (b) {
-    b_in_ = experts_->register_parameter("b_in", factory.param(prefix + ".experts.b_in", {E, h}, 1, 0.0));
+    b_in_ = experts_->register_parameter("b_in", factory.expert_param(prefix + ".experts.b_in", {E, h}, 1, 0.0));
+    // b_out is added on the token's own rank after combine (outside the tp
+    // region), so it stays whole there: not split over expert parallelism.
     b_out_ = experts_->register_parameter("b_out", factory.param(prefix + ".experts.b_out", {E, d}, -1, 0.0));
   }
   if (cfg.n_shared > 0 && cfg.shared_expert == "mlp") {
@@ -130,9 +136,11 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor slot_row = r.expert.reshape({N * k}) * S + seq * C + (r.slot.reshape({N * k}) - 1);
   const at::Tensor row = at::where(r.keep.reshape({N * k}), slot_row, at::full({}, E * S, ids));
   const at::Tensor buf = at::zeros({E * S + 1, d}, xflat.options()).index_copy(0, row, xflat.index_select(0, token));
-  const at::Tensor xin = buf.narrow(0, 0, E * S).view({E, S, d});
+  // Dispatch: this rank's experts get every sender's slots ([E_local, ep * S, d]).
+  const at::Tensor xin = dispatcher_->dispatch_slots(buf.narrow(0, 0, E * S).view({E, S, d}));
   const at::Tensor hid = at::gelu(at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2)), "tanh");
-  const at::Tensor out = at::bmm(hid, matmul_operand(w_out_).transpose(1, 2));  // [E, S, d]
+  const at::Tensor out =
+      dispatcher_->combine_slots(at::bmm(hid, matmul_operand(w_out_).transpose(1, 2)));  // [E, S, d]
   const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them (exact: the combine is linear); dropped assignments read zeros.
@@ -181,37 +189,39 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   if (r.capacity > 0 && !b_in_.defined() && !b_out_.defined()) {
     routed = experts_by_capacity(xflat, r, gate, B, T);
   } else {
-    // Dispatch: kept (token, expert) assignments, grouped by expert.
+    // Route -> dispatch: kept (token, expert) assignments, grouped by expert.
     const at::Tensor kept = r.keep.reshape({N * k}).nonzero().squeeze(1);  // assignment ids a = token*k + j
     const at::Tensor kept_expert = r.expert.reshape({N * k}).index_select(0, kept);
     const at::Tensor order = std::get<1>(kept_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
     assignment = kept.index_select(0, order);
     token = assignment.div(k, "floor");
     const at::Tensor counts = at::bincount(kept_expert, {}, E).cpu();  // one host sync per layer
-    const auto* count = counts.data_ptr<int64_t>();
+    const std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
+    // Under expert parallelism every rank of the ep group takes part in the
+    // exchange, also when it routes or receives no token.
+    const TokenDispatcher::Dispatched mine = dispatcher_->dispatch(xflat.index_select(0, token), count);
 
-    // Compute: one matmul pair per expert on its contiguous slice.
-    if (assignment.numel() > 0) {
-      const at::Tensor xin = xflat.index_select(0, token);  // [M, d]
-      std::vector<at::Tensor> outs;
-      outs.reserve(static_cast<size_t>(E));
-      int64_t offset = 0;
-      for (int64_t e = 0; e < E; ++e) {
-        if (count[e] == 0) continue;
-        at::Tensor pre = mp_linear(xin.narrow(0, offset, count[e]), w_in_[e]);
-        if (b_in_.defined()) pre = pre + b_in_[e].to(pre.scalar_type());
-        const at::Tensor hid = at::gelu(pre, "tanh");
-        outs.push_back(mp_linear(hid, w_out_[e]));
-        offset += count[e];
-      }
-      at::Tensor out = at::cat(outs, 0);
-      // Combine: gates scale each tp rank's partial output before exit_tp sums
-      // them, which is exact because the combine is linear.
-      out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
-      routed = at::zeros({N, d}, out.options()).index_add(0, token, out);
-    } else {
-      routed = at::zeros({N, d}, xe.options());
+    // Compute: one matmul pair per local expert on its contiguous slice.
+    std::vector<at::Tensor> outs;
+    int64_t offset = 0;
+    for (size_t e = 0; e < mine.counts.size(); ++e) {
+      const int64_t n = mine.counts[e];
+      if (n == 0) continue;
+      const auto i = static_cast<int64_t>(e);
+      at::Tensor pre = mp_linear(mine.rows.narrow(0, offset, n), w_in_[i]);
+      if (b_in_.defined()) pre = pre + b_in_[i].to(pre.scalar_type());
+      const at::Tensor hid = at::gelu(pre, "tanh");
+      outs.push_back(mp_linear(hid, w_out_[i]));
+      offset += n;
     }
+    // No local rows: the (empty) received rows stand in for the outputs, so
+    // the exchange's backward still runs here as on its peers.
+    const at::Tensor local = outs.empty() ? mine.rows : at::cat(outs, 0);
+    at::Tensor out = dispatcher_->combine(local, mine);  // the sender's rows, in `assignment` order
+    // Combine: gates scale each tp rank's partial output before exit_tp sums
+    // them, which is exact because the combine is linear.
+    out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
+    routed = at::zeros({N, d}, out.options()).index_add(0, token, out);
   }
   at::Tensor y = factory_->exit_tp(routed.reshape({B, T, d}));
 

@@ -65,26 +65,39 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
     if (g.defined()) g.copy_(flat.view_as(g));
   }
   if (dp && mesh.shape().dp > 1) {
-    std::vector<at::Tensor> grads;
-    for (auto& p : pm.params) grads.push_back(p.tensor.grad());
+    // Under expert parallelism a routed expert's gradient already holds the
+    // tokens of its whole ep group: the sum over the ranks holding the same
+    // experts (expert_dp) completes it. Without it, expert_dp() is dp.
+    std::vector<at::Tensor> grads, expert_grads;
+    for (auto& p : pm.params)
+      (p.layout.expert_split && mesh.shape().ep > 1 ? expert_grads : grads).push_back(p.tensor.grad());
     all_reduce_flat(grads, mesh.dp());
+    all_reduce_flat(expert_grads, mesh.expert_dp());
   }
 }
 
 at::Tensor grad_norm(ParallelModel& pm, Mesh& mesh) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, expert_grads;
   for (auto& p : pm.params) {
     if (!p.tensor.grad().defined()) continue;
     // Each parameter once: tp replicas only from tp rank 0, tied copies never.
     if (p.layout.tied_copy) continue;
     if (p.layout.split_dim < 0 && mesh.coord().tp != 0) continue;
-    grads.push_back(p.tensor.grad());
+    (p.layout.expert_split && mesh.shape().ep > 1 ? expert_grads : grads).push_back(p.tensor.grad());
   }
   // On the parameters' device: with NCCL the reductions below move device memory.
   const auto opts = pm.params.front().tensor.options().dtype(at::kDouble);
-  at::Tensor sq = grads.empty() ? at::zeros({1}, opts)
-                                : at::stack(at::_foreach_norm(grads, 2)).to(at::kDouble).pow(2).sum().reshape({1});
+  const auto sum_sq = [&](const std::vector<at::Tensor>& g) {
+    return g.empty() ? at::zeros({1}, opts) : at::stack(at::_foreach_norm(g, 2)).to(at::kDouble).pow(2).sum().reshape({1});
+  };
+  at::Tensor sq = sum_sq(grads);
+  if (mesh.shape().ep > 1) {
+    // Each rank of the ep group holds different experts.
+    at::Tensor e = sum_sq(expert_grads);
+    mesh.ep().all_reduce(e);
+    sq = sq + e;
+  }
   if (mesh.shape().tp > 1) mesh.tp().all_reduce(sq);
   if (mesh.shape().pp > 1) mesh.pp().all_reduce(sq);
   return sq.sqrt().squeeze(0);

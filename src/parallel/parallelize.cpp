@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/parallel/expert_parallel.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 
 namespace meshtrain {
@@ -52,6 +53,11 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
            mesh.shape().tp);
   pm.factory = meta ? std::make_unique<MetaLayerFactory>() : make_layer_factory(cfg, mesh);
   pm.factory->set_seed(cfg.seed);
+  // Expert parallelism: MoE layers keep their share of the experts and reach
+  // the others through the ep group.
+  MT_CHECK(mesh.shape().ep == cfg.device.expert_parallel, "the mesh has expert_parallel ", mesh.shape().ep,
+           " but device_config.expert_parallel is ", cfg.device.expert_parallel);
+  if (mesh.shape().ep > 1) pm.factory->set_token_dispatcher(make_all_to_all_dispatcher(mesh.ep()));
   pm.model = std::make_shared<Transformer>(cfg.model, *pm.factory, pm.range);
   // After tp (the factory) and before dp, as torchtitan orders them.
   pm.model->set_activation_checkpointing(cfg.activation_checkpointing);

@@ -11,85 +11,106 @@ namespace meshtrain {
 
 ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), cfg_(cfg) {
   MT_CHECK(!pm.params.empty(), "zero_stage 1: this rank has no parameters");
-  int64_t total = 0;
-  for (const auto& p : pm.params) {
-    offsets_.push_back(total);
-    total += p.tensor.numel();
-  }
-  const int64_t dp = mesh.shape().dp;
-  padded_ = (total + dp - 1) / dp * dp;
-  slice_ = padded_ / dp;
-  begin_ = mesh.coord().dp * slice_;
-
   const auto opts = pm.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
-  exp_avg_ = at::zeros({slice_}, opts);
-  exp_avg_sq_ = at::zeros({slice_}, opts);
-  grad_ = at::zeros({slice_}, opts);
   step_t_ = at::zeros({}, opts);
-  norm_mask_ = at::zeros({slice_}, opts.dtype(at::kDouble));
-  const bool tp_lead = mesh.coord().tp == 0;
-  for (size_t i = 0; i < pm.params.size(); ++i) {
-    const ParamInfo& p = pm.params[i];
-    const int64_t lo = std::max(offsets_[i], begin_), hi = std::min(offsets_[i] + p.tensor.numel(), begin_ + slice_);
-    if (lo >= hi) continue;
-    // Runs of the slice by weight decay (adjacent parameters alike merge);
-    // the padding past the last parameter is never updated.
-    if (!runs_.empty() && std::get<2>(runs_.back()) == p.decay && std::get<1>(runs_.back()) == lo - begin_)
-      std::get<1>(runs_.back()) = hi - begin_;
-    else
-      runs_.emplace_back(lo - begin_, hi - begin_, p.decay);
-    // As global_grad_norm: tp replicas only from tp rank 0, the tied head copy never.
-    const bool counted = !p.layout.tied_copy && (p.layout.split_dim >= 0 || tp_lead);
-    if (counted) norm_mask_.narrow(0, lo - begin_, hi - lo).fill_(1.0);
+  const bool ep = mesh.shape().ep > 1;
+  Group dense, experts;
+  for (size_t i = 0; i < pm.params.size(); ++i)
+    (ep && pm.params[i].layout.expert_split ? experts : dense).params.push_back(i);
+  init_group(dense, mesh.dp(), mesh.coord().dp, mesh.shape().dp);
+  groups_.push_back(std::move(dense));
+  if (!experts.params.empty()) {
+    init_group(experts, mesh.expert_dp(), mesh.coord().dp / mesh.shape().ep, mesh.shape().dp / mesh.shape().ep);
+    groups_.push_back(std::move(experts));
   }
 }
 
-at::Tensor ZeroOptimizer::flat_of(const std::vector<at::Tensor>& per_param) const {
-  at::Tensor flat = at::zeros({padded_}, grad_.options());
-  for (size_t i = 0; i < pm_.params.size(); ++i) {
+void ZeroOptimizer::init_group(Group& g, Communicator& comm, int rank, int size) {
+  g.comm = &comm;
+  int64_t total = 0;
+  for (size_t i : g.params) {
+    g.offsets.push_back(total);
+    total += pm_.params[i].tensor.numel();
+  }
+  g.padded = (total + size - 1) / size * size;
+  g.slice = g.padded / size;
+  g.begin = rank * g.slice;
+  const auto opts = pm_.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
+  g.exp_avg = at::zeros({g.slice}, opts);
+  g.exp_avg_sq = at::zeros({g.slice}, opts);
+  g.grad = at::zeros({g.slice}, opts);
+  g.norm_mask = at::zeros({g.slice}, opts.dtype(at::kDouble));
+  const bool tp_lead = mesh_.coord().tp == 0;
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const ParamInfo& p = pm_.params[g.params[j]];
+    const int64_t lo = std::max(g.offsets[j], g.begin), hi = std::min(g.offsets[j] + p.tensor.numel(), g.begin + g.slice);
+    if (lo >= hi) continue;
+    // Runs of the slice by weight decay (adjacent parameters alike merge);
+    // the padding past the last parameter is never updated.
+    if (!g.runs.empty() && std::get<2>(g.runs.back()) == p.decay && std::get<1>(g.runs.back()) == lo - g.begin)
+      std::get<1>(g.runs.back()) = hi - g.begin;
+    else
+      g.runs.emplace_back(lo - g.begin, hi - g.begin, p.decay);
+    // As global_grad_norm: tp replicas only from tp rank 0, the tied head copy never.
+    const bool counted = !p.layout.tied_copy && (p.layout.split_dim >= 0 || tp_lead);
+    if (counted) g.norm_mask.narrow(0, lo - g.begin, hi - lo).fill_(1.0);
+  }
+}
+
+at::Tensor ZeroOptimizer::flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const {
+  at::Tensor flat = at::zeros({g.padded}, g.grad.options());
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const size_t i = g.params[j];
     if (!per_param[i].defined()) continue;
     const int64_t n = pm_.params[i].tensor.numel();
     MT_CHECK(per_param[i].numel() == n, "zero_stage 1: tensor for parameter '", pm_.params[i].layout.global_name,
              "' has ", per_param[i].numel(), " elements, expected ", n);
-    flat.narrow(0, offsets_[i], n).copy_(per_param[i].reshape({-1}));
+    flat.narrow(0, g.offsets[j], n).copy_(per_param[i].reshape({-1}));
   }
   return flat;
 }
 
-at::Tensor ZeroOptimizer::owned_slice(const std::vector<at::Tensor>& per_param) const {
-  at::Tensor out = at::zeros({slice_}, grad_.options());
-  for (size_t i = 0; i < pm_.params.size(); ++i) {
+at::Tensor ZeroOptimizer::owned_slice(const Group& g, const std::vector<at::Tensor>& per_param) const {
+  at::Tensor out = at::zeros({g.slice}, g.grad.options());
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const size_t i = g.params[j];
     const int64_t n = pm_.params[i].tensor.numel();
-    const int64_t lo = std::max(offsets_[i], begin_), hi = std::min(offsets_[i] + n, begin_ + slice_);
+    const int64_t lo = std::max(g.offsets[j], g.begin), hi = std::min(g.offsets[j] + n, g.begin + g.slice);
     if (lo >= hi || !per_param[i].defined()) continue;
     MT_CHECK(per_param[i].numel() == n, "zero_stage 1: tensor for parameter '", pm_.params[i].layout.global_name,
              "' has ", per_param[i].numel(), " elements, expected ", n);
-    out.narrow(0, lo - begin_, hi - lo).copy_(per_param[i].reshape({-1}).narrow(0, lo - offsets_[i], hi - lo));
+    out.narrow(0, lo - g.begin, hi - lo).copy_(per_param[i].reshape({-1}).narrow(0, lo - g.offsets[j], hi - lo));
   }
   return out;
 }
 
-std::vector<at::Tensor> ZeroOptimizer::unflatten(const at::Tensor& flat) const {
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < pm_.params.size(); ++i) {
-    const at::Tensor& p = pm_.params[i].tensor;
-    out.push_back(flat.narrow(0, offsets_[i], p.numel()).view(p.sizes()));
+void ZeroOptimizer::unflatten(const Group& g, const at::Tensor& flat, std::vector<at::Tensor>& out) const {
+  for (size_t j = 0; j < g.params.size(); ++j) {
+    const at::Tensor& p = pm_.params[g.params[j]].tensor;
+    out[g.params[j]] = flat.narrow(0, g.offsets[j], p.numel()).view(p.sizes());
   }
-  return out;
 }
 
 at::Tensor ZeroOptimizer::reduce_gradients() {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : pm_.params) grads.push_back(p.tensor.grad());
-  at::Tensor flat = flat_of(grads);
+  std::vector<at::Tensor> flats;
+  for (const Group& g : groups_) flats.push_back(flat_of(g, grads));
+  grads.clear();
   // The full gradients are no longer needed: free them before the collective.
   for (auto& p : pm_.params) p.tensor.mutable_grad() = at::Tensor();
-  grad_ = mesh_.shape().dp > 1 ? mesh_.dp().reduce_scatter(flat, 0) : flat;
-
+  at::Tensor sq;
+  for (size_t k = 0; k < groups_.size(); ++k) {
+    Group& g = groups_[k];
+    g.grad = g.comm->size() > 1 ? g.comm->reduce_scatter(flats[k], 0) : flats[k];
+    const at::Tensor part = (g.grad.to(at::kDouble).pow(2) * g.norm_mask).sum().reshape({1});
+    sq = sq.defined() ? sq + part : part;
+  }
   // Each dp rank holds a different part of the summed gradient: dp adds up
-  // too, unlike global_grad_norm where dp replicas are identical.
-  at::Tensor sq = (grad_.to(at::kDouble).pow(2) * norm_mask_).sum().reshape({1});
+  // too, unlike global_grad_norm where dp replicas are identical. (The expert
+  // slices partition each ep rank's experts over expert_dp, and the ep ranks
+  // hold different experts: summing over dp counts every element once.)
   if (mesh_.shape().dp > 1) mesh_.dp().all_reduce(sq);
   if (mesh_.shape().tp > 1) mesh_.tp().all_reduce(sq);
   if (mesh_.shape().pp > 1) mesh_.pp().all_reduce(sq);
@@ -98,32 +119,40 @@ at::Tensor ZeroOptimizer::reduce_gradients() {
 
 void ZeroOptimizer::scale_gradients(const at::Tensor& scale) {
   at::NoGradGuard no_grad;
-  grad_.mul_(scale);
+  for (Group& g : groups_) g.grad.mul_(scale);
 }
 
 void ZeroOptimizer::step(double lr, const at::Tensor& found_inf) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& p : pm_.params) params.push_back(p.tensor.detach());
-  at::Tensor param = owned_slice(params);
+  std::vector<at::Tensor> owned;
+  for (const Group& g : groups_) owned.push_back(owned_slice(g, params));
 
-  // AdamW's fused update over the owned slice, cut into the runs of
+  // AdamW's fused update over the owned slices, cut into the runs of
   // parameters with and without weight decay (two groups, as AdamW::step).
-  std::vector<at::Tensor> p[2], g[2], m[2], v[2];
-  for (const auto& [lo, hi, decay] : runs_) {
-    const int i = decay ? 1 : 0;
-    p[i].push_back(param.narrow(0, lo, hi - lo));
-    g[i].push_back(grad_.narrow(0, lo, hi - lo));
-    m[i].push_back(exp_avg_.narrow(0, lo, hi - lo));
-    v[i].push_back(exp_avg_sq_.narrow(0, lo, hi - lo));
+  std::vector<at::Tensor> p[2], gr[2], m[2], v[2];
+  for (size_t k = 0; k < groups_.size(); ++k) {
+    Group& g = groups_[k];
+    for (const auto& [lo, hi, decay] : g.runs) {
+      const int i = decay ? 1 : 0;
+      p[i].push_back(owned[k].narrow(0, lo, hi - lo));
+      gr[i].push_back(g.grad.narrow(0, lo, hi - lo));
+      m[i].push_back(g.exp_avg.narrow(0, lo, hi - lo));
+      v[i].push_back(g.exp_avg_sq.narrow(0, lo, hi - lo));
+    }
   }
   step_t_.add_(1);
   for (int i = 0; i < 2; ++i)
-    fused_adamw(p[i], g[i], m[i], v[i], step_t_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
+    fused_adamw(p[i], gr[i], m[i], v[i], step_t_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
   if (found_inf.defined()) step_t_.sub_(found_inf);
 
-  at::Tensor all = mesh_.shape().dp > 1 ? mesh_.dp().all_gather(param, 0) : param;
-  const auto updated = unflatten(all);
+  std::vector<at::Tensor> updated(pm_.params.size());
+  for (size_t k = 0; k < groups_.size(); ++k) {
+    Group& g = groups_[k];
+    const at::Tensor all = g.comm->size() > 1 ? g.comm->all_gather(owned[k], 0) : owned[k];
+    unflatten(g, all, updated);
+  }
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     at::Tensor t = pm_.params[i].tensor.detach();
     t.copy_(updated[i].to(t.scalar_type()));
@@ -137,20 +166,31 @@ void ZeroOptimizer::set_steps_taken(int64_t s) {
   step_t_.fill_(static_cast<double>(s));
 }
 
+int64_t ZeroOptimizer::state_numel() const {
+  int64_t n = 0;
+  for (const Group& g : groups_) n += g.exp_avg.numel() + g.exp_avg_sq.numel();
+  return n;
+}
+
 std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::gather_moments() {
   at::NoGradGuard no_grad;
-  const bool many = mesh_.shape().dp > 1;
-  at::Tensor m = many ? mesh_.dp().all_gather(exp_avg_, 0) : exp_avg_.clone();
-  at::Tensor v = many ? mesh_.dp().all_gather(exp_avg_sq_, 0) : exp_avg_sq_.clone();
-  return {unflatten(m), unflatten(v)};
+  std::vector<at::Tensor> m(pm_.params.size()), v(pm_.params.size());
+  for (Group& g : groups_) {
+    const bool many = g.comm->size() > 1;
+    unflatten(g, many ? g.comm->all_gather(g.exp_avg, 0) : g.exp_avg.clone(), m);
+    unflatten(g, many ? g.comm->all_gather(g.exp_avg_sq, 0) : g.exp_avg_sq.clone(), v);
+  }
+  return {m, v};
 }
 
 void ZeroOptimizer::load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) {
   at::NoGradGuard no_grad;
   MT_CHECK(exp_avg.size() == pm_.params.size() && exp_avg_sq.size() == pm_.params.size(),
            "zero_stage 1: moments for ", exp_avg.size(), " parameters, this rank has ", pm_.params.size());
-  exp_avg_.copy_(owned_slice(exp_avg));
-  exp_avg_sq_.copy_(owned_slice(exp_avg_sq));
+  for (Group& g : groups_) {
+    g.exp_avg.copy_(owned_slice(g, exp_avg));
+    g.exp_avg_sq.copy_(owned_slice(g, exp_avg_sq));
+  }
 }
 
 }  // namespace meshtrain

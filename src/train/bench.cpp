@@ -92,6 +92,7 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   };
   for (int64_t i = 0; i < opts.warmup; ++i) one_step();
   trainer.mesh().cpu_world().barrier();
+  trainer.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opts.steps; ++i) one_step();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -99,10 +100,15 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   BenchResult r;
   r.device = device_name(dev);
   r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
-  at::Tensor t = at::tensor({secs, r.peak_memory_bytes}, at::kDouble);
+  double a2a = 0;
+  for (const auto& [op, s] : trainer.mesh().ep().seconds_by_op())
+    if (op.rfind("all_to_all", 0) == 0) a2a += s;
+  at::Tensor t = at::tensor({secs, r.peak_memory_bytes, a2a}, at::kDouble);
   trainer.mesh().cpu_world().all_reduce(t, ReduceOp::Max);
   secs = t[0].item<double>();
   r.peak_memory_bytes = t[1].item<double>();
+  r.all_to_all_seconds = t[2].item<double>();
+  r.expert_parallel = cfg.device.expert_parallel;
 
   r.world = cfg.device.world();
   r.steps = opts.steps;
@@ -131,6 +137,9 @@ std::string to_string(const BenchResult& r) {
   } else {
     o << "  MFU                unknown (no peak for " << r.device << "; pass --peak-tflops)\n";
   }
+  if (r.expert_parallel > 1)
+    o << "  all-to-all         " << r.all_to_all_seconds << " s, " << 100 * r.all_to_all_share()
+      << " % of the step time (expert_parallel " << r.expert_parallel << ", slowest rank)\n";
   o.precision(1);
   o << "  peak memory        " << r.peak_memory_bytes / (1024.0 * 1024.0) << " MiB (" << r.peak_memory_kind
     << ", max over ranks)\n";
@@ -152,6 +161,9 @@ std::string to_json(const BenchResult& r) {
   j["peak_memory_bytes"] = r.peak_memory_bytes;
   j["peak_memory_kind"] = r.peak_memory_kind;
   j["last_loss"] = r.last_loss;
+  j["expert_parallel"] = r.expert_parallel;
+  j["all_to_all_seconds"] = r.all_to_all_seconds;
+  j["all_to_all_share"] = r.all_to_all_share();
   return j.dump();
 }
 

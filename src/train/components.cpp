@@ -19,14 +19,23 @@ ShardSpec spec_of(const ParamLayout& l, Mesh& mesh) {
     s.shard = mesh.coord().tp;
     s.num_shards = mesh.shape().tp;
   }
+  // Routed experts under expert parallelism: dim 0 is also split over ep.
+  if (l.expert_split && mesh.shape().ep > 1) {
+    s.outer_dim = 0;
+    s.outer_shard = mesh.ep_rank();
+    s.outer_shards = mesh.shape().ep;
+  }
   return s;
 }
 
-// One owner per shard: dp rank 0, tp rank 0 for replicated tensors, and never
-// the tied head copy (the embedding's stage writes it).
+// One owner per shard: dp rank 0 (for routed experts under expert
+// parallelism, the first holder of each slice: dp rank < ep), tp rank 0 for
+// replicated tensors, and never the tied head copy (the embedding's stage
+// writes it).
 bool writes(const ParamLayout& l, Mesh& mesh) {
   const auto& c = mesh.coord();
-  return c.dp == 0 && !l.tied_copy && (l.split_dim >= 0 || c.tp == 0);
+  const bool first_holder = l.expert_split ? c.dp < mesh.shape().ep : c.dp == 0;
+  return first_holder && !l.tied_copy && (l.split_dim >= 0 || c.tp == 0);
 }
 
 // "dim 1 is 512 in the checkpoint but this model needs 256 ([64, 512] vs [64, 256])".

@@ -78,8 +78,9 @@ bool fused_attention(const ModelConfig& m, int64_t layer, PlanDevice dev) {
 
 }  // namespace
 
-StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage) {
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep) {
   MT_CHECK(pp >= 1 && tp >= 1 && stage >= 0 && stage < pp, "plan: stage ", stage, " outside pp = ", pp);
+  MT_CHECK(ep >= 1, "plan: device_config.expert_parallel must be >= 1, got ", ep);
   const auto ranges = partition_stages(m.n_layers(), static_cast<int>(pp));
   const StageRange& rg = ranges.at(static_cast<size_t>(stage));
   StageParams p;
@@ -87,7 +88,10 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   p.end_layer = rg.end_layer;
   for (int64_t i = rg.first_layer; i < rg.end_layer; ++i) {
     const LayerParamCount l = layer_param_count(m, i);
-    p.split += l.split / tp;
+    // The routed experts but their output biases (replicated, whole on every rank).
+    const int64_t experts = l.routed > 0 ? l.routed - m.n_experts * m.model_dimension * (m.linear_bias ? 1 : 0) : 0;
+    p.split += (l.split - experts) / tp + experts / tp / ep;
+    p.experts += experts / tp / ep;
     p.replicated += l.replicated;
   }
   const int64_t vocab_local = (m.vocab_size + tp - 1) / tp;  // padded to a multiple of tp
@@ -107,6 +111,7 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   plan.dp = cfg.device.dp();
   plan.pp = cfg.device.pp();
   plan.tp = cfg.device.tp();
+  plan.ep = cfg.device.expert_parallel;
   MT_CHECK(plan.dp >= 1 && plan.pp >= 1 && plan.tp >= 1, "device_config.n_device_axis must be positive");
   const ParamCount pc = count_params(m);
   plan.total_params = pc.total;
@@ -132,17 +137,21 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   const double d = static_cast<double>(m.model_dimension);
   const bool selective = cfg.activation_checkpointing == "selective";
   const double zero_div = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
+  // ZeRO-1 shards the experts' moments over the ranks holding the same experts.
+  const double zero_div_experts = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
 
   for (int64_t st = 0; st < plan.pp; ++st) {
     StageMemory sm;
     sm.stage = st;
-    sm.params = stage_params(m, plan.pp, plan.tp, st);
+    sm.params = stage_params(m, plan.pp, plan.tp, st, plan.ep);
     const double n = static_cast<double>(sm.params.total());
+    const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
     sm.weights = 4 * n;
     sm.grads = 4 * n;
-    sm.optimizer = 8 * n / zero_div;
+    sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
+    sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
     if (bf16) sm.autocast_copies = 2 * n;
-    sm.reference_static = 2 * n + 4 * n + (4 + 8) * n / zero_div;
+    sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;
 
     if (plan.pp == 1) sm.microbatches_in_flight = 1;
     else if (cfg.pipeline_schedule == "gpipe") sm.microbatches_in_flight = plan.n_microbatches;
@@ -208,7 +217,9 @@ std::string to_string(const MemoryPlan& p) {
   const StageMemory& w = p.worst();
   o << "parameters: " << p.total_params << " total (" << p.total_params / 1e6 << "M), " << p.active_params
     << " active per token (" << p.active_params / 1e6 << "M), " << p.embedding_params << " in embeddings\n";
-  o << "mesh: dp " << p.dp << " x pp " << p.pp << " x tp " << p.tp << "; microbatch " << p.micro_batch_size
+  o << "mesh: dp " << p.dp << " x pp " << p.pp << " x tp " << p.tp;
+  if (p.ep > 1) o << " (expert_parallel " << p.ep << ": routed experts split over " << p.ep << " dp ranks)";
+  o << "; microbatch " << p.micro_batch_size
     << " sequences x " << p.n_microbatches << " per round\n";
   o << "precision: " << p.precision << "\n";
   for (const auto& s : p.stages)
@@ -220,6 +231,9 @@ std::string to_string(const MemoryPlan& p) {
   o << "  weights            " << gib(w.weights) << "\n";
   o << "  gradients          " << gib(w.grads) << "\n";
   o << "  optimizer (Adam)   " << gib(w.optimizer) << "\n";
+  if (w.params.experts > 0)
+    o << "  of which experts   " << gib(w.experts) << " (" << w.params.experts << " routed-expert params per rank, 1/"
+      << p.tp * p.ep << " of the stage's experts: tp " << p.tp << " x expert_parallel " << p.ep << ")\n";
   if (w.autocast_copies > 0) o << "  autocast copies    " << gib(w.autocast_copies) << "\n";
   o << "  activations        " << gib(w.activations) << " (no checkpointing " << gib(w.activations_none)
     << ", full checkpointing " << gib(w.activations_full) << "; cross-entropy buffer " << gib(w.logits) << ")\n";
@@ -242,6 +256,9 @@ nlohmann::json to_json(const MemoryPlan& p, double fpt, double device_bytes) {
   j["n_microbatches"] = p.n_microbatches;
   j["worst_stage"] = w.stage;
   j["params_per_rank"] = w.params.total();
+  j["expert_parallel"] = p.ep;
+  j["expert_params_per_rank"] = w.params.experts;
+  j["expert_bytes"] = w.experts;
   j["weights_bytes"] = w.weights;
   j["grads_bytes"] = w.grads;
   j["optimizer_bytes"] = w.optimizer;

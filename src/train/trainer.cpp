@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -139,7 +140,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
 
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
-                  static_cast<int>(cfg_.device.tp())};
+                  static_cast<int>(cfg_.device.tp()), static_cast<int>(cfg_.device.expert_parallel)};
   mesh_ = std::make_unique<Mesh>(*world, shape, pick_backend(cfg_, device_));
   if (mesh_->backend() == "nccl" && is_rank0_) spdlog::info("NCCL {} (library loaded at run time)", nccl_runtime_version());
   log_placement(*mesh_, runtime_, device_);
@@ -426,6 +427,11 @@ void Trainer::log_step(const StepStats& s, double lr, double grad_norm, double s
     row["dropped_fraction"] = s.dropped_fraction;
     if (cfg_.model.router_z_loss > 0) row["z_loss"] = s.z_loss;
     row["expert_load"] = s.expert_fraction;
+    // MaxVio (DeepSeek's balance metric): max load / mean load - 1 per MoE layer.
+    std::vector<double> max_vio;
+    for (const auto& f : s.expert_fraction)
+      if (!f.empty()) max_vio.push_back(*std::max_element(f.begin(), f.end()) * static_cast<double>(f.size()) - 1.0);
+    row["max_vio"] = max_vio;
     warn_starved_experts(s);
   }
   metrics_->log(row);

@@ -205,6 +205,36 @@ TEST_F(CommTest, AllToAll) {
   EXPECT_EQ(comm->bytes_by_op().at("all_to_all"), static_cast<int64_t>(t.nbytes()));
 }
 
+// Uneven blocks: rank r sends (r + j) % 3 rows to rank j (zero rows too),
+// each row [r, j, i]; rank r receives (s + r) % 3 rows from every rank s.
+TEST_F(CommTest, AllToAllVUnevenRows) {
+  const int p = size(), r = rank();
+  std::vector<int64_t> send, recv, mine, expected;
+  for (int j = 0; j < p; ++j) {
+    send.push_back((r + j) % 3);
+    recv.push_back((j + r) % 3);
+    for (int i = 0; i < (r + j) % 3; ++i) mine.insert(mine.end(), {r, j, i});
+    for (int i = 0; i < (j + r) % 3; ++i) expected.insert(expected.end(), {j, r, i});
+  }
+  const auto rows = static_cast<int64_t>(mine.size() / 3);
+  at::Tensor t = at::tensor(mine, at::kLong).reshape({rows, 3}).to(at::kFloat);
+  comm->reset_bytes();
+  at::Tensor out = comm->all_to_all_v(t, send, recv);
+  const auto got_rows = static_cast<int64_t>(expected.size() / 3);
+  EXPECT_TRUE(at::equal(out, at::tensor(expected, at::kLong).reshape({got_rows, 3}).to(at::kFloat))) << out;
+  EXPECT_EQ(comm->bytes_by_op().at("all_to_all_v"), static_cast<int64_t>(t.nbytes()));
+  // Counts that do not add up to the rows name the op and the rank.
+  std::vector<int64_t> wrong = send;
+  wrong[0] += 1;
+  try {
+    comm->all_to_all_v(t, wrong, recv);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_to_all_v on rank " + std::to_string(r)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comm->all_to_all_v(t, std::vector<int64_t>(static_cast<size_t>(p) + 1, 0), recv), Error);
+}
+
 TEST_F(CommTest, BarrierMovesNoBytes) {
   comm->reset_bytes();
   comm->barrier();
@@ -273,6 +303,41 @@ TEST(MeshTest, AxisCommunicatorsForEveryFactorisation) {
     EXPECT_EQ(mesh.bytes_moved(), 3 * static_cast<int64_t>(x.nbytes()));
     mesh.reset_bytes();
     EXPECT_EQ(mesh.bytes_moved(), 0);
+  }
+}
+
+// expert_parallel groups: ep consecutive dp ranks; expert_dp: the same dp % ep.
+TEST(MeshTest, ExpertParallelGroups) {
+  Runtime& rt = test_runtime();
+  for (int ep = 1; ep <= rt.size(); ++ep) {
+    if (rt.size() % ep != 0) continue;
+    const MeshShape s{rt.size(), 1, 1, ep};
+    SCOPED_TRACE("dp=" + std::to_string(s.dp) + " ep=" + std::to_string(ep));
+    Mesh mesh(rt, s);
+    const int dp = mesh.coord().dp;
+    EXPECT_EQ(mesh.ep().size(), ep);
+    EXPECT_EQ(mesh.ep().rank(), dp % ep);
+    EXPECT_EQ(mesh.ep_rank(), dp % ep);
+    EXPECT_EQ(mesh.expert_dp().size(), s.dp / ep);
+    EXPECT_EQ(mesh.expert_dp().rank(), dp / ep);
+    int64_t ep_sum = 0, edp_sum = 0;
+    for (int d = 0; d < s.dp; ++d) {
+      if (d / ep == dp / ep) ep_sum += d;
+      if (d % ep == dp % ep) edp_sum += d;
+    }
+    at::Tensor x = at::full({1}, dp, at::kLong), y = x.clone();
+    mesh.ep().all_reduce(x);
+    mesh.expert_dp().all_reduce(y);
+    EXPECT_EQ(x.item<int64_t>(), ep_sum);
+    EXPECT_EQ(y.item<int64_t>(), edp_sum);
+  }
+  if (rt.size() > 1) {
+    try {
+      Mesh mesh(rt, MeshShape{rt.size(), 1, 1, rt.size() + 1});
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("expert_parallel"), std::string::npos) << e.what();
+    }
   }
 }
 

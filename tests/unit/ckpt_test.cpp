@@ -240,6 +240,57 @@ TEST_F(CkptTest, TwoRankSaveReshardsOnRead) {
   }
 }
 
+// Expert parallelism's two splits: experts (dim 0) over ep = 2 and hidden
+// units (dim 1) over tp = 2, four ranks; read back whole, by one split or
+// the other, and by the two splits of another mesh.
+TEST_F(CkptTest, TwoLevelSplitReshardsOnRead) {
+  torch::manual_seed(3);
+  const at::Tensor w = torch::randn({4, 6, 3});  // [experts, hidden, d]
+  const std::string staging = make_staging_dir(path("run"), 2, "test");
+  std::vector<RankShards> ranks;
+  for (int r = 0; r < 4; ++r) {
+    const int tp = r % 2, ep = r / 2;
+    ShardSpec spec{w.sizes().vec(), 1, tp, 2};
+    spec.outer_dim = 0;
+    spec.outer_shard = ep;
+    spec.outer_shards = 2;
+    EXPECT_EQ(shard_shape(spec), (std::vector<int64_t>{2, 3, 3}));
+    const at::Tensor mine = w.chunk(2, 0)[ep].chunk(2, 1)[tp].contiguous();
+    ranks.push_back(write_rank_shards(staging, r, {{"model.layers.0.moe.experts.w_in", mine, spec, true}}));
+    ranks.back() = rank_shards_from_json(to_json(ranks.back()));
+  }
+  const auto dir = commit_checkpoint(path("run"), staging, 2, build_manifest(2, 4, ranks), nlohmann::json::object(), 0);
+  const CheckpointReader r(dir);
+  r.verify();
+  const auto& m = r.manifest()["tensors"]["model.layers.0.moe.experts.w_in"];
+  EXPECT_EQ(m["outer_dim"], 0);
+  EXPECT_EQ(m["outer_shards"], 2);
+  EXPECT_EQ(m["shards"].size(), 4u);
+  EXPECT_TRUE(same(r.read("model.layers.0.moe.experts.w_in"), w));
+  for (int64_t n : {1, 2, 4}) {
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_TRUE(same(r.read("model.layers.0.moe.experts.w_in", {w.sizes().vec(), 0, i, n}), w.chunk(n, 0)[i])) << i << "/" << n;
+      // ep = n on dim 0 with tp = 3 on dim 1.
+      for (int64_t t = 0; t < 3; ++t) {
+        ShardSpec want{w.sizes().vec(), 1, t, 3};
+        want.outer_dim = 0;
+        want.outer_shard = i;
+        want.outer_shards = n;
+        EXPECT_TRUE(same(r.read("model.layers.0.moe.experts.w_in", want), w.chunk(n, 0)[i].chunk(3, 1)[t]))
+            << "ep " << i << "/" << n << " tp " << t << "/3";
+      }
+    }
+  }
+  const std::string text = inspect_checkpoint(dir);
+  EXPECT_NE(text.find("model.layers.0.moe.experts.w_in  [4, 6, 3]  F32  experts (dim 0) in 2, split dim 1 in 2"), std::string::npos)
+      << text;
+  // An outer split on the split dim itself is refused.
+  ShardSpec bad{w.sizes().vec(), 1, 0, 2};
+  bad.outer_dim = 1;
+  bad.outer_shards = 2;
+  EXPECT_THROW(shard_shape(bad), Error);
+}
+
 TEST_F(CkptTest, ReadErrorsNameTensorAndShapes) {
   const auto dir = save_as_ranks(path("run"), 1, globals(), 2, nlohmann::json::object());
   const CheckpointReader r(dir);

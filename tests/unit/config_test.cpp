@@ -378,8 +378,21 @@ TEST(ConfigErrors, BadCombinations) {
   expect_refused({"model_config.ffn=moe"}, {"model_config.n_experts", "moe"});
   expect_refused({"model_config.ffn=moe", "model_config.n_experts=2", "model_config.k=3"},
                  {"model_config.k", "n_experts = 2"});
-  expect_refused({"model_config.ffn=moe", "model_config.n_experts=2", "model_config.capacity_factor=0"},
-                 {"model_config.capacity_factor"});
+  expect_refused({"model_config.ffn=moe", "model_config.n_experts=2", "model_config.capacity_factor=-1"},
+                 {"model_config.capacity_factor", ">= 0"});
+  with({"model_config.ffn=moe", "model_config.n_experts=2", "model_config.capacity_factor=0"});  // dropless
+  // expert_parallel divides dp and n_experts, and needs an MoE model.
+  expect_refused({"device_config.n_device_axis=[4,1,1]", "device_config.expert_parallel=3", "model_config.ffn=moe",
+                  "model_config.n_experts=6"},
+                 {"device_config.expert_parallel (3)", "dp = 4"});
+  expect_refused({"device_config.n_device_axis=[4,1,1]", "device_config.expert_parallel=4", "model_config.ffn=moe",
+                  "model_config.n_experts=6"},
+                 {"device_config.expert_parallel (4)", "model_config.n_experts (6)"});
+  expect_refused({"device_config.n_device_axis=[2,1,1]", "device_config.expert_parallel=2"},
+                 {"device_config.expert_parallel = 2", "MoE"});
+  expect_refused({"device_config.expert_parallel=0"}, {"device_config.expert_parallel", ">= 1"});
+  with({"device_config.n_device_axis=[4,1,1]", "device_config.expert_parallel=2", "model_config.ffn=moe",
+        "model_config.n_experts=6"});
   // And the good combinations pass.
   with({"device_config.n_device_axis=[2,2,2]"});
   with({"device_config.n_device_axis=[4,1,1]", "data_config.micro_batch_size=2"});

@@ -19,6 +19,9 @@ class LocalCommunicator : public Communicator {
   void send(const at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to send to"); }
   void recv(at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to receive from"); }
   at::Tensor all_to_all(const at::Tensor& t) override { return t.clone(); }
+  at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
+    return t.clone();
+  }
   void barrier() override {}
 };
 

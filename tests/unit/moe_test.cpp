@@ -262,6 +262,60 @@ TEST(MoE, AuxBookkeepingAndAuxGradients) {
   EXPECT_EQ(aux.expert_tokens.size(), 2u);
 }
 
+// The dispatcher seam: MoE hands its rows to the factory's TokenDispatcher
+// (by counts when dropless, by slots with a capacity) and gets the same rows
+// back; capacity_factor 0 drops nothing even when one expert is everyone's
+// first choice.
+struct CountingDispatcher : TokenDispatcher {
+  int by_counts = 0, by_slots = 0, combined = 0;
+  Dispatched dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts) override {
+    ++by_counts;
+    return TokenDispatcher::dispatch(rows, counts);
+  }
+  at::Tensor combine(const at::Tensor& rows, const Dispatched& d) override {
+    ++combined;
+    return TokenDispatcher::combine(rows, d);
+  }
+  at::Tensor dispatch_slots(const at::Tensor& slots) override {
+    ++by_slots;
+    return slots;
+  }
+};
+
+TEST(MoE, DroplessGoesThroughTheDispatcherAndDropsNothing) {
+  torch::manual_seed(2);
+  LayerFactory f;
+  auto counting = std::make_shared<CountingDispatcher>();
+  f.set_token_dispatcher(counting);
+  auto c = moe_config(8, 4, 1, 8, 0, 0.0);
+  c.init_std = 0.5;
+  MoE moe(c, f, "moe");
+  // Every token prefers expert 2: with any capacity most would be dropped.
+  auto w = param(moe, "router.weight");
+  {
+    at::NoGradGuard g;
+    w.zero_();
+    w[2].fill_(1.0);
+  }
+  auto x = torch::rand({2, 6, 8}) + 0.5;
+  moe.train();
+  ForwardAux aux;
+  auto y = moe.forward(x, &aux);
+  EXPECT_EQ(aux.dropped.item<double>(), 0.0);
+  EXPECT_EQ(aux.expert_tokens[0][2].item<float>(), 12.0f);
+  EXPECT_LT((y - reference_forward(moe, c, x)).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(counting->by_counts, 1);
+  EXPECT_EQ(counting->combined, 1);
+  EXPECT_EQ(counting->by_slots, 0);
+  // With a capacity the static slot path goes through the dispatcher instead.
+  auto capped = moe_config(8, 4, 1, 8, 0, 1.0);
+  MoE moe2(capped, f, "moe2");
+  moe2.train();
+  moe2.forward(x, nullptr);
+  EXPECT_EQ(counting->by_slots, 1);
+  EXPECT_EQ(counting->by_counts, 1);
+}
+
 TEST(MoE, RejectsBadShapes) {
   LayerFactory f;
   auto c = moe_config(8, 4, 2, 8, 0, 1.0);

@@ -108,6 +108,30 @@ TEST(Plan, ZeroOneShardsTheOptimizerOverDp) {
   EXPECT_DOUBLE_EQ(z1.worst().grads, z0.worst().grads);
 }
 
+// expert_parallel splits the routed experts (and only them) over its ranks;
+// the count per rank matches what a rank of such a mesh builds.
+TEST(Plan, ExpertParallelSplitsTheExperts) {
+  Config c = tiny("mla", "moe", true);
+  c.device.n_device_axis = {4, 1, 1};
+  const StageParams one = stage_params(c.model, 1, 1, 0), two = stage_params(c.model, 1, 1, 0, 2);
+  const int64_t E = c.model.n_experts, d = c.model.model_dimension, h = c.model.mlp_hidden;
+  EXPECT_EQ(one.experts, c.model.n_layers() * E * 2 * d * h);  // w_in, w_out of every layer
+  EXPECT_EQ(two.experts * 2, one.experts);
+  EXPECT_EQ(one.split - two.split, one.experts / 2);
+  EXPECT_EQ(two.replicated, one.replicated);
+  const MemoryPlan p1 = plan_memory(c, PlanDevice::Cpu);
+  c.device.expert_parallel = 2;
+  const MemoryPlan p2 = plan_memory(c, PlanDevice::Cpu);
+  EXPECT_DOUBLE_EQ(p2.worst().experts * 2, p1.worst().experts);
+  EXPECT_DOUBLE_EQ(p1.worst().experts, 16.0 * static_cast<double>(one.experts));
+  EXPECT_LT(p2.total_bytes(), p1.total_bytes());
+  EXPECT_NE(plan_report(c, PlanDevice::Cpu, 0, false).find("expert_parallel 2"), std::string::npos);
+  // ZeRO-1 shards the experts' moments over dp / expert_parallel = 2 ranks.
+  c.zero_stage = 1;
+  const MemoryPlan z = plan_memory(c, PlanDevice::Cpu);
+  EXPECT_DOUBLE_EQ(z.worst().experts, 8.0 * static_cast<double>(two.experts) + 4.0 * static_cast<double>(two.experts));
+}
+
 TEST(Plan, CheckpointingAndTensorParallelCutActivations) {
   Config c = tiny("mha", "dense", true);
   c.model.blocks = 4;

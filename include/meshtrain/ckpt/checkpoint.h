@@ -36,6 +36,15 @@ struct ShardSpec {
   int64_t split_dim = -1;
   int64_t shard = 0;
   int64_t num_shards = 1;
+  // An optional second split along another dim (expert parallelism: experts
+  // over expert_parallel on dim 0, hidden units over tp on split_dim): the
+  // chunk is also chunk outer_shard of outer_shards along outer_dim. -1: none.
+  int64_t outer_dim = -1;
+  int64_t outer_shard = 0;
+  int64_t outer_shards = 1;
+  // The manifest numbers shards outer_shard * num_shards + shard.
+  int64_t index() const { return outer_shard * num_shards + shard; }
+  int64_t total_shards() const { return outer_shards * num_shards; }
 };
 
 // The local shape the spec describes; throws when the split doesn't divide evenly.

@@ -23,7 +23,7 @@ struct ModelConfig {
   int64_t k = 2;                 // MoE: experts per token
   int64_t n_experts = 0;         // MoE: routed experts
   int64_t n_shared = 0;          // MoE: always-on shared experts
-  double capacity_factor = 1.25; // MoE: tokens per expert <= cf * tokens * k / n_experts
+  double capacity_factor = 1.25; // MoE: tokens per expert <= cf * tokens * k / n_experts; 0: dropless
   std::string attention = "mha"; // mha | mla
   std::string ffn = "dense";     // dense | moe
   bool tie_embeddings = true;
@@ -98,6 +98,9 @@ struct DeviceConfig {
   // for CPU; mpi on CUDA stages tensors through pinned host memory, so several
   // ranks can share one GPU (NCCL refuses that).
   std::string collectives = "auto";
+  // Routed MoE experts split over this many ranks of the dp group (divides dp);
+  // tokens reach them by all-to-all (parallel/expert_parallel.h).
+  int64_t expert_parallel = 1;
   int64_t dp() const { return n_device_axis[0]; }
   int64_t pp() const { return n_device_axis[1]; }
   int64_t tp() const { return n_device_axis[2]; }

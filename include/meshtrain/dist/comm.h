@@ -8,12 +8,14 @@
 //   all_reduce: t.nbytes()          all_gather: output nbytes (size * input)
 //   reduce_scatter: input nbytes    broadcast: t.nbytes()
 //   send / recv: t.nbytes()         all_to_all: input nbytes   barrier: 0
+//   all_to_all_v: input nbytes (every row of t, the block kept by this rank included)
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -39,21 +41,39 @@ class Communicator {
   // dim 0 of t is split in size() equal chunks; chunk j goes to rank j; the
   // result stacks the chunks received from ranks 0..size-1 along dim 0.
   virtual at::Tensor all_to_all(const at::Tensor& t) = 0;
+  // Uneven all-to-all (expert parallelism's token exchange): t's rows (dim 0)
+  // are size() consecutive blocks, block j of send_rows[j] rows going to rank
+  // j; the result stacks the blocks received from ranks 0..size-1 along dim 0,
+  // recv_rows[j] rows from rank j. recv_rows[j] must equal rank j's
+  // send_rows[rank()] (exchange the counts first); the other dims and the
+  // dtype must agree on every rank.
+  virtual at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
+                                  const std::vector<int64_t>& recv_rows) = 0;
   virtual void barrier() = 0;
 
   int64_t bytes_moved() const { return bytes_total_; }
   const std::map<std::string, int64_t>& bytes_by_op() const { return bytes_by_op_; }
-  void reset_bytes() { bytes_total_ = 0; bytes_by_op_.clear(); }
+  // Wall seconds spent per op, for the ops that time themselves (the
+  // all-to-alls: bench's all-to-all share; every op of a host-staged
+  // communicator). On NCCL the time to enqueue them: the device work runs on.
+  const std::map<std::string, double>& seconds_by_op() const { return seconds_by_op_; }
+  void reset_bytes() {
+    bytes_total_ = 0;
+    bytes_by_op_.clear();
+    seconds_by_op_.clear();
+  }
 
  protected:
   void count(const char* op, int64_t bytes) {
     bytes_total_ += bytes;
     bytes_by_op_[op] += bytes;
   }
+  void add_seconds(const char* op, double s) { seconds_by_op_[op] += s; }
 
  private:
   int64_t bytes_total_ = 0;
   std::map<std::string, int64_t> bytes_by_op_;
+  std::map<std::string, double> seconds_by_op_;
 };
 
 }  // namespace meshtrain

@@ -15,8 +15,13 @@ namespace meshtrain {
 // host memory (ranks may share a GPU). Nccl: NCCL, CUDA tensors only.
 enum class Backend { Mpi, Nccl };
 
+// ep (expert parallelism, device_config.expert_parallel) divides dp: the
+// routed experts are split over ep consecutive dp ranks (an "ep group"); the
+// dp ranks holding the same experts (dp / ep of them, same dp % ep) form the
+// "expert-dp" group over which expert gradients are summed. ep adds no ranks.
 struct MeshShape {
   int dp = 1, pp = 1, tp = 1;
+  int ep = 1;
   int world() const { return dp * pp * tp; }
 };
 
@@ -48,6 +53,12 @@ class Mesh {
   Communicator& dp() { return *dp_; }
   Communicator& pp() { return *pp_; }
   Communicator& tp() { return *tp_; }
+  // The ep group (same pp, tp and dp / ep): rank() is ep_rank(). Size 1 when ep is 1.
+  Communicator& ep() { return *ep_; }
+  // The dp ranks holding the same experts (same pp, tp and dp % ep); dp itself when ep is 1.
+  Communicator& expert_dp() { return shape_.ep > 1 ? *edp_ : *dp_; }
+  // Which slice of the routed experts this rank holds: dp % ep.
+  int ep_rank() const { return coord_.dp % shape_.ep; }
   // "mpi" or "nccl": the backend of the three axis communicators.
   std::string backend() const { return dp_->backend(); }
   // Host-side (MPI, CPU tensors) world communicator for control messages such
@@ -57,7 +68,7 @@ class Mesh {
   bool is_first_stage() const { return coord_.pp == 0; }
   bool is_last_stage() const { return coord_.pp == shape_.pp - 1; }
 
-  // Total bytes moved by the three axis communicators (for traffic tests).
+  // Total bytes moved by the axis communicators, ep and expert-dp included (for traffic tests).
   int64_t bytes_moved() const;
   void reset_bytes();
 
@@ -65,7 +76,7 @@ class Mesh {
   MeshShape shape_;
   MeshCoord coord_;
   int rank_ = 0;
-  std::unique_ptr<Communicator> dp_, pp_, tp_, cpu_world_;
+  std::unique_ptr<Communicator> dp_, pp_, tp_, ep_, edp_, cpu_world_;
 };
 
 }  // namespace meshtrain

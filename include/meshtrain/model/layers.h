@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/model/token_dispatcher.h"
+
 namespace meshtrain {
 
 // Parameter init that does not depend on the mesh: `name` (the parameter's
@@ -62,6 +64,10 @@ struct ParamLayout {
   int64_t split_dim = -1;
   std::string global_name;
   bool tied_copy = false;  // a replica of another stage's parameter: never saved twice
+  // A routed-expert tensor: dim 0 indexes the experts and is split over the
+  // token dispatcher's ranks (expert parallelism) on top of split_dim's tp
+  // split; its gradient is summed over the ranks holding the same experts.
+  bool expert_split = false;
 };
 
 // Names: column/row/replicated/embedding/head take the layer's global name
@@ -110,6 +116,15 @@ class LayerFactory {
   // split_dim over tp (-1: replicated).
   // std == 0: zeros (biases).
   virtual at::Tensor param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim, double std);
+  // A routed-expert parameter (dim 0: the experts): like param(), and this
+  // rank keeps only the experts of its token dispatcher's rank (all of them
+  // without expert parallelism). The layout records expert_split.
+  at::Tensor expert_param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim,
+                          double std);
+  // How MoE layers reach their experts: the local dispatcher unless
+  // parallel/ installs the all-to-all one (before the model is built).
+  const std::shared_ptr<TokenDispatcher>& token_dispatcher() const { return dispatcher_; }
+  void set_token_dispatcher(std::shared_ptr<TokenDispatcher> d) { dispatcher_ = std::move(d); }
   // Region entry (fwd identity, bwd all-reduce; under sequence parallelism:
   // all-gather along dim 1 fwd, reduce-scatter bwd) and exit_tp (the mirror).
   virtual at::Tensor enter_tp(const at::Tensor& x) { return x; }
@@ -132,6 +147,7 @@ class LayerFactory {
  private:
   uint64_t seed_ = 0;
   std::map<std::string, ParamLayout> layouts_;
+  std::shared_ptr<TokenDispatcher> dispatcher_ = std::make_shared<TokenDispatcher>();
 };
 
 // Builds the model's parameters on the meta device (shapes, no storage or

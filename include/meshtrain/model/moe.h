@@ -13,6 +13,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/token_dispatcher.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -71,13 +72,16 @@ class MoE : public torch::nn::Module {
   ModelConfig cfg_;
   LayerFactory* factory_;
   std::shared_ptr<Linear> router_;
-  // Routed experts are GELU MLPs like the dense one: w_in [E, h_local, d],
+  // Routed experts are GELU MLPs like the dense one: w_in [E_local, h_local, d],
   // w_out [E, d, h_local] (hidden units split over tp), registered on the
   // child module "experts" so their names mirror the global ones. With
   // linear_bias also b_in [E, h_local] and b_out [E, d] (replicated: added
   // once, outside the tp region, weighted by the gates like the outputs).
   std::shared_ptr<torch::nn::Module> experts_;
   at::Tensor w_in_, w_out_, b_in_, b_out_;
+  // Where the routed experts live (model/token_dispatcher.h): w_in, w_out and
+  // b_in hold this rank's n_experts / dispatcher_->size() of them.
+  std::shared_ptr<TokenDispatcher> dispatcher_;
   // shared_expert "mlp": the n_shared experts fused into one MLP of n_shared *
   // hidden units (child module "shared" with "w_in"/"w_out"); null when
   // n_shared == 0.

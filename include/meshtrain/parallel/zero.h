@@ -10,7 +10,9 @@
 //   scale_gradients(c)   clipping, on the owned slice
 //   step(lr)             AdamW on the owned slice, all-gather of the slices
 // The update is AdamW's own (optim/adamw.h fused_adamw, decay and no-decay
-// groups), so zero_stage 0 and 1 give the same losses. Moments are saved per parameter by
+// groups), so zero_stage 0 and 1 give the same losses. Under expert
+// parallelism the routed experts form a second flat space, sharded over the
+// ranks that hold the same experts (Mesh::expert_dp()). Moments are saved per parameter by
 // global name (gather_moments / load_moments), so checkpoints do not depend on
 // dp nor on zero_stage.
 #include <ATen/core/Tensor.h>
@@ -44,7 +46,7 @@ class ZeroOptimizer : public Optimizer {
   int64_t steps_taken() const override;
   void set_steps_taken(int64_t s) override;
   // Elements of optimizer state this rank holds (both moments).
-  int64_t state_numel() const override { return exp_avg_.numel() + exp_avg_sq_.numel(); }
+  int64_t state_numel() const override;
 
   // The full moments of every parameter (params order, each in the
   // parameter's shape), gathered over dp. Collective.
@@ -54,20 +56,29 @@ class ZeroOptimizer : public Optimizer {
   void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) override;
 
  private:
-  at::Tensor flat_of(const std::vector<at::Tensor>& per_param) const;  // [padded] fp32, zeros where undefined
-  at::Tensor owned_slice(const std::vector<at::Tensor>& per_param) const;  // [slice] of the same
-  std::vector<at::Tensor> unflatten(const at::Tensor& flat) const;
+  // One flat space sharded over one communicator: everything over dp, and
+  // under expert parallelism the routed experts apart, over expert_dp (the
+  // ranks holding the same experts).
+  struct Group {
+    Communicator* comm = nullptr;
+    std::vector<size_t> params;     // indices into pm_.params
+    std::vector<int64_t> offsets;   // start of each of them in the flat space
+    int64_t padded = 0, slice = 0, begin = 0;
+    at::Tensor grad;                // [slice] summed gradient of the owned slice
+    at::Tensor exp_avg, exp_avg_sq;
+    std::vector<std::tuple<int64_t, int64_t, bool>> runs;  // [lo, hi) of the slice, weight decay
+    at::Tensor norm_mask;           // [slice] double, 1 where the element counts in the global norm
+  };
+  void init_group(Group& g, Communicator& comm, int rank, int size);
+  at::Tensor flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const;  // [padded] fp32
+  at::Tensor owned_slice(const Group& g, const std::vector<at::Tensor>& per_param) const;  // [slice]
+  void unflatten(const Group& g, const at::Tensor& flat, std::vector<at::Tensor>& out) const;
 
   ParallelModel& pm_;
   Mesh& mesh_;
   LrConfig cfg_;
   at::Tensor step_t_;  // 0-dim fp32 step counter on the device
-  std::vector<int64_t> offsets_;  // start of each parameter in the flat space
-  int64_t padded_ = 0, slice_ = 0, begin_ = 0;
-  at::Tensor grad_;         // [slice] summed gradient of the owned slice
-  at::Tensor exp_avg_, exp_avg_sq_;
-  std::vector<std::tuple<int64_t, int64_t, bool>> runs_;  // [lo, hi) of the slice, weight decay
-  at::Tensor norm_mask_;    // [slice] double, 1 where the element counts in the global norm
+  std::vector<Group> groups_;
 };
 
 }  // namespace meshtrain

@@ -1,6 +1,7 @@
 #pragma once
 // `meshtrain bench`: times training steps of a config (W warm-up steps, then N
-// timed ones) and reports throughput, model FLOP utilisation and peak memory.
+// timed ones) and reports throughput, model FLOP utilisation, peak memory and,
+// under expert parallelism, the share of the step spent in all-to-alls.
 // The steps are Trainer::train_step() + the global grad norm + the AdamW
 // update, i.e. a training step without logging, evaluation or checkpoints; the
 // run directory is a temporary folder removed at the end.
@@ -32,6 +33,9 @@ struct BenchResult {
   double peak_memory_bytes = 0;     // max over ranks
   std::string peak_memory_kind;     // "cuda_allocator_peak" | "cpu_peak_rss"
   double last_loss = 0;
+  int64_t expert_parallel = 1;
+  double all_to_all_seconds = 0;    // expert parallelism's token exchanges, slowest rank
+  double all_to_all_share() const { return seconds > 0 ? all_to_all_seconds / seconds : 0; }
 };
 
 // Dense bf16 tensor-core peak per device for known GPU names (H100 / H200 SXM

@@ -12,7 +12,8 @@
 //                                 master 4 + moments 8 + fp32 grads 4 = 18;
 //                                 printed beside ours for comparison only.
 // zero_stage 1 shards the Adam moments (and, in the reference layout, the fp32
-// master copy) over dp.
+// master copy) over dp; under expert parallelism the routed experts' moments
+// over the dp / expert_parallel ranks that hold the same experts.
 //
 // Activations per microbatch and layer follow Korthikanti et al. 2022
 // ("Reducing Activation Recomputation in Large Transformer Models"): for
@@ -47,13 +48,16 @@ struct StageParams {
   int64_t first_layer = 0, end_layer = 0;
   int64_t split = 0;       // this rank's shard of tp-split tensors
   int64_t replicated = 0;  // norms, MLA down-projections and rope key, router
+  int64_t experts = 0;     // of `split`: this rank's routed experts (split over tp and expert_parallel)
   int64_t total() const { return split + replicated; }
 };
 
 // Parameters of pipeline stage `stage` of pp on one tp rank of tp. Tied
 // embeddings: the last stage holds its own copy of the table (pp > 1).
 // The vocabulary is padded to a multiple of tp, as the vocab-parallel layers do.
-StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage);
+// ep (device_config.expert_parallel) divides the routed experts' weights
+// (w_in, w_out, b_in; b_out stays whole on every rank).
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep = 1);
 
 struct StageMemory {
   int64_t stage = 0;
@@ -66,6 +70,7 @@ struct StageMemory {
   double activations_full = 0;     // activation_checkpointing "full"
   double logits = 0;               // last stage: cross-entropy buffer (in `activations*` too)
   double reference_static = 0;     // weights + grads + optimizer in the 18 B/param layout
+  double experts = 0;              // of weights + grads + optimizer: the routed experts this rank holds
   double static_bytes() const { return weights + grads + optimizer; }
   double total() const { return static_bytes() + autocast_copies + activations; }
 };
@@ -73,7 +78,7 @@ struct StageMemory {
 struct MemoryPlan {
   PlanDevice device = PlanDevice::Cpu;
   std::string precision;           // one line describing the precision model used
-  int64_t dp = 1, pp = 1, tp = 1;
+  int64_t dp = 1, pp = 1, tp = 1, ep = 1;
   int64_t total_params = 0, active_params = 0, embedding_params = 0;
   int64_t micro_batch_size = 0, n_microbatches = 1;
   double activation_bytes_per_element = 4;

@@ -1,0 +1,47 @@
+#pragma once
+// The token-dispatcher seam of the MoE layer (Megatron-Core's
+// route -> dispatch -> compute -> combine): MoE::forward routes its tokens,
+// hands the rows for the routed experts to a TokenDispatcher, computes its own
+// experts on what comes back, and returns the outputs through combine. The
+// default dispatcher is local (every expert on this rank, dispatch and combine
+// are the identity); expert parallelism's all-to-all dispatcher lives in
+// parallel/expert_parallel.h, so the model stays single-device code.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace meshtrain {
+
+class TokenDispatcher {
+ public:
+  virtual ~TokenDispatcher() = default;
+
+  // The routed experts are split over size() ranks; this rank holds
+  // n_experts / size() of them, starting at rank() * n_experts / size().
+  virtual int64_t size() const { return 1; }
+  virtual int64_t rank() const { return 0; }
+
+  // By counts (dropless, expert biases, evaluation): `rows` [M, d] are grouped
+  // by global expert, counts[e] rows for expert e (on the host). dispatch
+  // returns the rows of this rank's experts grouped by local expert, with
+  // their counts; combine takes their outputs (same rows, same order) back to
+  // the sender's order. Both are differentiable.
+  struct Dispatched {
+    at::Tensor rows;                       // [sum(counts), d]
+    std::vector<int64_t> counts;           // rows per local expert
+    std::vector<int64_t> sent, received;   // rows per peer (all-to-all splits)
+    at::Tensor order;                      // received row -> position in `rows` (int64)
+  };
+  virtual Dispatched dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts);
+  virtual at::Tensor combine(const at::Tensor& rows, const Dispatched& d);
+
+  // By capacity slots (static shapes, no host sync): slots [E, S, d] hold S
+  // rows per global expert; dispatch_slots returns [E / size(), size() * S, d]
+  // (this rank's experts, the senders' slots side by side) and combine_slots
+  // is its inverse.
+  virtual at::Tensor dispatch_slots(const at::Tensor& slots) { return slots; }
+  virtual at::Tensor combine_slots(const at::Tensor& out) { return out; }
+};
+
+}  // namespace meshtrain
