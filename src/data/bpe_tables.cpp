@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <unordered_map>
 
 namespace meshtrain::detail {
 namespace {
@@ -61,6 +62,24 @@ int32_t BpeTables::token(std::string_view piece) const {
     if (id < 0) return -1;
     if (token_bytes_[static_cast<size_t>(id)] == piece) return id;
   }
+}
+
+std::vector<std::array<int32_t, 3>> merges_from_ranks(const std::vector<std::string>& tokens) {
+  std::unordered_map<std::string_view, int32_t> ids;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (!tokens[id].empty()) ids.emplace(tokens[id], static_cast<int32_t>(id));
+  }
+  std::vector<std::array<int32_t, 3>> merges;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    const std::string_view t = tokens[id];
+    for (size_t k = 1; k < t.size(); ++k) {
+      auto left = ids.find(t.substr(0, k));
+      if (left == ids.end()) continue;
+      auto right = ids.find(t.substr(k));
+      if (right != ids.end()) merges.push_back({left->second, right->second, static_cast<int32_t>(id)});
+    }
+  }
+  return merges;
 }
 
 }  // namespace meshtrain::detail

@@ -11,6 +11,12 @@
 
 namespace meshtrain::detail {
 
+// The merges implied by a rank-ordered vocabulary (tiktoken files, byte-level
+// BPE without an explicit merge list): a pair merges exactly when its
+// concatenation is a token, with that token's id as priority, so every split
+// of every token is listed. tokens: id -> bytes, "" for unused ids.
+std::vector<std::array<int32_t, 3>> merges_from_ranks(const std::vector<std::string>& tokens);
+
 class BpeTables {
  public:
   struct Merge {

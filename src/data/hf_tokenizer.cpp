@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "json_file.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/data/tokenizer.h"
 #include "pretokenize.h"
@@ -181,14 +182,7 @@ std::string hf_pattern(const nlohmann::json& pre, const std::string& path) {
 }  // namespace
 
 Tokenizer Tokenizer::from_hf_json(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in, "cannot open tokenizer file ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("tokenizer file ", path, " is not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = detail::read_json_file(path, "tokenizer file");
   Tokenizer tok;
   tok.kind_ = Kind::kHf;
   try {

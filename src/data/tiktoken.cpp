@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "base64.h"
+#include "bpe_tables.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/data/tokenizer.h"
 #include "pretokenize.h"
@@ -88,17 +89,7 @@ Tokenizer Tokenizer::from_tiktoken(const std::string& path, const std::string& p
   }
   MT_CHECK(!ids.empty(), "tiktoken file ", path, " holds no tokens");
 
-  // A pair merges exactly when its concatenation is a token, with that
-  // token's rank as priority: list every split of every token.
-  for (size_t id = 0; id < tok.tokens_.size(); ++id) {
-    const std::string& t = tok.tokens_[id];
-    for (size_t k = 1; k < t.size(); ++k) {
-      auto left = ids.find(t.substr(0, k));
-      if (left == ids.end()) continue;
-      auto right = ids.find(t.substr(k));
-      if (right != ids.end()) tok.merges_.push_back({left->second, right->second, static_cast<int32_t>(id)});
-    }
-  }
+  tok.merges_ = detail::merges_from_ranks(tok.tokens_);
 
   if (known != nullptr) {
     tok.specials_ = known->specials;

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base64.h"
+#include "bpe_tables.h"
+#include "json_file.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/data/tokenizer.h"
 
@@ -63,14 +65,7 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  std::ifstream in(path);
-  MT_CHECK(in, "cannot open tokenizer file ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("tokenizer file ", path, " is not valid JSON: ", e.what());
-  }
+  const nlohmann::json j = detail::read_json_file(path, "tokenizer file");
   if (j.is_object() && j.contains("model") && !j.contains("format")) return from_hf_json(path);
   MT_CHECK(j.is_object() && j.value("format", "") == kFormat, "tokenizer file ", path,
            " is neither meshtrain's (\"format\": \"", kFormat,
@@ -115,19 +110,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
       tok.kind_ = Kind::kTiktoken;
       tok.whole_piece_lookup_ = true;
       read_tokens();
-      std::unordered_map<std::string, int32_t> ids;
-      for (size_t id = 0; id < tok.tokens_.size(); ++id) {
-        if (!tok.tokens_[id].empty()) ids.emplace(tok.tokens_[id], static_cast<int32_t>(id));
-      }
-      for (size_t id = 0; id < tok.tokens_.size(); ++id) {
-        const std::string& t = tok.tokens_[id];
-        for (size_t k = 1; k < t.size(); ++k) {
-          auto left = ids.find(t.substr(0, k));
-          if (left == ids.end()) continue;
-          auto right = ids.find(t.substr(k));
-          if (right != ids.end()) tok.merges_.push_back({left->second, right->second, static_cast<int32_t>(id)});
-        }
-      }
+      tok.merges_ = detail::merges_from_ranks(tok.tokens_);
     } else if (kind == "hf") {
       tok.kind_ = Kind::kHf;
       tok.whole_piece_lookup_ = j.at("whole_piece_lookup").get<bool>();

@@ -8,7 +8,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-reshard-data";
+const std::string kData = test::scratch_dir("reshard-data");
 
 std::vector<double> run(const Config& cfg, bool fresh, const Communicator* world) {
   TrainOptions o;

@@ -22,7 +22,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-cuda-data";
+const std::string kData = test::scratch_dir("cuda-data");
 
 #define SKIP_WITHOUT_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "CUDA-only test: torch sees no CUDA device in this build/machine"

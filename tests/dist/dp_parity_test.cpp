@@ -13,7 +13,7 @@ void expect_same(const test::Curve& ref, const test::Curve& got, double tol) {
   test::expect_same_curve(ref, got, tol, "dp");
 }
 
-const std::string kData = "/tmp/meshtrain-dp-parity-data";
+const std::string kData = test::scratch_dir("dp-parity-data");
 
 }  // namespace
 

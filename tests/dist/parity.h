@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -19,6 +20,17 @@
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::test {
+
+// A scratch directory for this test run: ctest gives every (test, np) its own
+// MESHTRAIN_TEST_TMP inside the build tree, so concurrent runs and clones never
+// share data or run directories; run by hand, a per-user /tmp directory.
+inline std::string scratch_dir(const std::string& name) {
+  const char* root = std::getenv("MESHTRAIN_TEST_TMP");
+  if (root != nullptr && *root != '\0') return std::string(root) + "/" + name;
+  const char* user = std::getenv("USER");
+  return (std::filesystem::temp_directory_path() / ("meshtrain-test-" + std::string(user ? user : "user")) / name)
+      .string();
+}
 
 // Random tokens (fixed seed) in data_dir/train and data_dir/val; rank 0 writes,
 // everyone waits. Same data on every run, so losses are comparable across runs.

@@ -17,7 +17,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-pp-data";
+const std::string kData = test::scratch_dir("pp-data");
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 
 void expect_same(const test::Curve& ref, const test::Curve& got, const std::string& what) {

@@ -14,7 +14,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-tp-data";
+const std::string kData = test::scratch_dir("tp-data");
 
 int world_size() { return test_runtime().size(); }
 

@@ -9,7 +9,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-zero-data";
+const std::string kData = test::scratch_dir("zero-data");
 
 void expect_same(const test::Curve& ref, const test::Curve& got, double tol) {
   test::expect_same_curve(ref, got, tol, "zero");
