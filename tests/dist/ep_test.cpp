@@ -18,7 +18,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-ep-data";
+const std::string kData = test::scratch_dir("ep-data");
 
 // The tiny MLA + MoE model with 8 experts (so expert_parallel 4 holds 2 per
 // rank), top-2, one shared expert.
