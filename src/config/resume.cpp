@@ -50,7 +50,8 @@ const std::vector<std::string>& resumable_keys() {
       "training_steps", "lr.*", "grad_clip_norm", "max_nan_skips",
       // batches and the mesh (checkpoints reshard on load)
       "data_config.train_batch_size", "data_config.val_batch_size", "data_config.micro_batch_size", "grad_step",
-      "rampup_batch_size", "device_config.*", "zero_stage", "pipeline_schedule", "sequence_parallel",
+      "rampup_batch_size", "device_config.*", "zero_stage", "pipeline_schedule", "virtual_stages",
+      "sequence_parallel",
       "activation_checkpointing", "torch_threads",
       // logging, evaluation, saving, sampling
       "checkpoint_steps", "eval_steps", "log_every", "sample_every", "max_to_keep", "watchdog_seconds",

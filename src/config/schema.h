@@ -97,6 +97,7 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "seed", c.seed);
   v(kTop, "grad_clip_norm", c.grad_clip_norm);
   v(kTop, "pipeline_schedule", c.pipeline_schedule);
+  v(kTop, "virtual_stages", c.virtual_stages);
   v(kTop, "sequence_parallel", c.sequence_parallel);
   v(kTop, "zero_stage", c.zero_stage);
   v(kTop, "rampup_batch_size", c.rampup_batch_size);

@@ -160,6 +160,36 @@ void validate_warmups(const Config& c) {
              w.difficulty_step, ") must be multiples of it");
 }
 
+// The interleaved schedule (Megatron's conditions): the layers split evenly
+// into pp * virtual_stages chunks, and every training round (each batch size
+// a rampup visits) cuts into a multiple of pp microbatches.
+void validate_pipeline(const Config& c) {
+  one_of(c.pipeline_schedule, {"gpipe", "1f1b", "interleaved"}, "pipeline_schedule");
+  const int64_t v = c.virtual_stages, pp = c.device.pp(), dp = c.device.dp();
+  MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
+  MT_CHECK(v == 1 || c.pipeline_schedule == "interleaved", "virtual_stages=", v,
+           " needs pipeline_schedule \"interleaved\" (it is \"", c.pipeline_schedule, "\")");
+  if (v == 1 || pp == 1) return;  // one chunk per stage is 1f1b; pp 1 runs no schedule
+  const int64_t layers = c.model.n_layers();
+  MT_CHECK(layers % (pp * v) == 0, "pipeline_schedule \"interleaved\": the model's ", layers,
+           " layers (model_config.blocks * layers_per_block) must be a multiple of pp * virtual_stages = ", pp, " * ", v,
+           " = ", pp * v);
+  auto microbatches = [&](int64_t batch) {
+    const int64_t share = batch / dp;
+    const int64_t mb = c.data.micro_batch_size > 0 ? std::min(c.data.micro_batch_size, share) : share;
+    return share / std::max<int64_t>(1, mb);
+  };
+  std::vector<int64_t> batches = {c.data.train_batch_size};
+  const auto& r = c.rampup_batch_size;
+  if (r.size() == 3 && r[1] >= 1)
+    for (int64_t b = r[0]; b < c.data.train_batch_size; b += r[1]) batches.push_back(b);
+  for (int64_t b : batches)
+    MT_CHECK(microbatches(b) % pp == 0, "pipeline_schedule \"interleaved\" needs the microbatches per round to be a "
+             "multiple of pp = ", pp, ", but a batch of ", b, " sequences over dp = ", dp,
+             " in microbatches of data_config.micro_batch_size = ", c.data.micro_batch_size, " makes ",
+             microbatches(b));
+}
+
 // How the model and the batches split over dp x pp x tp.
 void validate_mesh(const Config& c) {
   const auto& a = c.device.n_device_axis;
@@ -208,6 +238,7 @@ void validate_mesh(const Config& c) {
              m.n_experts, "): every rank of an ep group holds n_experts / expert_parallel experts");
   }
   validate_warmups(c);
+  validate_pipeline(c);
 }
 
 void validate_run(const Config& c) {
@@ -223,7 +254,6 @@ void validate_run(const Config& c) {
   at_least(c.torch_threads, 1, "torch_threads");
   non_negative(c.grad_clip_norm, "grad_clip_norm");
   non_negative(c.alpha, "alpha");
-  one_of(c.pipeline_schedule, {"gpipe", "1f1b"}, "pipeline_schedule");
   MT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage must be 0 or 1, got ", c.zero_stage);
   one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
   one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");

@@ -34,13 +34,26 @@ double residual_std(const ModelConfig& cfg) {
   return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers()));
 }
 
+std::vector<LayerSpan> StageRange::chunks() const {
+  std::vector<LayerSpan> out = {{first_layer, end_layer}};
+  out.insert(out.end(), later_chunks.begin(), later_chunks.end());
+  return out;
+}
+
+std::vector<int64_t> StageRange::layers() const {
+  std::vector<int64_t> out;
+  for (const LayerSpan& c : chunks())
+    for (int64_t i = c.first; i < c.end; ++i) out.push_back(i);
+  return out;
+}
+
 Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRange range)
-    : cfg_(cfg), range_(range) {
+    : cfg_(cfg), range_(std::move(range)) {
   const int64_t L = cfg.n_layers();
   if (range_.end_layer < 0) range_.end_layer = L;
-  MT_CHECK(0 <= range_.first_layer && range_.first_layer <= range_.end_layer && range_.end_layer <= L,
-           "stage layer range [", range_.first_layer, ", ", range_.end_layer, ") is outside the model's ", L,
-           " layers");
+  for (const LayerSpan& c : range_.chunks())
+    MT_CHECK(0 <= c.first && c.first <= c.end && c.end <= L, "stage layer range [", c.first, ", ", c.end,
+             ") is outside the model's ", L, " layers");
   MT_CHECK(cfg.n_head > 0 && cfg.model_dimension % cfg.n_head == 0, "model_config.model_dimension (",
            cfg.model_dimension, ") must be a multiple of n_head (", cfg.n_head, ")");
   const int64_t d = cfg.model_dimension, V = cfg.vocab_size;
@@ -50,8 +63,11 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
   // A child "layers" with children "<i>" gives the dotted global names
   // ("layers.4.attn.wq.weight"); torch forbids dots in one module name.
   auto layers = register_module("layers", std::make_shared<torch::nn::Module>());
-  for (int64_t i = range_.first_layer; i < range_.end_layer; ++i) {
-    blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<Block>(cfg, factory, i)));
+  chunk_blocks_.push_back(0);
+  for (const LayerSpan& c : range_.chunks()) {
+    for (int64_t i = c.first; i < c.end; ++i)
+      blocks_.push_back(layers->register_module(std::to_string(i), std::make_shared<Block>(cfg, factory, i)));
+    chunk_blocks_.push_back(blocks_.size());
   }
 
   if (range_.has_head) {
@@ -86,6 +102,13 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
 }
 
 at::Tensor Transformer::forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache) {
+  MT_CHECK(n_chunks() == 1, "forward_layers() runs one chunk of layers but this stage has ", n_chunks(),
+           " (interleaved pipeline): run them with forward_chunk()");
+  return forward_chunk(0, std::move(h), aux, cache);
+}
+
+at::Tensor Transformer::forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* aux, KVCache* cache) {
+  MT_CHECK(chunk >= 0 && chunk < n_chunks(), "layer chunk ", chunk, " is outside this stage's 0..", n_chunks() - 1);
   MT_CHECK(h.dim() == 3, "hidden state must be [B, T, d], got ", h.sizes());
   const int64_t offset = cache ? cache->length : 0;
   if (cache) {
@@ -95,10 +118,11 @@ at::Tensor Transformer::forward_layers(at::Tensor h, ForwardAux* aux, KVCache* c
     MT_CHECK(offset + h.size(1) <= cfg_.T, "KV cache would hold ", offset + h.size(1),
              " positions, more than the context length T=", cfg_.T);
   }
-  for (size_t j = 0; j < blocks_.size(); ++j) {
+  const size_t begin = chunk_blocks_[static_cast<size_t>(chunk)], end = chunk_blocks_[static_cast<size_t>(chunk) + 1];
+  for (size_t j = begin; j < end; ++j) {
     h = blocks_[j]->forward(h, aux, cache ? &cache->layers[j] : nullptr, offset);
   }
-  if (cache) cache->length += h.size(1);
+  if (cache && chunk + 1 == n_chunks()) cache->length += h.size(1);
   return h;
 }
 
@@ -171,7 +195,7 @@ ParamCount count_params(const ModelConfig& cfg) {
 
 ParamCount count_built_params(const Transformer& model) {
   MT_CHECK(model.range().has_embedding && model.range().has_head && model.range().first_layer == 0 &&
-               model.range().end_layer == model.config().n_layers(),
+               model.range().end_layer == model.config().n_layers() && model.range().later_chunks.empty(),
            "count_built_params needs the whole model, not a pipeline stage");
   const ModelConfig& cfg = model.config();
   ParamCount c;

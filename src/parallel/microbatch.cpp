@@ -40,7 +40,7 @@ std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& 
   return out;
 }
 
-void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences) {
+void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, int64_t first_moe_layer) {
   // fp64 on the device, as the host sums were: no read until the step logs.
   const double seqs = static_cast<double>(sequences);
   auto f64 = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
@@ -48,9 +48,11 @@ void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences) {
   if (aux.z_loss.defined()) sums.z_sum = plus(sums.z_sum, f64(aux.z_loss) * seqs);
   if (aux.dropped.defined()) sums.dropped = plus(sums.dropped, f64(aux.dropped));
   if (aux.assigned.defined()) sums.assigned = plus(sums.assigned, f64(aux.assigned));
-  if (sums.expert_tokens.size() < aux.expert_tokens.size()) sums.expert_tokens.resize(aux.expert_tokens.size());
+  const size_t first = static_cast<size_t>(first_moe_layer);
+  if (sums.expert_tokens.size() < first + aux.expert_tokens.size())
+    sums.expert_tokens.resize(first + aux.expert_tokens.size());
   for (size_t l = 0; l < aux.expert_tokens.size(); ++l)
-    sums.expert_tokens[l] = plus(sums.expert_tokens[l], f64(aux.expert_tokens[l]));
+    sums.expert_tokens[first + l] = plus(sums.expert_tokens[first + l], f64(aux.expert_tokens[l]));
 }
 
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses) {

@@ -8,22 +8,35 @@
 
 namespace meshtrain {
 
-std::vector<StageRange> partition_stages(int64_t n_layers, int pp) {
+std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v) {
   MT_CHECK(pp >= 1 && pp <= n_layers, "n_device_axis: pp=", pp, " needs at least one layer per stage but the model has ",
            n_layers, " layers (model_config.blocks * layers_per_block)");
-  std::vector<StageRange> out;
+  MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
+  MT_CHECK(v == 1 || n_layers % (pp * v) == 0, "virtual_stages=", v, " with pp=", pp, " needs the model's ", n_layers,
+           " layers (model_config.blocks * layers_per_block) to be a multiple of pp * virtual_stages = ", pp * v);
+  const int64_t n_virtual = pp * v;
+  std::vector<LayerSpan> spans;  // per virtual stage
   int64_t first = 0;
+  for (int64_t k = 0; k < n_virtual; ++k) {
+    const int64_t n = n_layers / n_virtual + (k < n_layers % n_virtual ? 1 : 0);
+    spans.push_back({first, first + n});
+    first += n;
+  }
+  std::vector<StageRange> out;
   for (int s = 0; s < pp; ++s) {
-    const int64_t n = n_layers / pp + (s < n_layers % pp ? 1 : 0);
     StageRange r;
-    r.first_layer = first;
-    r.end_layer = first + n;
+    r.first_layer = spans[static_cast<size_t>(s)].first;
+    r.end_layer = spans[static_cast<size_t>(s)].end;
+    for (int64_t c = 1; c < v; ++c) r.later_chunks.push_back(spans[static_cast<size_t>(c * pp + s)]);
     r.has_embedding = s == 0;
     r.has_head = s == pp - 1;
     out.push_back(r);
-    first += n;
   }
   return out;
+}
+
+int64_t virtual_stages(const Config& cfg, int64_t pp) {
+  return cfg.pipeline_schedule == "interleaved" && pp > 1 ? cfg.virtual_stages : 1;
 }
 
 // Under sequence parallelism these replicated parameters see only this rank's
@@ -48,7 +61,7 @@ bool row_parallel_bias(const std::string& path, const std::map<std::string, Para
 
 ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
   ParallelModel pm;
-  pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp)[mesh.coord().pp];
+  pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp, virtual_stages(cfg, mesh.shape().pp))[mesh.coord().pp];
   MT_CHECK(!meta || mesh.shape().tp == 1, "the meta device models one unsharded rank (tp = 1), got tp = ",
            mesh.shape().tp);
   pm.factory = meta ? std::make_unique<MetaLayerFactory>() : make_layer_factory(cfg, mesh);

@@ -7,22 +7,27 @@ namespace meshtrain {
 ForwardFn pipeline_forward(ParallelModel& pm, Mesh& mesh) {
   return [&pm, &mesh](const at::Tensor& context, KVCache* cache) -> at::Tensor {
     Transformer& model = *pm.model;
-    const int stage = mesh.coord().pp, last = mesh.shape().pp - 1;
+    const int stage = mesh.coord().pp, pp = mesh.shape().pp;
+    // Chunk by chunk (one unless interleaved): the last stage's chunk c feeds
+    // the first stage's chunk c + 1, so the hidden state goes round the ring.
+    const int64_t chunks = model.n_chunks();
     at::Tensor h;
-    if (stage == 0) {
-      h = model.embed(context);
-    } else {
-      // Every stage knows the context length (the tokens are shared), so the
-      // shape of the incoming hidden state is known up front.
-      h = at::empty({context.size(0), context.size(1), model.config().model_dimension},
-                    pm.params.front().tensor.options());
-      mesh.pp().recv(h, stage - 1);
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (stage == 0 && c == 0) {
+        h = model.embed(context);
+      } else {
+        // Every stage knows the context length (the tokens are shared), so the
+        // shape of the incoming hidden state is known up front.
+        h = at::empty({context.size(0), context.size(1), model.config().model_dimension},
+                      pm.params.front().tensor.options());
+        mesh.pp().recv(h, (stage + pp - 1) % pp);
+      }
+      h = model.forward_chunk(c, h, nullptr, cache);
+      if (stage == pp - 1 && c == chunks - 1) break;
+      mesh.pp().send(h.contiguous(), (stage + 1) % pp);
+      h = at::Tensor();
     }
-    h = model.forward_layers(h, nullptr, cache);
-    if (stage != last) {
-      mesh.pp().send(h.contiguous(), stage + 1);
-      return at::Tensor();
-    }
+    if (!h.defined()) return at::Tensor();
     return model.logits(h.narrow(1, h.size(1) - 1, 1)).view({-1});
   };
 }

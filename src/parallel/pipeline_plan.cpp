@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "interleaved_plan.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
@@ -57,11 +58,23 @@ void one_f_one_b(PlanBuilder& b, int stage, int pp, int64_t n_mb) {
 
 }  // namespace
 
-std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward) {
-  MT_CHECK(schedule == "gpipe" || schedule == "1f1b", "pipeline_schedule=\"", schedule,
-           "\" is not a schedule (gpipe | 1f1b)");
+std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward,
+                                  int64_t v) {
+  MT_CHECK(schedule == "gpipe" || schedule == "1f1b" || schedule == "interleaved", "pipeline_schedule=\"", schedule,
+           "\" is not a schedule (gpipe | 1f1b | interleaved)");
   MT_CHECK(pp >= 1 && stage >= 0 && stage < pp, "pipeline stage ", stage, " is outside 0..", pp - 1);
   MT_CHECK(n_mb >= 1, "a pipeline round needs at least one microbatch, got ", n_mb);
+  MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
+  MT_CHECK(v == 1 || schedule == "interleaved", "virtual_stages=", v, " needs pipeline_schedule \"interleaved\", not \"",
+           schedule, "\"");
+  if (v > 1) {
+    // Megatron's condition: its order sends groups of pp microbatches
+    // through each chunk (forward-only rounds take any count).
+    MT_CHECK(!backward || n_mb % pp == 0, "pipeline_schedule \"interleaved\" (virtual_stages=", v,
+             ") needs the microbatches per round (", n_mb,
+             ": the per-dp-rank batch / data_config.micro_batch_size) to be a multiple of pp = ", pp);
+    return interleaved_plans(pp, v, n_mb, backward).at(static_cast<size_t>(stage));
+  }
   PlanBuilder b{stage == 0, stage == pp - 1, {}};
   if (!backward) {
     for (int64_t i = 0; i < n_mb; ++i) b.forward(i);
@@ -69,9 +82,15 @@ std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp
     for (int64_t i = 0; i < n_mb; ++i) b.forward(i);
     for (int64_t i = 0; i < n_mb; ++i) b.backward(i);
   } else {
-    one_f_one_b(b, stage, pp, n_mb);
+    one_f_one_b(b, stage, pp, n_mb);  // interleaved with one chunk per stage is 1f1b
   }
   return b.ops;
+}
+
+double pipeline_bubble_fraction(int pp, int64_t n_mb, int64_t v) {
+  MT_CHECK(pp >= 1 && n_mb >= 1 && v >= 1, "pipeline bubble of pp ", pp, ", ", n_mb, " microbatches, ", v,
+           " virtual stages");
+  return static_cast<double>(pp - 1) / static_cast<double>(v * n_mb + pp - 1);
 }
 
 int64_t plan_peak_live(const std::vector<PipeOp>& plan) {

@@ -1,6 +1,8 @@
 // Runs a pipeline plan (pipeline_plan.h) on this stage: activations go to
 // stage + 1 and gradients come back from it over mesh.pp(), whose rank is the
-// stage index.
+// stage index. Under the interleaved schedule the stage runs several chunks
+// of layers and the last stage's chunk c feeds the first stage's chunk c + 1,
+// so peers are taken modulo pp.
 #include "meshtrain/parallel/schedules.h"
 
 #include <torch/torch.h>
@@ -8,6 +10,7 @@
 #include <chrono>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/moe.h"
 #include "meshtrain/parallel/pipeline_plan.h"
 
 namespace meshtrain {
@@ -17,12 +20,12 @@ namespace {
 constexpr int kActivationTag = 1;
 constexpr int kGradientTag = 2;
 
-// One microbatch's state between its forward and its backward on this stage.
+// One microbatch's state in one chunk between its forward and its backward.
 struct InFlight {
-  at::Tensor input;   // received activation (non-first stages), its grad goes back
-  at::Tensor output;  // this stage's hidden state (non-last stages)
-  at::Tensor loss;    // stage_loss (last stage)
-  at::Tensor aux;     // this stage's weighted MoE aux terms (non-last stages; undefined for dense)
+  at::Tensor input;   // received activation (but the first virtual stage), its grad goes back
+  at::Tensor output;  // this chunk's hidden state (but the last virtual stage)
+  at::Tensor loss;    // stage_loss (last virtual stage)
+  at::Tensor aux;     // this chunk's weighted MoE aux terms (but the last virtual stage; undefined for dense)
   at::Tensor grad;    // gradient of output from stage + 1
 };
 
@@ -30,8 +33,14 @@ class StageRunner {
  public:
   StageRunner(ParallelModel& pm, Mesh& mesh, const Config& cfg, const std::vector<Microbatch>& mbs,
               const RoundSpec& spec)
-      : pm_(pm), comm_(mesh.pp()), mbs_(mbs), spec_(spec), stage_(mesh.coord().pp),
-        last_(mesh.is_last_stage()), slots_(mbs.size()) {
+      : pm_(pm), comm_(mesh.pp()), mbs_(mbs), spec_(spec), stage_(mesh.coord().pp), pp_(mesh.shape().pp),
+        chunks_(pm.model->n_chunks()), slots_(mbs.size() * static_cast<size_t>(chunks_)) {
+    // Each chunk's MoE statistics land after those of the stage's earlier chunks.
+    int64_t moe = 0;
+    for (const LayerSpan& c : pm.model->range().chunks()) {
+      first_moe_.push_back(moe);
+      for (int64_t i = c.first; i < c.end; ++i) moe += is_moe_layer(pm.model->config(), i) ? 1 : 0;
+    }
     const at::Tensor p = pm.model->parameters().at(0);
     options_ = p.options().requires_grad(false);
     // Under sequence parallelism each tp rank carries its sequence shard
@@ -41,15 +50,17 @@ class StageRunner {
   }
 
   void run(const std::vector<PipeOp>& plan) {
+    const int next = (stage_ + 1) % pp_, prev = (stage_ + pp_ - 1) % pp_;
     for (const auto& op : plan) {
-      auto& s = slots_.at(static_cast<size_t>(op.microbatch));
+      MT_ASSERT(op.chunk >= 0 && op.chunk < chunks_, "plan step for chunk ", op.chunk, " on a stage of ", chunks_);
+      auto& s = slots_.at(static_cast<size_t>(op.chunk) * mbs_.size() + static_cast<size_t>(op.microbatch));
       switch (op.step) {
-        case PipeStep::RecvForward: recv_forward(s, op.microbatch); break;
-        case PipeStep::Forward: forward(s, op.microbatch); break;
-        case PipeStep::SendForward: send(s.output, stage_ + 1, kActivationTag); if (!spec_.backward) s = {}; break;
-        case PipeStep::RecvBackward: s.grad = at::empty_like(s.output); recv(s.grad, stage_ + 1, kGradientTag); break;
-        case PipeStep::Backward: backward(s); break;
-        case PipeStep::SendBackward: send(s.input.grad(), stage_ - 1, kGradientTag); s = {}; break;
+        case PipeStep::RecvForward: recv_forward(s, op.microbatch, prev); break;
+        case PipeStep::Forward: forward(s, op.microbatch, op.chunk); break;
+        case PipeStep::SendForward: send(s.output, next, kActivationTag); if (!spec_.backward) s = {}; break;
+        case PipeStep::RecvBackward: s.grad = at::empty_like(s.output); recv(s.grad, next, kGradientTag); break;
+        case PipeStep::Backward: backward(s, op.chunk); break;
+        case PipeStep::SendBackward: send(s.input.grad(), prev, kGradientTag); s = {}; break;
       }
     }
   }
@@ -62,19 +73,22 @@ class StageRunner {
     return {in.size(0), in.size(1) / seq_divisor_, pm_.model->config().model_dimension};
   }
 
-  void recv_forward(InFlight& s, int64_t mb) {
+  bool first_virtual(int64_t chunk) const { return stage_ == 0 && chunk == 0; }
+  bool last_virtual(int64_t chunk) const { return stage_ == pp_ - 1 && chunk == chunks_ - 1; }
+
+  void recv_forward(InFlight& s, int64_t mb, int prev) {
     s.input = at::empty(hidden_shape(mb), options_);
-    recv(s.input, stage_ - 1, kActivationTag);
+    recv(s.input, prev, kActivationTag);
     if (spec_.backward) s.input.requires_grad_(true);
   }
 
-  void forward(InFlight& s, int64_t mb) {
+  void forward(InFlight& s, int64_t mb, int64_t chunk) {
     const Microbatch& m = mbs_.at(static_cast<size_t>(mb));
     const int64_t seqs = m.inputs.size(0);
     ForwardAux aux;
-    at::Tensor h = pm_.model->forward_layers(stage_ == 0 ? pm_.model->embed(m.inputs) : s.input, &aux);
-    accumulate_aux(sums_, aux, seqs);
-    if (last_) {
+    at::Tensor h = pm_.model->forward_chunk(chunk, first_virtual(chunk) ? pm_.model->embed(m.inputs) : s.input, &aux);
+    accumulate_aux(sums_, aux, seqs, first_moe_[static_cast<size_t>(chunk)]);
+    if (last_virtual(chunk)) {
       at::Tensor losses = pm_.model->token_losses(h, m.targets);
       accumulate_losses(sums_, losses);
       if (spec_.backward) s.loss = stage_loss(losses, aux, seqs, spec_);
@@ -91,8 +105,8 @@ class StageRunner {
     if (!spec_.backward) --live_;  // nothing is kept for a backward
   }
 
-  void backward(InFlight& s) {
-    if (last_) {
+  void backward(InFlight& s, int64_t chunk) {
+    if (last_virtual(chunk)) {
       s.loss.backward();
     } else {
       // Two roots: the activation gradient from downstream, and this stage's
@@ -125,8 +139,9 @@ class StageRunner {
   Communicator& comm_;
   const std::vector<Microbatch>& mbs_;
   const RoundSpec& spec_;
-  const int stage_;
-  const bool last_;
+  const int stage_, pp_;
+  const int64_t chunks_;
+  std::vector<int64_t> first_moe_;  // per chunk: MoE layers in the stage's earlier chunks
   std::vector<InFlight> slots_;
   at::TensorOptions options_;
   int64_t seq_divisor_ = 1;
@@ -141,7 +156,7 @@ RoundSums run_pipeline(ParallelModel& pm, Mesh& mesh, const Config& cfg, const s
   // Every rank derives the same plan from the same config, so a bad schedule
   // or microbatch count throws everywhere before any message is sent.
   const auto plan = pipeline_plan(cfg.pipeline_schedule, mesh.coord().pp, mesh.shape().pp,
-                                  static_cast<int64_t>(mbs.size()), spec.backward);
+                                  static_cast<int64_t>(mbs.size()), spec.backward, pm.model->n_chunks());
   StageRunner runner(pm, mesh, cfg, mbs, spec);
   runner.run(plan);
   return std::move(runner.sums());

@@ -12,6 +12,7 @@
 #include "meshtrain/model/moe.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/parallel/parallelize.h"
+#include "meshtrain/parallel/pipeline_plan.h"
 
 namespace meshtrain {
 
@@ -78,15 +79,16 @@ bool fused_attention(const ModelConfig& m, int64_t layer, PlanDevice dev) {
 
 }  // namespace
 
-StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep) {
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep, int64_t v) {
   MT_CHECK(pp >= 1 && tp >= 1 && stage >= 0 && stage < pp, "plan: stage ", stage, " outside pp = ", pp);
   MT_CHECK(ep >= 1, "plan: device_config.expert_parallel must be >= 1, got ", ep);
-  const auto ranges = partition_stages(m.n_layers(), static_cast<int>(pp));
+  const auto ranges = partition_stages(m.n_layers(), static_cast<int>(pp), v);
   const StageRange& rg = ranges.at(static_cast<size_t>(stage));
   StageParams p;
   p.first_layer = rg.first_layer;
   p.end_layer = rg.end_layer;
-  for (int64_t i = rg.first_layer; i < rg.end_layer; ++i) {
+  p.chunks = rg.chunks();
+  for (int64_t i : rg.layers()) {
     const LayerParamCount l = layer_param_count(m, i);
     // The routed experts but their output biases (replicated, whole on every rank).
     const int64_t experts = l.routed > 0 ? l.routed - m.n_experts * m.model_dimension * (m.linear_bias ? 1 : 0) : 0;
@@ -139,11 +141,18 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   const double zero_div = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
   // ZeRO-1 shards the experts' moments over the ranks holding the same experts.
   const double zero_div_experts = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
+  const int64_t v = virtual_stages(cfg, plan.pp);
+  plan.virtual_stages = v;
+  if (plan.pp > 1) {
+    plan.pipeline_schedule = cfg.pipeline_schedule;
+    // gpipe's bubble is 1f1b's; the schedules differ in memory.
+    plan.pipeline_bubble = pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, v);
+  }
 
   for (int64_t st = 0; st < plan.pp; ++st) {
     StageMemory sm;
     sm.stage = st;
-    sm.params = stage_params(m, plan.pp, plan.tp, st, plan.ep);
+    sm.params = stage_params(m, plan.pp, plan.tp, st, plan.ep, v);
     const double n = static_cast<double>(sm.params.total());
     const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
     sm.weights = 4 * n;
@@ -153,13 +162,19 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
     if (bf16) sm.autocast_copies = 2 * n;
     sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;
 
-    if (plan.pp == 1) sm.microbatches_in_flight = 1;
-    else if (cfg.pipeline_schedule == "gpipe") sm.microbatches_in_flight = plan.n_microbatches;
-    else sm.microbatches_in_flight = std::min<int64_t>(plan.pp - st, plan.n_microbatches);
-    const double inflight = static_cast<double>(sm.microbatches_in_flight);
+    // The schedule's own plan says how many (microbatch, chunk) activations
+    // it holds at once; a chunk's share is 1/v of the stage's layers.
+    sm.microbatches_in_flight =
+        plan.pp == 1 ? 1
+                     : plan_peak_live(pipeline_plan(cfg.pipeline_schedule, static_cast<int>(st),
+                                                    static_cast<int>(plan.pp), plan.n_microbatches, true, v));
+    const double inflight = static_cast<double>(sm.microbatches_in_flight) / static_cast<double>(v);
 
     double layers_none = 0, layers_sel = 0, largest_layer = 0;
-    for (int64_t i = sm.params.first_layer; i < sm.params.end_layer; ++i) {
+    std::vector<int64_t> stage_layers;
+    for (const LayerSpan& c : sm.params.chunks)
+      for (int64_t i = c.first; i < c.end; ++i) stage_layers.push_back(i);
+    for (int64_t i : stage_layers) {
       auto bytes = [&](const LayerActs& a) {
         return tokens * ((a.split / tp + a.replicated / rep_div) * e + a.masks / tp * mask);
       };
@@ -168,11 +183,14 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
       layers_sel += bytes(layer_acts(m, i, fused_attention(m, i, device), true));
       largest_layer = std::max(largest_layer, full);
     }
-    const double n_layers = static_cast<double>(sm.params.end_layer - sm.params.first_layer);
+    const double n_layers = static_cast<double>(stage_layers.size());
     double extra = 0;  // per microbatch, outside the layers
     if (st == 0 && m.dropout_rate > 0) extra += tokens * d / rep_div * mask;  // embedding dropout
     if (st == plan.pp - 1) {
-      sm.logits = inflight * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
+      // The last chunk's forward is followed by its backward under the
+      // interleaved order: one cross-entropy buffer at a time.
+      const double ce_live = v > 1 ? 1.0 : inflight;
+      sm.logits = ce_live * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
       extra += tokens * 3 * d / rep_div * e;  // final norm: input, normalised, output
     }
     const double inputs = tokens * d / rep_div * e * n_layers;  // checkpointed layer inputs
@@ -222,11 +240,20 @@ std::string to_string(const MemoryPlan& p) {
   o << "; microbatch " << p.micro_batch_size
     << " sequences x " << p.n_microbatches << " per round\n";
   o << "precision: " << p.precision << "\n";
-  for (const auto& s : p.stages)
-    o << "  stage " << s.stage << ": layers [" << s.params.first_layer << ", " << s.params.end_layer << "), "
+  if (p.pp > 1)
+    o << "pipeline: " << p.pipeline_schedule << (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) +
+                                                 " virtual stages per rank" : std::string())
+      << "; bubble (pp - 1) / (v * n_mb + pp - 1) = " << p.pipeline_bubble << " of a round\n";
+  for (const auto& s : p.stages) {
+    std::string layers;
+    for (const LayerSpan& c : s.params.chunks)
+      layers += (layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";
+    o << "  stage " << s.stage << ": layers " << layers << ", "
       << s.params.total() << " params per rank (" << s.params.split << " tp-split, " << s.params.replicated
-      << " replicated), " << s.microbatches_in_flight << " microbatch(es) in flight, total " << gib(s.total())
-      << "\n";
+      << " replicated), " << s.microbatches_in_flight
+      << (p.virtual_stages > 1 ? " chunk-microbatch(es)" : " microbatch(es)") << " in flight, total "
+      << gib(s.total()) << "\n";
+  }
   o << "memory per rank (stage " << w.stage << ", the most loaded):\n";
   o << "  weights            " << gib(w.weights) << "\n";
   o << "  gradients          " << gib(w.grads) << "\n";
@@ -254,6 +281,11 @@ nlohmann::json to_json(const MemoryPlan& p, double fpt, double device_bytes) {
   j["device"] = p.device == PlanDevice::Cuda ? "cuda" : "cpu";
   j["micro_batch_size"] = p.micro_batch_size;
   j["n_microbatches"] = p.n_microbatches;
+  if (p.pp > 1) {
+    j["pipeline_schedule"] = p.pipeline_schedule;
+    j["virtual_stages"] = p.virtual_stages;
+    j["pipeline_bubble"] = p.pipeline_bubble;
+  }
   j["worst_stage"] = w.stage;
   j["params_per_rank"] = w.params.total();
   j["expert_parallel"] = p.ep;

@@ -188,8 +188,11 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   spdlog::info("model: {} layers, d {}, {} heads, {} / {} | parameters: {:.3f}M total, {:.3f}M active per token",
                cfg_.model.n_layers(), cfg_.model.model_dimension, cfg_.model.n_head, cfg_.model.attention,
                cfg_.model.ffn, pc.total / 1e6, pc.active / 1e6);
-  spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers [{}, {})", shape.dp, shape.pp, shape.tp,
-               device_.str(), mesh_->backend(), pm_.range.first_layer, pm_.range.end_layer);
+  std::string stage_layers;
+  for (const LayerSpan& c : pm_.range.chunks())
+    stage_layers += (stage_layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";
+  spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers {}", shape.dp, shape.pp, shape.tp,
+               device_.str(), mesh_->backend(), stage_layers);
 
   if (opts_.meta) {
     MT_CHECK(opts_.fresh && opts_.checkpoint.empty(), "the meta device loads no checkpoint");
@@ -218,7 +221,7 @@ StepStats Trainer::reduce_stats(const RoundSums& sums, double global_tokens, int
     // moe_layers "last_in_block" those are not all of its layers. Layers this
     // stage does not own (or dense ones) stay zero.
     std::vector<int64_t> moe_layers;
-    for (int64_t i = pm_.range.first_layer; i < pm_.range.end_layer; ++i)
+    for (int64_t i : pm_.range.layers())
       if (is_moe_layer(cfg_.model, i)) moe_layers.push_back(i);
     MT_ASSERT(sums.expert_tokens.size() <= moe_layers.size(), "expert counts for ", sums.expert_tokens.size(),
               " layers but the stage has ", moe_layers.size(), " MoE layers");

@@ -45,6 +45,13 @@ out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --device cuda --device-
 check "gpt2-124m does not fit in 1 GiB" grep -q "fits in 1 GiB: no" <<<"$out"
 out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" --n_device_axis 2 2 2 --set zero_stage=1 2>&1)
 check "plan takes a mesh and --set" grep -q "mesh: dp 2 x pp 2 x tp 2" <<<"$out"
+# 12 layers, pp 4 x 3 virtual stages, 8 microbatches: bubble 3 / (3 * 8 + 3).
+il=(--n_device_axis 1 4 1 --set data_config.micro_batch_size=4 --set pipeline_schedule=interleaved)
+out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" "${il[@]}" --set virtual_stages=3 2>&1)
+check "plan shows the interleaved bubble" grep -q "interleaved, 3 virtual stages per rank; bubble .* = 0.111" <<<"$out"
+check "plan shows a rank's chunks" grep -q "stage 1: layers \[1, 2) \[5, 6) \[9, 10)" <<<"$out"
+out=$("$BIN" plan --config "$SRC/configs/gpt2-124m.json" "${il[@]}" --set virtual_stages=5 2>&1)
+check "plan refuses 12 layers in pp 4 x 5 virtual stages" grep -q "multiple of pp \* virtual_stages" <<<"$out"
 
 prepare_corpus
 write_config tiny.json

@@ -30,6 +30,10 @@ g1=$("$BIN" generate --config tiny.json --prompt "The computer" --max_tokens 12 
 g2=$("${MPIRUN[@]}" -np 2 "$BIN" generate --config tiny.json --n_device_axis 1 2 1 --prompt "The computer" \
      --max_tokens 12 --temperature 1 --top_k 0 2>/dev/null | tail -1)
 check "sampling through a 2-stage pipeline equals one process ($g1)" test -n "$g1" -a "$g1" = "$g2"
+g3=$("${MPIRUN[@]}" -np 2 "$BIN" generate --config tiny.json --n_device_axis 1 2 1 --prompt "The computer" \
+     --set pipeline_schedule=interleaved --set virtual_stages=2 --max_tokens 12 --temperature 1 --top_k 0 \
+     2>/dev/null | tail -1)
+check "sampling through 2 interleaved stages of 2 chunks equals one process" test -n "$g1" -a "$g1" = "$g3"
 
 out=$("${MPIRUN[@]}" -np 4 "$BIN" train --config tiny.json --n_device_axis 4 1 1 --name dp4 \
       --training_steps 6 --fresh 2>&1)

@@ -332,11 +332,25 @@ TEST(ConfigErrors, BadEnums) {
   expect_refused({"model_config.ffn=sparse"}, {"model_config.ffn", "dense, moe"});
   expect_refused({"model_config.model_dtype=float16"}, {"model_config.model_dtype", "float32, bfloat16"});
   expect_refused({"model_config.router_score=relu"}, {"model_config.router_score"});
-  expect_refused({"pipeline_schedule=zb"}, {"pipeline_schedule", "gpipe, 1f1b"});
+  expect_refused({"pipeline_schedule=zb"}, {"pipeline_schedule", "gpipe, 1f1b, interleaved"});
   expect_refused({"activation_checkpointing=some"}, {"activation_checkpointing"});
   expect_refused({"nan_policy=ignore"}, {"nan_policy"});
   expect_refused({"zero_stage=2"}, {"zero_stage"});
   expect_refused({"device_config.device=tpu"}, {"device_config.device"});
+}
+
+// tiny.json: 4 layers, 16 sequences in microbatches of 4.
+TEST(ConfigErrors, InterleavedPipeline) {
+  const std::string pp2 = "device_config.n_device_axis=[1,2,1]", il = "pipeline_schedule=interleaved";
+  EXPECT_NO_THROW(with({pp2, il, "virtual_stages=2"}));
+  EXPECT_NO_THROW(with({il, "virtual_stages=2"}));  // pp 1 runs no schedule
+  expect_refused({il, "virtual_stages=0"}, {"virtual_stages", ">= 1"});
+  expect_refused({pp2, "virtual_stages=2"}, {"virtual_stages=2", "pipeline_schedule \"interleaved\""});
+  expect_refused({pp2, il, "virtual_stages=3"}, {"4 layers", "multiple of pp * virtual_stages", "2 * 3"});
+  expect_refused({pp2, il, "virtual_stages=2", "data_config.micro_batch_size=16"},
+                 {"interleaved", "microbatches per round", "multiple of pp = 2", "micro_batch_size = 16", "makes 1"});
+  expect_refused({pp2, il, "virtual_stages=2", "rampup_batch_size=[4,4,64]"},
+                 {"interleaved", "a batch of 4 sequences", "multiple of pp = 2"});
 }
 
 TEST(ConfigErrors, BadValues) {

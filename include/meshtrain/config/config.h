@@ -143,7 +143,8 @@ struct Config {
   double grad_clip_norm = 1.0;    // 0: no clipping
 
   // meshtrain extensions (not in Jaxformer's file)
-  std::string pipeline_schedule = "1f1b";      // gpipe | 1f1b
+  std::string pipeline_schedule = "1f1b";      // gpipe | 1f1b | interleaved
+  int64_t virtual_stages = 1;                  // interleaved: chunks of layers per pp rank (Megatron's v)
   bool sequence_parallel = false;
   int64_t zero_stage = 0;                      // 1: AdamW moments sharded over dp
   std::vector<int64_t> rampup_batch_size;      // [start, increment, samples] (Megatron); empty: off

@@ -15,11 +15,25 @@
 
 namespace meshtrain {
 
+// Layers [first, end) of the model.
+struct LayerSpan {
+  int64_t first = 0, end = 0;
+};
+
 struct StageRange {
   int64_t first_layer = 0;
   int64_t end_layer = -1;  // exclusive; -1: all layers
   bool has_embedding = true;
   bool has_head = true;
+  // The interleaved pipeline's further chunks (virtual stages) of this rank,
+  // in the order the data visits them; [first_layer, end_layer) is chunk 0.
+  // Empty: one chunk.
+  std::vector<LayerSpan> later_chunks;
+
+  // Every chunk, chunk 0 first (end_layer resolved: on a built model's range()).
+  std::vector<LayerSpan> chunks() const;
+  // The global indices of every layer of the stage, chunk by chunk.
+  std::vector<int64_t> layers() const;
 };
 
 // What the layers of one forward add up besides the hidden state.
@@ -82,7 +96,13 @@ class Transformer : public torch::nn::Module {
   // next tokens' hidden states at positions cache->length.. and the cache grows:
   // each layer appends its keys, then forward_layers advances cache->length by
   // T. Each pipeline stage keeps its own KVCache for its own layers.
+  // One chunk only (forward_chunk runs the chunks of an interleaved stage).
   at::Tensor forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr);
+  // Runs chunk `chunk` of range().chunks(). A cache holds every layer of the
+  // stage; cache->length advances after the last chunk, so every chunk of one
+  // step sees the same offset.
+  at::Tensor forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr);
+  int64_t n_chunks() const { return static_cast<int64_t>(chunk_blocks_.size()) - 1; }
   // Final norm + head: per-token losses [B, T] fp32 (last stage only).
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets);
   // Final norm + head: full-vocabulary logits [B, T, vocab_size] (last stage only).
@@ -106,6 +126,7 @@ class Transformer : public torch::nn::Module {
   StageRange range_;
   std::shared_ptr<Embedding> embedding_;
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<size_t> chunk_blocks_;  // chunk c runs blocks_[chunk_blocks_[c], chunk_blocks_[c + 1])
   std::shared_ptr<RMSNorm> final_norm_;
   std::shared_ptr<LMHead> head_;
 };

@@ -46,8 +46,10 @@ struct Microbatch {
 };
 
 std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets);
-// Adds one microbatch's MoE statistics to the round's sums (on the device).
-void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences);
+// Adds one microbatch's MoE statistics to the round's sums (on the device);
+// aux.expert_tokens[l] is the stage's MoE layer first_moe_layer + l (a later
+// chunk of an interleaved stage starts after the earlier chunks' layers).
+void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, int64_t first_moe_layer = 0);
 // Adds one microbatch's per-token losses (their sum and count).
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses);
 // The scalar whose backward gives this microbatch's share of the step's gradient.

@@ -29,9 +29,16 @@ struct ParallelModel {
   std::vector<ParamInfo> params;
 };
 
-// Contiguous layer ranges per pipeline stage: n_layers split as evenly as
-// possible, earlier stages taking the remainder.
-std::vector<StageRange> partition_stages(int64_t n_layers, int pp);
+// Layer ranges per pipeline rank. v = 1: contiguous, n_layers split as evenly
+// as possible, earlier stages taking the remainder. v > 1 (the interleaved
+// schedule): n_layers split evenly into pp * v virtual stages in Megatron's
+// layout, chunk c of rank r being virtual stage c * pp + r (so the data
+// visits every rank v times); n_layers must be a multiple of pp * v.
+std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v = 1);
+
+// Layer chunks per pipeline rank on a mesh of pp stages: virtual_stages under
+// the interleaved schedule with pp > 1, else 1 (at pp = 1 no schedule applies).
+int64_t virtual_stages(const Config& cfg, int64_t pp);
 
 // meta: parameters are meta tensors, nothing drawn (the performance model; tp = 1).
 ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta = false);

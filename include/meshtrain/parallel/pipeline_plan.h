@@ -9,6 +9,8 @@
 
 namespace meshtrain {
 
+// Peers are taken modulo pp: under the interleaved schedule the last rank's
+// chunk c feeds the first rank's chunk c + 1 (and gradients flow back).
 enum class PipeStep {
   RecvForward,   // activation from stage - 1
   Forward,
@@ -21,15 +23,28 @@ enum class PipeStep {
 struct PipeOp {
   PipeStep step;
   int64_t microbatch;
+  int64_t chunk = 0;  // this rank's layer chunk (virtual stage chunk * pp + stage); 0 unless interleaved
 };
 
 // The steps of `stage` (of pp) for n_mb microbatches. schedule: "gpipe" |
-// "1f1b"; backward false gives the forward-only (evaluation) plan. Sends and
-// receives a stage has no peer for (first/last stage) are left out.
-std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward);
+// "1f1b" | "interleaved" (v chunks of layers per stage, Megatron's
+// interleaved 1F1B; v = 1 is 1f1b); backward false gives the forward-only
+// (evaluation) plan. Sends and receives a stage has no peer for (first/last
+// virtual stage) are left out. The interleaved training plan needs n_mb to be
+// a multiple of pp, as Megatron's.
+std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward,
+                                  int64_t v = 1);
+
+// The bubble the schedule's idealised timeline leaves (forward and backward
+// of every microbatch taking equal time per virtual stage): (pp - 1) / (v *
+// n_mb) of the ideal compute time (Megatron's formula; gpipe and 1f1b: v = 1),
+// as a fraction of the whole round: (pp - 1) / (v * n_mb + pp - 1).
+double pipeline_bubble_fraction(int pp, int64_t n_mb, int64_t v);
 
 // Microbatches whose activations a plan holds at once (forward done,
-// backward not yet; forward-only plans hold one at a time).
+// backward not yet; forward-only plans hold one at a time), counted per chunk
+// under the interleaved schedule (a chunk's microbatch holds 1/v of the
+// stage's layers).
 int64_t plan_peak_live(const std::vector<PipeOp>& plan);
 
 const char* step_name(PipeStep s);

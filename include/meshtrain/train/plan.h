@@ -45,7 +45,8 @@ enum class PlanDevice { Cpu, Cuda };
 // Parameters one rank of a stage holds, split into what tp shards and what
 // every tp rank replicates (both already per rank: split counts are /tp).
 struct StageParams {
-  int64_t first_layer = 0, end_layer = 0;
+  int64_t first_layer = 0, end_layer = 0;  // chunk 0
+  std::vector<LayerSpan> chunks;           // every chunk (interleaved: virtual_stages of them)
   int64_t split = 0;       // this rank's shard of tp-split tensors
   int64_t replicated = 0;  // norms, MLA down-projections and rope key, router
   int64_t experts = 0;     // of `split`: this rank's routed experts (split over tp and expert_parallel)
@@ -56,8 +57,10 @@ struct StageParams {
 // embeddings: the last stage holds its own copy of the table (pp > 1).
 // The vocabulary is padded to a multiple of tp, as the vocab-parallel layers do.
 // ep (device_config.expert_parallel) divides the routed experts' weights
-// (w_in, w_out, b_in; b_out stays whole on every rank).
-StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep = 1);
+// (w_in, w_out, b_in; b_out stays whole on every rank). v: layer chunks per
+// stage (the interleaved schedule's virtual_stages).
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep = 1,
+                         int64_t v = 1);
 
 struct StageMemory {
   int64_t stage = 0;
@@ -81,6 +84,9 @@ struct MemoryPlan {
   int64_t dp = 1, pp = 1, tp = 1, ep = 1;
   int64_t total_params = 0, active_params = 0, embedding_params = 0;
   int64_t micro_batch_size = 0, n_microbatches = 1;
+  std::string pipeline_schedule;   // pp > 1: gpipe | 1f1b | interleaved
+  int64_t virtual_stages = 1;      // layer chunks per stage
+  double pipeline_bubble = 0;      // idle fraction of a round, pipeline_bubble_fraction() (pp > 1)
   double activation_bytes_per_element = 4;
   std::vector<StageMemory> stages;  // one per pipeline stage (per rank of it)
   int64_t worst_stage = 0;          // the stage with the largest total
