@@ -97,8 +97,9 @@ TEST(Interleaved, MisconfigurationThrowsOnEveryRank) {
   auto world = test_runtime().world();
   Mesh mesh(*world, MeshShape{1, n, 1});
   Config cfg = base_config("il-bad");
+  cfg.model.blocks = 8;  // 16 layers: n * 2 chunks at np 2, 4, 8
   cfg.pipeline_schedule = "interleaved";
-  cfg.virtual_stages = 3;  // 8 layers do not split into n * 3 chunks
+  cfg.virtual_stages = 3;  // 16 layers do not split into n * 3 chunks
   EXPECT_THROW(build_parallel_model(cfg, mesh), Error);
   cfg.virtual_stages = 2;
   cfg.data.micro_batch_size = 8;  // one microbatch: not a multiple of pp
