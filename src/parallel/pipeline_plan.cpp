@@ -64,7 +64,8 @@ std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp
            "\" is not a schedule (gpipe | 1f1b | interleaved)");
   MT_CHECK(pp >= 1 && stage >= 0 && stage < pp, "pipeline stage ", stage, " is outside 0..", pp - 1);
   MT_CHECK(n_mb >= 1, "a pipeline round needs at least one microbatch, got ", n_mb);
-  MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
+  if (v == 0 && schedule != "interleaved") v = 1;
+  MT_CHECK(v >= 1, "virtual_stages must be >= 1 for pipeline_schedule \"", schedule, "\", got ", v);
   MT_CHECK(v == 1 || schedule == "interleaved", "virtual_stages=", v, " needs pipeline_schedule \"interleaved\", not \"",
            schedule, "\"");
   if (v > 1) {

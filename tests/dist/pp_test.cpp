@@ -1,7 +1,7 @@
 // Pipeline parallelism: every pipeline mesh and schedule gives the losses of
-// one process; 1f1b holds at most pp - stage microbatches, gpipe all of them;
-// misconfigurations throw on every rank instead of hanging. (The plans
-// themselves are replayed in tests/unit/pipeline_plan_test.cpp.)
+// one process; plans never deadlock under blocking send/recv; 1f1b holds at
+// most pp - stage microbatches, gpipe all of them; misconfigurations throw on
+// every rank instead of hanging.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -44,7 +44,72 @@ void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, in
   }
 }
 
+// Replays every stage's plan with rendezvous send/recv (a send completes only
+// when its receiver is at the matching receive): true if all plans finish.
+bool plans_complete(const std::string& schedule, int pp, int64_t n_mb, bool backward, std::string* why) {
+  std::vector<std::vector<PipeOp>> plans;
+  for (int s = 0; s < pp; ++s) plans.push_back(pipeline_plan(schedule, s, pp, n_mb, backward));
+  std::vector<size_t> pc(static_cast<size_t>(pp), 0);
+  auto compute = [](PipeStep k) { return k == PipeStep::Forward || k == PipeStep::Backward; };
+  for (;;) {
+    bool progress = false, done = true;
+    for (int s = 0; s < pp; ++s) {
+      auto& p = plans[static_cast<size_t>(s)];
+      auto& i = pc[static_cast<size_t>(s)];
+      while (i < p.size() && compute(p[i].step)) ++i, progress = true;
+      if (i >= p.size()) continue;
+      done = false;
+      const PipeOp op = p[i];
+      int peer = s;
+      PipeStep want = op.step;
+      switch (op.step) {
+        case PipeStep::SendForward: peer = s + 1; want = PipeStep::RecvForward; break;
+        case PipeStep::RecvForward: peer = s - 1; want = PipeStep::SendForward; break;
+        case PipeStep::SendBackward: peer = s - 1; want = PipeStep::RecvBackward; break;
+        case PipeStep::RecvBackward: peer = s + 1; want = PipeStep::SendBackward; break;
+        default: break;
+      }
+      if (peer < 0 || peer >= pp) {
+        *why = "stage " + std::to_string(s) + " " + step_name(op.step) + " has no peer";
+        return false;
+      }
+      auto& q = plans[static_cast<size_t>(peer)];
+      auto& j = pc[static_cast<size_t>(peer)];
+      if (j < q.size() && q[j].step == want) {
+        if (q[j].microbatch != op.microbatch) {
+          *why = "stage " + std::to_string(s) + " " + step_name(op.step) + " of microbatch " +
+                 std::to_string(op.microbatch) + " meets microbatch " + std::to_string(q[j].microbatch);
+          return false;
+        }
+        ++i, ++j, progress = true;
+      }
+    }
+    if (done) return true;
+    if (!progress) {
+      *why = "deadlock";
+      return false;
+    }
+  }
+}
+
 }  // namespace
+
+TEST(PipelinePlan, NeverDeadlocksUnderBlockingSendRecv) {
+  for (const auto& schedule : kSchedules)
+    for (bool backward : {true, false})
+      for (int pp = 1; pp <= 8; ++pp)
+        for (int64_t n_mb = 1; n_mb <= 12; ++n_mb) {
+          std::string why;
+          EXPECT_TRUE(plans_complete(schedule, pp, n_mb, backward, &why))
+              << schedule << " pp " << pp << " n_mb " << n_mb << " backward " << backward << ": " << why;
+          for (int s = 0; s < pp; ++s) {
+            const int64_t peak = plan_peak_live(pipeline_plan(schedule, s, pp, n_mb, backward));
+            const int64_t want = !backward ? 1 : schedule == "gpipe" ? n_mb : std::min<int64_t>(pp - s, n_mb);
+            EXPECT_EQ(peak, want) << schedule << " stage " << s << " of " << pp << ", " << n_mb << " microbatches";
+          }
+        }
+  EXPECT_THROW(pipeline_plan("interleaved", 0, 2, 4, true), Error);
+}
 
 TEST(Pipeline, TiedHeadCopyStartsEqualToEmbedding) {
   const int n = test_runtime().size();

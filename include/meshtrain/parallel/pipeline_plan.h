@@ -32,8 +32,10 @@ struct PipeOp {
 // (evaluation) plan. Sends and receives a stage has no peer for (first/last
 // virtual stage) are left out. The interleaved training plan needs n_mb to be
 // a multiple of pp, as Megatron's.
+// v: layer chunks per stage; "interleaved" must name it (v = 1 there is
+// 1f1b), gpipe and 1f1b take 0 or 1.
 std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward,
-                                  int64_t v = 1);
+                                  int64_t v = 0);
 
 // The bubble the schedule's idealised timeline leaves (forward and backward
 // of every microbatch taking equal time per virtual stage): (pp - 1) / (v *
