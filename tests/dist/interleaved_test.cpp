@@ -18,7 +18,7 @@ using namespace meshtrain;
 
 namespace {
 
-const std::string kData = "/tmp/meshtrain-interleaved-data";
+const std::string kData = test::scratch_dir("interleaved-data");
 
 Config base_config(const std::string& name) {
   Config c = test::tiny_config(test::synthetic_data(kData, 96), name);
