@@ -38,6 +38,16 @@ void visit_fields(C& c, V&& v) {
   v("model_config", "rope_theta", m.rope_theta);
   v("model_config", "mla_last_layer_no_rope", m.mla_last_layer_no_rope);
   v("model_config", "init_std", m.init_std);
+  v("model_config", "mlp_activation", m.mlp_activation);
+  v("model_config", "n_kv_head", m.n_kv_head);
+  v("model_config", "mla_latent_norm", m.mla_latent_norm);
+  v("model_config", "router_bias", m.router_bias);
+  v("model_config", "router_bias_update_rate", m.router_bias_update_rate);
+  v("model_config", "routed_scaling_factor", m.routed_scaling_factor);
+  v("model_config", "n_group", m.n_group);
+  v("model_config", "topk_group", m.topk_group);
+  v("model_config", "first_k_dense", m.first_k_dense);
+  v("model_config", "dense_mlp_hidden", m.dense_mlp_hidden);
   v("model_config", "architecture", m.architecture);
   v("model_config", "linear_bias", m.linear_bias);
   v("model_config", "norm_bias", m.norm_bias);

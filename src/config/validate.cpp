@@ -80,6 +80,23 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
   one_of(m.moe_layers, {"all", "last_in_block"}, "model_config.moe_layers");
   one_of(m.shared_expert, {"mlp", "linear", "linear_discarded"}, "model_config.shared_expert");
   one_of(m.active_params_scope, {"model", "layers"}, "model_config.active_params_scope");
+  one_of(m.mlp_activation, {"gelu", "swiglu"}, "model_config.mlp_activation");
+  if (m.swiglu()) MT_CHECK(!m.linear_bias, "model_config.mlp_activation 'swiglu' has no biases: set linear_bias false");
+  at_least(m.n_kv_head, 0, "model_config.n_kv_head");
+  MT_CHECK(m.n_head % m.kv_heads() == 0, "model_config.n_head (", m.n_head,
+           ") must be a multiple of model_config.n_kv_head (", m.kv_heads(), "): each kv head serves a group of heads");
+  if (m.attention == "mla")
+    MT_CHECK(m.kv_heads() == m.n_head, "model_config.n_kv_head (", m.n_kv_head,
+             ") applies to attention 'mha' only: MLA shares one latent among all heads (leave it 0)");
+  else
+    MT_CHECK(!m.mla_latent_norm, "model_config.mla_latent_norm needs attention 'mla'");
+  if (m.mla_latent_norm)
+    MT_CHECK(m.mla_rope_input == "split", "model_config.mla_latent_norm needs mla_rope_input 'split' (DeepSeek-V3)");
+  at_least(m.first_k_dense, 0, "model_config.first_k_dense");
+  at_least(m.dense_mlp_hidden, 0, "model_config.dense_mlp_hidden");
+  non_negative(m.router_bias_update_rate, "model_config.router_bias_update_rate");
+  if (m.router_bias_update_rate > 0)
+    MT_CHECK(m.router_bias, "model_config.router_bias_update_rate needs model_config.router_bias true");
 
   if (m.attention == "mla") {
     MT_CHECK(m.latent_dim > 0, "model_config.latent_dim must be > 0 with attention 'mla', got ", m.latent_dim);
@@ -94,6 +111,27 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
     MT_CHECK(std::isfinite(m.capacity_factor) && m.capacity_factor >= 0,
              "model_config.capacity_factor must be >= 0 (0: dropless, no token is ever dropped), got ",
              m.capacity_factor);
+    MT_CHECK(m.routed_scaling_factor > 0, "model_config.routed_scaling_factor must be > 0, got ",
+             m.routed_scaling_factor);
+    at_least(m.n_group, 1, "model_config.n_group");
+    MT_CHECK(m.n_experts % m.n_group == 0, "model_config.n_experts (", m.n_experts,
+             ") must be divisible by model_config.n_group (", m.n_group, ")");
+    MT_CHECK(m.topk_group >= 1 && m.topk_group <= m.n_group, "model_config.topk_group must be in [1, n_group = ",
+             m.n_group, "], got ", m.topk_group);
+    if (m.n_group > 1) {
+      const int64_t per_group = m.n_experts / m.n_group;
+      // A group's score is the sum of its two best experts (DeepSeek-V3).
+      MT_CHECK(per_group >= 2, "model_config.n_group (", m.n_group, ") leaves ", per_group,
+               " expert(s) per group; group-limited routing scores groups by their two best experts");
+      MT_CHECK(m.k <= m.topk_group * per_group, "model_config.k (", m.k, ") exceeds the ", m.topk_group * per_group,
+               " experts in topk_group (", m.topk_group, ") groups of ", per_group);
+    }
+    MT_CHECK(m.first_k_dense <= m.n_layers(), "model_config.first_k_dense (", m.first_k_dense,
+             ") exceeds the model's ", m.n_layers(), " layers");
+  } else {
+    MT_CHECK(m.first_k_dense == 0, "model_config.first_k_dense (", m.first_k_dense, ") needs ffn 'moe'");
+    MT_CHECK(!m.router_bias && m.n_group == 1 && m.topk_group == 1 && m.routed_scaling_factor == 1.0,
+             "model_config.router_bias, routed_scaling_factor, n_group and topk_group need ffn 'moe'");
   }
 }
 
@@ -223,6 +261,13 @@ void validate_mesh(const Config& c) {
   // Column-parallel MLP/expert layers split the hidden units over tp.
   MT_CHECK(m.hidden_dim() % tp == 0, "model_config.mlp_hidden: the MLP hidden size ", m.hidden_dim(),
            " must be divisible by tp = ", tp, " (device_config.n_device_axis[2])");
+  MT_CHECK(m.dense_hidden_dim() % tp == 0, "model_config.dense_mlp_hidden: the dense layers' hidden size ",
+           m.dense_hidden_dim(), " must be divisible by tp = ", tp, " (device_config.n_device_axis[2])");
+  // Key/value heads split over tp, or (fewer heads than ranks) each rank keeps
+  // the one its query heads read.
+  const int64_t kv = m.kv_heads();
+  MT_CHECK(kv % tp == 0 || tp % kv == 0, "model_config.n_kv_head (", kv, ") and tp = ", tp,
+           " (device_config.n_device_axis[2]): one must divide the other");
   MT_CHECK(pp <= m.n_layers(), "device_config.n_device_axis: pp=", pp, " exceeds the model's ", m.n_layers(),
            " layers (model_config.blocks * model_config.layers_per_block): every stage needs a layer");
   if (c.sequence_parallel)

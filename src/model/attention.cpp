@@ -40,13 +40,32 @@ at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
 }  // namespace
 
 MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
-    : cfg_(cfg), rope_(cfg.rope_theta) {
-  const int64_t d = cfg.model_dimension;
+    : cfg_(cfg), rope_(cfg.rope_theta), factory_(&factory) {
+  const int64_t d = cfg.model_dimension, kv = cfg.kv_heads() * cfg.head_dim();
+  const int64_t tp = factory.tp_size();
   const bool b = cfg.linear_bias;
+  MT_CHECK(cfg.kv_heads() % tp == 0 || tp % cfg.kv_heads() == 0, "model_config.n_kv_head (", cfg.kv_heads(),
+           ") and tp = ", tp, ": one must divide the other");
+  kv_replicated_ = cfg.kv_heads() % tp != 0;
   wq_ = register_module("wq", factory.column(prefix + ".wq", d, d, cfg.init_std, b));
-  wk_ = register_module("wk", factory.column(prefix + ".wk", d, d, cfg.init_std, b));
-  wv_ = register_module("wv", factory.column(prefix + ".wv", d, d, cfg.init_std, b));
+  if (kv_replicated_) {
+    wk_ = register_module("wk", factory.replicated(prefix + ".wk", d, kv, cfg.init_std, b));
+    wv_ = register_module("wv", factory.replicated(prefix + ".wv", d, kv, cfg.init_std, b));
+  } else {
+    wk_ = register_module("wk", factory.column(prefix + ".wk", d, kv, cfg.init_std, b));
+    wv_ = register_module("wv", factory.column(prefix + ".wv", d, kv, cfg.init_std, b));
+  }
   wo_ = register_module("wo", factory.row(prefix + ".wo", d, d, residual_std(cfg), b));
+}
+
+at::Tensor MHA::own_kv_head(const at::Tensor& kv) const {
+  // Entering the tp region sums the gradient of the whole kv projection over
+  // the ranks (each reads one head of it), so the replicated weight gets the
+  // full gradient everywhere; under sequence parallelism it gathers the sequence.
+  const at::Tensor all = factory_->enter_tp(kv);  // [B, T, KV*hd]
+  const int64_t hd = cfg_.head_dim();
+  const int64_t ranks_per_head = factory_->tp_size() / cfg_.kv_heads();
+  return all.view({all.size(0), all.size(1), -1, hd}).narrow(2, factory_->tp_rank() / ranks_per_head, 1);
 }
 
 at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
@@ -54,21 +73,42 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
   // One GEMM for q, k and v: the three weights (each this rank's heads) are
   // concatenated per call, which moves only the weights; the parameters stay
   // three, so checkpoints and tp shards keep their layout.
-  const at::Tensor w = at::cat({wq_->weight(), wk_->weight(), wv_->weight()}, 0);
-  const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
-  const at::Tensor qkv = mp_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
-  const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
-  // split / unbind, not narrow / select: their backward is one cat / stack
-  // instead of a zero-filled gradient per piece.
-  const auto parts = qkv.view({B, T, 3, H, hd}).split_with_sizes({2, 1}, 2);
-  // q and k rotated together, in the activations' dtype.
-  const auto qk = rope_.apply(parts[0], offset, 1).unbind(2);  // [B, T, H, hd] each
-  const auto q = qk[0].transpose(1, 2);                         // [B, H, T, hd]
-  auto k = qk[1].transpose(1, 2);
-  auto v = parts[1].squeeze(2).transpose(1, 2);
+  at::Tensor q, k, v;
+  if (cfg_.kv_heads() == cfg_.n_head) {
+    const at::Tensor w = at::cat({wq_->weight(), wk_->weight(), wv_->weight()}, 0);
+    const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
+    const at::Tensor qkv = mp_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
+    const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
+    // split / unbind, not narrow / select: their backward is one cat / stack
+    // instead of a zero-filled gradient per piece.
+    const auto parts = qkv.view({B, T, 3, H, hd}).split_with_sizes({2, 1}, 2);
+    // q and k rotated together, in the activations' dtype.
+    const auto qk = rope_.apply(parts[0], offset, 1).unbind(2);  // [B, T, H, hd] each
+    q = qk[0].transpose(1, 2);                                    // [B, H, T, hd]
+    k = qk[1].transpose(1, 2);
+    v = parts[1].squeeze(2).transpose(1, 2);
+  } else {
+    // Grouped-query attention: fewer kv heads, so q and k rotate apart.
+    const auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}); };
+    q = rope_.apply(heads(wq_->forward(x)), offset, 1).transpose(1, 2);
+    if (kv_replicated_) {
+      k = own_kv_head(wk_->forward(x));
+      v = own_kv_head(wv_->forward(x));
+    } else {
+      k = heads(wk_->forward(x));
+      v = heads(wv_->forward(x));
+    }
+    k = rope_.apply(k, offset, 1).transpose(1, 2);  // [B, KV, T, hd]
+    v = v.transpose(1, 2);
+  }
   if (cache) {
     cache->a = k = append(cache->a, k, 2);
     cache->b = v = append(cache->b, v, 2);
+  }
+  const int64_t group = q.size(1) / k.size(1);
+  if (group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
   }
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
@@ -91,12 +131,20 @@ MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
     w_kr_ = register_module("w_kr", factory.replicated(prefix + ".w_kr", in.k, dhR_, s, b));
   }
   wo_ = register_module("wo", factory.row(prefix + ".wo", H * hd, d, residual_std(cfg), b));
+  if (cfg.mla_latent_norm) {
+    q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(L));
+    kv_norm_ = register_module("kv_norm", std::make_shared<RMSNorm>(L));
+  }
 }
 
 at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
   const int64_t hd = cfg_.head_dim();
   auto c = w_dkv_->forward(x);  // [B, T, L]
-  const auto cq = w_dq_->forward(x);
+  auto cq = w_dq_->forward(x);
+  if (q_norm_) {
+    c = kv_norm_->forward(c);
+    cq = q_norm_->forward(cq);
+  }
   auto q = split_heads(w_uq_->forward(cq), hd);  // [B, H, T, hd]
   at::Tensor k_rope;                             // [B, t, dhR], rotated
   if (dhR_ > 0) {

@@ -9,12 +9,17 @@
 namespace meshtrain {
 
 DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) {
-  const int64_t d = cfg.model_dimension, hidden = cfg.hidden_dim();
+  const int64_t d = cfg.model_dimension, hidden = cfg.dense_hidden_dim();
   w_in_ = register_module("w_in", factory.column(prefix + ".w_in", d, hidden, cfg.init_std, cfg.linear_bias));
+  if (cfg.swiglu())
+    w_gate_ = register_module("w_gate", factory.column(prefix + ".w_gate", d, hidden, cfg.init_std, cfg.linear_bias));
   w_out_ = register_module("w_out", factory.row(prefix + ".w_out", hidden, d, residual_std(cfg), cfg.linear_bias));
 }
 
-at::Tensor DenseMLP::forward(const at::Tensor& x) { return w_out_->forward(at::gelu(w_in_->forward(x), "tanh")); }
+at::Tensor DenseMLP::forward(const at::Tensor& x) {
+  if (w_gate_) return w_out_->forward(at::silu(w_gate_->forward(x)) * w_in_->forward(x));
+  return w_out_->forward(at::gelu(w_in_->forward(x), "tanh"));
+}
 
 Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg_(cfg) {
   const std::string prefix = "layers." + std::to_string(layer);

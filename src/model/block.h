@@ -16,14 +16,16 @@
 
 namespace meshtrain {
 
-// w_in (column d -> hidden), gelu(tanh), w_out (row hidden -> d).
+// w_in (column d -> hidden), gelu(tanh), w_out (row hidden -> d); with
+// mlp_activation swiglu also w_gate (column d -> hidden): silu(w_gate x) * w_in x.
+// The gate and w_in split alike over tp, so the product stays local.
 class DenseMLP : public torch::nn::Module {
  public:
   DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
   at::Tensor forward(const at::Tensor& x);
 
  private:
-  std::shared_ptr<Linear> w_in_, w_out_;
+  std::shared_ptr<Linear> w_in_, w_gate_, w_out_;
 };
 
 class Block : public torch::nn::Module {

@@ -20,9 +20,26 @@ at::Tensor expert_one_hot(const at::Tensor& idx, int64_t E) {
   return at::zeros(shape, idx.options().dtype(at::kLong)).scatter_(-1, idx.unsqueeze(-1), 1);
 }
 
+// Experts left to choose from under group-limited routing: the biased scores
+// with every expert outside the topk_group best groups set to 0 (DeepSeek-V3
+// masks with 0, not -inf, and exported models must choose alike).
+at::Tensor group_limited(const at::Tensor& choice, int64_t n_group, int64_t topk_group) {
+  const int64_t N = choice.size(0), E = choice.size(1);
+  const auto grouped = choice.view({N, n_group, E / n_group});
+  const auto group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);  // [N, n_group]
+  const auto best = std::get<1>(group_scores.topk(topk_group, -1));
+  const auto keep = at::zeros_like(group_scores).scatter(1, best, 1.0).to(at::kBool);
+  return choice.masked_fill(~keep.unsqueeze(-1).expand({N, n_group, E / n_group}).reshape({N, E}), 0.0);
+}
+
+// gelu(tanh) of `in`, or swiglu's silu(gate) * in when gate is defined.
+at::Tensor hidden_activation(const at::Tensor& in, const at::Tensor& gate) {
+  return gate.defined() ? at::silu(gate) * in : at::gelu(in, "tanh");
+}
+
 }  // namespace
 
-Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training) {
+Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training, const at::Tensor& bias) {
   MT_CHECK(router_logits.dim() == 3, "MoE router logits must be [B, T, E], got ", router_logits.sizes());
   const int64_t B = router_logits.size(0), T = router_logits.size(1), E = router_logits.size(2);
   const int64_t k = cfg.k;
@@ -38,11 +55,16 @@ Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool trai
   // between otherwise identical runs, and the aux loss needs accurate P.
   r.logits = router_logits.to(at::kFloat).reshape({N, E});
   r.probs = cfg.router_score == "softmax" ? at::softmax(r.logits, -1) : at::sigmoid(r.logits);
-  auto [top, idx] = at::topk(r.probs, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true);
+  at::Tensor choice = r.probs.detach();
+  if (bias.defined()) choice = choice + bias.detach().to(at::kFloat);
+  if (cfg.n_group > 1) choice = group_limited(choice, cfg.n_group, cfg.topk_group);
+  const at::Tensor idx = std::get<1>(at::topk(choice, k, /*dim=*/-1, /*largest=*/true, /*sorted=*/true));
   r.expert = idx;
+  const at::Tensor top = r.probs.gather(1, idx);
   // Sigmoid scores can underflow to 0 for very negative logits; the clamp only
   // guards that corner (softmax's top-1 is always >= 1/E).
   r.gate = top / top.sum(-1, /*keepdim=*/true).clamp_min(1e-20);
+  if (cfg.routed_scaling_factor != 1.0) r.gate = r.gate * cfg.routed_scaling_factor;
 
   if (!training || cfg.capacity_factor <= 0) {
     r.keep = at::ones({N, k}, idx.options().dtype(at::kBool));
@@ -101,6 +123,14 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   w_in_ = experts_->register_parameter("w_in", factory.expert_param(prefix + ".experts.w_in", {E, h, d}, 1, std));
   w_out_ = experts_->register_parameter("w_out",
                                         factory.expert_param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
+  if (cfg.swiglu())
+    w_gate_ =
+        experts_->register_parameter("w_gate", factory.expert_param(prefix + ".experts.w_gate", {E, h, d}, 1, std));
+  if (cfg.router_bias) {
+    const std::string name = prefix + ".score_bias";
+    factory.record_layout(name, {{E}, -1, name});
+    score_bias_ = register_parameter("score_bias", at::zeros({E}), /*requires_grad=*/false);
+  }
   if (b) {
     b_in_ = experts_->register_parameter("b_in", factory.expert_param(prefix + ".experts.b_in", {E, h}, 1, 0.0));
     // b_out is added on the token's own rank after combine (outside the tp
@@ -111,6 +141,9 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
     shared_ = register_module("shared", std::make_shared<torch::nn::Module>());
     shared_in_ =
         shared_->register_module("w_in", factory.column(prefix + ".shared.w_in", d, cfg.n_shared * h, std, b));
+    if (cfg.swiglu())
+      shared_gate_ =
+          shared_->register_module("w_gate", factory.column(prefix + ".shared.w_gate", d, cfg.n_shared * h, std, b));
     shared_out_ =
         shared_->register_module("w_out", factory.row(prefix + ".shared.w_out", cfg.n_shared * h, d, std_out, b));
   } else if (cfg.n_shared > 0) {
@@ -138,7 +171,10 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor buf = at::zeros({E * S + 1, d}, xflat.options()).index_copy(0, row, xflat.index_select(0, token));
   // Dispatch: this rank's experts get every sender's slots ([E_local, ep * S, d]).
   const at::Tensor xin = dispatcher_->dispatch_slots(buf.narrow(0, 0, E * S).view({E, S, d}));
-  const at::Tensor hid = at::gelu(at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2)), "tanh");
+  const at::Tensor gate_in =
+      w_gate_.defined() ? at::bmm(matmul_operand(xin), matmul_operand(w_gate_).transpose(1, 2)) : at::Tensor();
+  const at::Tensor hid =
+      hidden_activation(at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2)), gate_in);
   const at::Tensor out =
       dispatcher_->combine_slots(at::bmm(hid, matmul_operand(w_out_).transpose(1, 2)));  // [E, S, d]
   const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
@@ -166,7 +202,7 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     logits = router_->forward(xr.to(at::kFloat));
   }
-  const Routing r = route(logits, cfg_, is_training());
+  const Routing r = route(logits, cfg_, is_training(), score_bias_);
 
   // Expert region, hidden units split over tp. Assumption: enter_tp yields the
   // same full [B, T, d] tensor as gather_sequence (both all-gather the sequence
@@ -208,9 +244,10 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
       const int64_t n = mine.counts[e];
       if (n == 0) continue;
       const auto i = static_cast<int64_t>(e);
-      at::Tensor pre = mp_linear(mine.rows.narrow(0, offset, n), w_in_[i]);
+      const at::Tensor xs = mine.rows.narrow(0, offset, n);
+      at::Tensor pre = mp_linear(xs, w_in_[i]);
       if (b_in_.defined()) pre = pre + b_in_[i].to(pre.scalar_type());
-      const at::Tensor hid = at::gelu(pre, "tanh");
+      const at::Tensor hid = hidden_activation(pre, w_gate_.defined() ? mp_linear(xs, w_gate_[i]) : at::Tensor());
       outs.push_back(mp_linear(hid, w_out_[i]));
       offset += n;
     }
@@ -237,7 +274,9 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   // Shared experts go through the factory's own column/row layers, which
   // carry their tp collectives like the dense MLP's do, so they are added
   // outside the hand-written region.
-  if (shared_in_) y = y + shared_out_->forward(at::gelu(shared_in_->forward(x), "tanh"));
+  if (shared_in_)
+    y = y + shared_out_->forward(
+                hidden_activation(shared_in_->forward(x), shared_gate_ ? shared_gate_->forward(x) : at::Tensor()));
   // Jaxformer's shared "expert": a linear map summed over its n_shared
   // chunks, replicated like the router (whole sequences in, own shard out).
   // "linear_discarded" keeps the parameters but not the term, as

@@ -156,23 +156,30 @@ LayerParamCount layer_param_count(const ModelConfig& cfg, int64_t i) {
       p.split += in.q * H * r + H * r * b;        // w_qr
     }
     p.split += H * hd * d;                        // wo
+    if (cfg.mla_latent_norm) p.replicated += 2 * Lt;  // q_norm, kv_norm
   } else {
-    p.split += 4 * d * d + 3 * d * b;             // wq, wk, wv (+ biases), wo
+    // wk, wv have n_kv_head heads (counted as split: tp replicates them only
+    // when it exceeds n_kv_head, which this per-layer count does not know).
+    const int64_t kv = cfg.kv_heads() * hd;
+    p.split += 2 * d * d + 2 * d * kv + (d + 2 * kv) * b;  // wq, wk, wv (+ biases), wo
   }
+  const int64_t m = cfg.swiglu() ? 3 : 2;          // w_in, w_out (+ swiglu's w_gate)
   if (is_moe_layer(cfg, i)) {
     const int64_t E = cfg.n_experts, ns = cfg.n_shared;
     p.replicated += d * E + E * b;                 // router
-    p.split += E * (2 * d * h + h * b);            // experts w_in, w_out, b_in
+    if (cfg.router_bias) p.replicated += E;        // score_bias
+    p.split += E * (m * d * h + h * b);            // experts w_in, w_out (+ w_gate), b_in
     p.replicated += E * d * b;                     // experts b_out
-    p.routed = E * (2 * d * h + h * b + d * b);
+    p.routed = E * (m * d * h + h * b + d * b);
     if (ns > 0 && cfg.shared_expert == "mlp") {
-      p.split += ns * (2 * d * h + h * b);         // shared w_in, w_out, w_in's bias
+      p.split += ns * (m * d * h + h * b);         // shared w_in, w_out (+ w_gate), w_in's bias
       p.replicated += d * b;                       // shared w_out's bias
     } else if (ns > 0) {
       p.replicated += d * ns * d + ns * d * b;     // shared_proj
     }
   } else {
-    p.split += 2 * d * h + h * b;                  // mlp w_in, w_out, w_in's bias
+    const int64_t dh = cfg.dense_hidden_dim();
+    p.split += m * d * dh + dh * b;                // mlp w_in, w_out (+ w_gate), w_in's bias
     p.replicated += d * b;                         // mlp w_out's bias
   }
   return p;

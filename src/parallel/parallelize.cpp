@@ -41,10 +41,11 @@ int64_t virtual_stages(const Config& cfg, int64_t pp) {
 
 // Under sequence parallelism these replicated parameters see only this rank's
 // sequence shard, so their gradients are partial sums over tp: the norms and
-// MLA's down-projections and rope key. (The MoE router reads the gathered
+// MLA's down-projections and rope key, and MHA's wk/wv when tp replicates
+// them (fewer kv heads than tp ranks). (The MoE router reads the gathered
 // sequence and gets the whole gradient on every rank.)
 bool reads_sequence_shard(const std::string& path) {
-  for (const char* part : {"norm", ".w_dkv.", ".w_dq.", ".w_kr."})
+  for (const char* part : {"norm", ".w_dkv.", ".w_dq.", ".w_kr.", ".wk.", ".wv."})
     if (path.find(part) != std::string::npos) return true;
   return false;
 }

@@ -39,6 +39,8 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
   if (m.attention == "mla") {
     r = static_cast<double>(mla_layer_dhR(m, i));
     a.replicated += 2 * static_cast<double>(m.latent_dim);  // latents c_kv, c_q
+    // Latent RMSNorms keep their input and normalised input too (as above).
+    if (m.mla_latent_norm) a.replicated += 2 * 2 * static_cast<double>(m.latent_dim);
     if (r > 0 && m.mla_rope_input == "joint_latent")
       a.replicated += 2 * static_cast<double>(m.latent_dim);  // [c_kv, c_q], the rope projections' input
   }
@@ -52,18 +54,20 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
       a.masks += H * s;
     }
   }
+  // Per hidden unit: gelu's input and output; swiglu's gate, silu(gate), up and product.
+  const double per_hidden = m.swiglu() ? 4 : 2;
   if (is_moe_layer(m, i)) {
     const double k = static_cast<double>(m.k), E = static_cast<double>(m.n_experts);
     const double ns = static_cast<double>(m.n_shared);
     a.replicated += E + 2 * k * d;  // router probs, dispatched inputs and gated outputs
     if (m.shared_expert == "mlp") {
-      a.split += 2 * hidden * (k + ns);  // gelu in/out per expert
+      a.split += per_hidden * hidden * (k + ns);
     } else {
-      a.split += 2 * hidden * k;
+      a.split += per_hidden * hidden * k;
       if (m.shared_expert == "linear") a.replicated += ns * d;  // the shared projection's output
     }
   } else {
-    a.split += 2 * hidden;
+    a.split += per_hidden * static_cast<double>(m.dense_hidden_dim());
   }
   if (m.dropout_rate > 0) a.masks += 2 * d;  // residual dropouts
   return a;

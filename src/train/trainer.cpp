@@ -539,6 +539,7 @@ double Trainer::train() {
     StepStats s = train_step();
     apply_update(s, lr);
     read_step(s);  // the step's one host read: every step is logged (metrics.jsonl)
+    update_score_bias(s);
     const double norm = s.grad_norm;
     ++step_;
     last = s.loss;

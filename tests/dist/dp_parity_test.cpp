@@ -64,3 +64,14 @@ TEST(DataParallel, JaxformerSameLossesAsOneProcess) {
   const auto ref = test::single_process_losses(cfg);
   expect_same(ref, test::train_losses(test::with_mesh(cfg, n, 1, 1)), 1e-5);
 }
+
+// DeepSeek-V3's options (sigmoid router with group-limited top-k, scaled
+// gates, SwiGLU experts, a dense first layer) with capacity drops.
+TEST(DataParallel, DeepSeekV3OptionsSameLossesAsOneProcess) {
+  const int n = test_runtime().size();
+  Config cfg = test::deepseek_v3(test::tiny_config(test::synthetic_data(kData, 96), "dp-v3"));
+  cfg.model.capacity_factor = 1.0;
+  cfg.training_steps = 4;
+  const auto ref = test::single_process_losses(cfg);
+  expect_same(ref, test::train_losses(test::with_mesh(cfg, n, 1, 1)), 1e-5);
+}

@@ -119,6 +119,32 @@ inline Config jaxformer(Config c, const std::string& shared_expert = "linear") {
   return c;
 }
 
+// Llama's options on the dense model: SwiGLU MLP and grouped-query attention
+// (2 kv heads for 4 heads: split over tp 2, replicated over tp 4).
+inline Config llama(Config c) {
+  c.model.mlp_activation = "swiglu";
+  c.model.n_kv_head = 2;
+  return c;
+}
+
+// DeepSeek-V3's options on the MoE + MLA model: SwiGLU experts, latent norms,
+// sigmoid router with a score bias moved by its balancing rule, scaled gates,
+// group-limited top-k, and a dense first layer.
+inline Config deepseek_v3(Config c) {
+  c = moe_mla(c);
+  c.model.mlp_activation = "swiglu";
+  c.model.mla_latent_norm = true;
+  c.model.router_score = "sigmoid";
+  c.model.router_bias = true;
+  c.model.router_bias_update_rate = 0.01;  // moves the bias from step 1 on, so it steers the choice
+  c.model.routed_scaling_factor = 2.5;
+  c.model.n_group = 2;
+  c.model.topk_group = 1;
+  c.model.first_k_dense = 1;
+  c.model.dense_mlp_hidden = 48;
+  return c;
+}
+
 inline Config with_mesh(Config c, int dp, int pp, int tp) {
   c.device.n_device_axis = {dp, pp, tp};
   return c;

@@ -197,6 +197,17 @@ TEST(Pipeline, JaxformerMatchesOneProcess) {
 
 // run_round on a built model: activations held at once per stage, the same
 // gradients from both schedules, and a forward-only round for evaluation.
+// DeepSeek-V3's options: the dense first layer sits on stage 0 only.
+TEST(Pipeline, DeepSeekV3OptionsMatchOneProcess) {
+  const int n = test_runtime().size();
+  Config cfg = test::deepseek_v3(base_config("pp-v3"));
+  cfg.model.blocks = 2;
+  cfg.data.micro_batch_size = 1;
+  const auto ref = test::single_process_losses(cfg);
+  expect_parity(cfg, ref, n / 2, 2, 1);
+  if (n == 8) expect_parity(cfg, ref, 2, 2, 2);
+}
+
 TEST(Pipeline, InFlightMicrobatchesPerSchedule) {
   const int n = test_runtime().size();
   auto world = test_runtime().world();

@@ -338,6 +338,23 @@ TEST(TensorParallelModel, JaxformerSameLossesAsOneProcess) {
 // router) must get the same gradient on every tp rank, or the copies drift
 // apart. Adam hides a wrong gradient scale from loss parity, so this checks
 // the copies directly after training.
+TEST(TensorParallelModel, LlamaOptionsSameLossesAsOneProcess) {
+  // 2 kv heads: column-split over tp 2, replicated over tp 4.
+  Config cfg = test::llama(test::tiny_config(test::synthetic_data(kData, 96), "tp-llama"));
+  expect_parity(cfg, "swiglu+gqa");
+  cfg.sequence_parallel = true;
+  cfg.name = "tp-llama-sp";
+  expect_parity(cfg, "swiglu+gqa sp");
+}
+
+TEST(TensorParallelModel, DeepSeekV3OptionsSameLossesAsOneProcess) {
+  Config cfg = test::deepseek_v3(test::tiny_config(test::synthetic_data(kData, 96), "tp-v3"));
+  expect_parity(cfg, "v3");
+  cfg.sequence_parallel = true;
+  cfg.name = "tp-v3-sp";
+  expect_parity(cfg, "v3 sp");
+}
+
 TEST(TensorParallelModel, ReplicatedParametersStayIdenticalOverTp) {
   for (int variant = 0; variant < 4; ++variant) {
     const bool sp = variant % 2 == 1, jax = variant >= 2;  // jax: Jaxformer's biases and shared projection

@@ -407,6 +407,34 @@ TEST(ConfigErrors, BadCombinations) {
   expect_refused({"device_config.expert_parallel=0"}, {"device_config.expert_parallel", ">= 1"});
   with({"device_config.n_device_axis=[4,1,1]", "device_config.expert_parallel=2", "model_config.ffn=moe",
         "model_config.n_experts=6"});
+  // Llama / DeepSeek-V3 options.
+  expect_refused({"model_config.ffn=moe", "model_config.n_experts=4", "model_config.router_bias_update_rate=0.001"},
+                 {"model_config.router_bias_update_rate", "router_bias"});
+  expect_refused({"model_config.mlp_activation=relu"}, {"model_config.mlp_activation", "gelu, swiglu", "relu"});
+  expect_refused({"model_config.n_kv_head=3"}, {"model_config.n_head (4)", "model_config.n_kv_head (3)"});
+  expect_refused({"model_config.n_kv_head=4", "device_config.n_device_axis=[1,1,4]", "model_config.n_head=8",
+                  "model_config.n_kv_head=8", "model_config.model_dimension=48", "model_config.n_head=12",
+                  "model_config.n_kv_head=6"},
+                 {"model_config.n_kv_head (6)", "tp = 4"});
+  expect_refused({"model_config.mla_latent_norm=true"}, {"model_config.mla_latent_norm", "mla"});
+  expect_refused({"model_config.first_k_dense=1"}, {"model_config.first_k_dense", "moe"});
+  expect_refused({"model_config.router_bias=true"}, {"router_bias", "moe"});
+  const std::vector<std::string> moe = {"model_config.ffn=moe", "model_config.n_experts=4", "model_config.k=2"};
+  auto plus = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), moe.begin(), moe.end());
+    return extra;
+  };
+  expect_refused(plus({"model_config.n_group=3"}), {"model_config.n_experts (4)", "model_config.n_group (3)"});
+  expect_refused(plus({"model_config.n_group=4"}), {"model_config.n_group (4)", "two best"});
+  expect_refused(plus({"model_config.n_group=2", "model_config.topk_group=3"}), {"model_config.topk_group"});
+  expect_refused(plus({"model_config.n_group=2", "model_config.topk_group=1", "model_config.k=3"}),
+                 {"model_config.k (3)", "topk_group (1)"});
+  expect_refused(plus({"model_config.routed_scaling_factor=0"}), {"model_config.routed_scaling_factor"});
+  expect_refused(plus({"model_config.first_k_dense=5"}), {"model_config.first_k_dense (5)", "4 layers"});
+  with(plus({"model_config.n_group=2", "model_config.topk_group=1", "model_config.first_k_dense=1",
+             "model_config.router_bias=true", "model_config.mlp_activation=swiglu"}));
+  // Fewer kv heads than tp ranks: replicated.
+  with({"model_config.n_kv_head=1", "device_config.n_device_axis=[1,1,2]"});
   // And the good combinations pass.
   with({"device_config.n_device_axis=[2,2,2]"});
   with({"device_config.n_device_axis=[4,1,1]", "data_config.micro_batch_size=2"});

@@ -327,3 +327,32 @@ TEST(MoE, RejectsBadShapes) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// DeepSeek-V3's router by hand: sigmoid scores, groups scored by their two
+// best (biased) experts, the bias steering the choice but not the gates,
+// gates normalised over the k then scaled.
+TEST(MoeRouting, DeepSeekV3GroupLimitedBiasedSelection) {
+  ModelConfig c = moe_config(4, 4, 2, 8, 0, 0);
+  c.router_score = "sigmoid";
+  c.n_group = 2;
+  c.topk_group = 1;
+  c.routed_scaling_factor = 2.0;
+  const at::Tensor logits = logits_of({2.0f, -1.0f, 1.0f, 1.5f}, 1, 1, 4);
+  const at::Tensor s = at::sigmoid(logits.reshape({4}));
+  const auto sv = [&](int64_t e) { return s[e].item<double>(); };
+  // Group {2, 3} (0.731 + 0.818) beats group {0, 1} (0.881 + 0.269).
+  Routing r = route(logits, c, false);
+  EXPECT_EQ(to_vec(r.expert), (std::vector<int64_t>{3, 2}));
+  EXPECT_NEAR(r.gate[0][0].item<double>(), 2.0 * sv(3) / (sv(2) + sv(3)), 1e-6);
+  // A bias of -1 on expert 2 turns the choice to group {0, 1}; gates use the plain scores.
+  r = route(logits, c, false, torch::tensor({0.0f, 0.0f, -1.0f, 0.0f}));
+  EXPECT_EQ(to_vec(r.expert), (std::vector<int64_t>{0, 1}));
+  EXPECT_NEAR(r.gate[0][0].item<double>(), 2.0 * sv(0) / (sv(0) + sv(1)), 1e-6);
+  EXPECT_NEAR(r.gate[0][1].item<double>(), 2.0 * sv(1) / (sv(0) + sv(1)), 1e-6);
+}
+
+}  // namespace
+}  // namespace meshtrain

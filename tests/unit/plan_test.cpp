@@ -46,6 +46,19 @@ std::vector<Config> variants() {
   for (const char* att : {"mha", "mla"})
     for (const char* ffn : {"dense", "moe"})
       for (bool tied : {true, false}) v.push_back(tiny(att, ffn, tied));
+  // Llama's and DeepSeek-V3's options (hf/): gated MLPs, fewer kv heads,
+  // latent norms, the score bias and a dense first layer.
+  Config llama = tiny("mha", "dense", false);
+  llama.model.mlp_activation = "swiglu";
+  llama.model.n_kv_head = 2;
+  v.push_back(llama);
+  Config v3 = tiny("mla", "moe", false);
+  v3.model.mlp_activation = "swiglu";
+  v3.model.mla_latent_norm = true;
+  v3.model.router_bias = true;
+  v3.model.first_k_dense = 1;
+  v3.model.dense_mlp_hidden = 96;
+  v.push_back(v3);
   return v;
 }
 
@@ -57,6 +70,7 @@ int64_t numel(torch::nn::Module& m) {
 
 std::string name(const Config& c) {
   return c.model.attention + "/" + c.model.ffn + (c.model.tie_embeddings ? "/tied" : "/untied") +
+         (c.model.swiglu() ? "/swiglu" : "") +
          (c.model.dropout_rate > 0 ? "/dropout" : "") + "/T" + std::to_string(c.model.T);
 }
 

@@ -49,9 +49,26 @@ struct ModelConfig {
   std::string active_params_scope = "model";  // model | layers (Jaxformer: the layer stack only, no
                                               // embedding table, head or final norm)
 
+  // Options that make Llama / DeepSeek-V3 checkpoints expressible exactly
+  // (hf/); the defaults keep the Jaxformer model.
+  std::string mlp_activation = "gelu";   // gelu (tanh) | swiglu (silu(w_gate x) * w_in x), dense MLP and experts
+  int64_t n_kv_head = 0;                 // MHA key/value heads (grouped-query attention); 0: n_head
+  bool mla_latent_norm = false;          // MLA: RMSNorm on the q and kv latents (DeepSeek-V3)
+  bool router_bias = false;              // MoE: per-expert score bias added for top-k selection only
+  double router_bias_update_rate = 0.0;  // MoE: after each step bias_e += rate * sign(mean load - load_e) (V3's gamma)
+  double routed_scaling_factor = 1.0;    // MoE: routed experts' gates are scaled by this
+  int64_t n_group = 1;                   // MoE: experts form n_group groups; tokens pick from topk_group of them
+  int64_t topk_group = 1;
+  int64_t first_k_dense = 0;             // MoE: the first k layers use a dense MLP
+  int64_t dense_mlp_hidden = 0;          // hidden units of an MoE model's dense layers; 0: as the experts
+
   int64_t n_layers() const { return blocks * layers_per_block; }
   int64_t head_dim() const { return model_dimension / n_head; }
   int64_t hidden_dim() const { return mlp_hidden > 0 ? mlp_hidden : 4 * model_dimension; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  bool swiglu() const { return mlp_activation == "swiglu"; }
+  // Hidden units of the dense MLP (an MoE model's dense layers: dense_mlp_hidden when set).
+  int64_t dense_hidden_dim() const { return ffn == "moe" && dense_mlp_hidden > 0 ? dense_mlp_hidden : hidden_dim(); }
 };
 
 // One entry of data_config.datasets (Megatron's blended datasets): a

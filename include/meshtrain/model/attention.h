@@ -21,16 +21,26 @@ class Attention : public torch::nn::Module {
   virtual at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) = 0;
 };
 
-// Parameters under prefix ("layers.3.attn"): wq, wk, wv (column d -> d), wo (row).
-// Cache: a = k [B, H, t, hd], b = v [B, H, t, hd] (rope already applied to k).
+// Parameters under prefix ("layers.3.attn"): wq (column d -> n_head*hd), wk,
+// wv (d -> n_kv_head*hd), wo (row). Grouped-query attention: query head i reads
+// kv head i / (n_head / n_kv_head). wk/wv are column-split over tp when tp
+// divides n_kv_head; with more tp ranks than kv heads they are replicated and
+// each rank keeps the kv head its query heads read.
+// Cache: a = k [B, KV, t, hd], b = v [B, KV, t, hd] (this rank's kv heads, rope
+// already applied to k): GQA's point is the smaller cache.
 class MHA : public Attention {
  public:
   MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
   at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) override;
 
  private:
+  // [B, T, KV*hd] from a replicated wk/wv -> this rank's kv head [B, T, 1, hd].
+  at::Tensor own_kv_head(const at::Tensor& kv) const;
+
   ModelConfig cfg_;
   Rotary rope_;
+  LayerFactory* factory_;
+  bool kv_replicated_ = false;
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
 };
 
@@ -40,7 +50,10 @@ class MHA : public Attention {
 // wo (row n_head*hd -> d). Scores over hd + dhR dims. With mla_rope_input
 // "joint_latent" (Jaxformer) w_qr and w_kr read [c_kv, c_q] (2*latent) instead.
 // Every layer has a ".bias" too when model_config.linear_bias.
-// Cache: a = latent c [B, t, latent_dim], b = rotated rope key [B, t, dhR]
+// With cfg.mla_latent_norm, RMSNorms q_norm / kv_norm (DeepSeek-V3's
+// q_a_layernorm / kv_a_layernorm) normalise the two latents before their
+// up-projections (the rope key is computed from x and is not normed).
+// Cache: a = latent c [B, t, latent_dim] (after kv_norm), b = rotated rope key [B, t, dhR]
 // (undefined when dhR = 0); keys and values are re-expanded from c each step.
 class MLA : public Attention {
  public:
@@ -54,6 +67,7 @@ class MLA : public Attention {
   int64_t dhR_;
   Rotary rope_;
   std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;
+  std::shared_ptr<RMSNorm> q_norm_, kv_norm_;
 };
 
 // Input widths of the rope projections w_qr (q) and w_kr (k) for the

@@ -35,12 +35,18 @@ struct Routing {
 };
 
 // Route tokens with router logits [B, T, E]. Scores are computed in fp32.
+// Selection (DeepSeek-V3): the top-k of scores + `bias` ([E], undefined: none;
+// it steers the choice only, gates use the plain scores), among the experts of
+// the cfg.topk_group groups (of cfg.n_group) whose two best biased scores sum
+// highest; the other experts' biased scores are set to 0, as in V3. Gates are
+// the chosen scores normalised over the k, times cfg.routed_scaling_factor.
 // Capacity C = ceil(capacity_factor * T * k / E) per expert and sequence
 // (capacity_factor <= 0: unbounded). Assignments claim capacity in position-major
 // order within a sequence: token 0's 1st, 2nd, .. choice, then token 1's, ...
 // so an expert's overflow drops the latest tokens of the sequence. Nothing is
 // dropped when training is false (eval, generation).
-Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training);
+Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool training,
+              const at::Tensor& bias = at::Tensor());
 // Aux loss E * sum_i f_i * P_i per sequence, averaged over the B sequences.
 at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n_experts, int64_t k);
 
@@ -61,6 +67,8 @@ class MoE : public torch::nn::Module {
   const std::shared_ptr<Linear>& router() const { return router_; }
   const at::Tensor& w_in() const { return w_in_; }
   const at::Tensor& w_out() const { return w_out_; }
+  const at::Tensor& w_gate() const { return w_gate_; }          // undefined unless swiglu
+  const at::Tensor& score_bias() const { return score_bias_; }  // undefined unless router_bias
 
  private:
   // Routed experts on the flat input [N, d] -> [N, d] (this tp rank's partial
@@ -82,11 +90,17 @@ class MoE : public torch::nn::Module {
   // Where the routed experts live (model/token_dispatcher.h): w_in, w_out and
   // b_in hold this rank's n_experts / dispatcher_->size() of them.
   std::shared_ptr<TokenDispatcher> dispatcher_;
+  // mlp_activation swiglu: w_gate [E, h_local, d], split like w_in.
+  at::Tensor w_gate_;
+  // "score_bias" [E] with router_bias: a parameter so checkpoints carry it,
+  // but without gradient (selection is not differentiable); it moves only by
+  // router_bias_update_rate (train/router_bias.cpp).
+  at::Tensor score_bias_;
   // shared_expert "mlp": the n_shared experts fused into one MLP of n_shared *
   // hidden units (child module "shared" with "w_in"/"w_out"); null when
   // n_shared == 0.
   std::shared_ptr<torch::nn::Module> shared_;
-  std::shared_ptr<Linear> shared_in_, shared_out_;
+  std::shared_ptr<Linear> shared_in_, shared_out_, shared_gate_;  // + "w_gate" with swiglu
   // shared_expert "linear" / "linear_discarded" (Jaxformer): one replicated
   // linear "shared_proj" d -> n_shared * d whose n_shared chunks are summed.
   std::shared_ptr<Linear> shared_proj_;

@@ -108,6 +108,8 @@ class Trainer {
   void stop_point(const std::string& during);
 
  private:
+  // DeepSeek-V3's auxiliary-loss-free balancing (router_bias_update_rate).
+  void update_score_bias(const StepStats& s);
   // Registers the checkpoint components (train/components.h) and loads the
   // checkpoint the options ask for (train/checkpointing.cpp).
   void setup_checkpointing();
