@@ -95,6 +95,7 @@ at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n
 
 bool is_moe_layer(const ModelConfig& cfg, int64_t layer) {
   if (cfg.ffn != "moe") return false;
+  if (layer < cfg.first_k_dense) return false;  // DeepSeek-V3's first_k_dense_replace
   if (cfg.moe_layers == "all") return true;
   MT_CHECK(cfg.moe_layers == "last_in_block", "model_config.moe_layers must be \"all\" or \"last_in_block\", got \"",
            cfg.moe_layers, "\"");

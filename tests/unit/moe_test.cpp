@@ -354,5 +354,20 @@ TEST(MoeRouting, DeepSeekV3GroupLimitedBiasedSelection) {
   EXPECT_NEAR(r.gate[0][1].item<double>(), 2.0 * sv(1) / (sv(0) + sv(1)), 1e-6);
 }
 
+// first_k_dense (DeepSeek-V3's first_k_dense_replace): the first k layers
+// are dense, before moe_layers picks among the rest.
+TEST(MoeLayers, FirstKDenseLayersAreDense) {
+  ModelConfig c = moe_config(8, 4, 2, 8, 0, 0);
+  c.blocks = 2;
+  c.layers_per_block = 2;
+  c.first_k_dense = 1;
+  EXPECT_EQ((std::vector<bool>{is_moe_layer(c, 0), is_moe_layer(c, 1), is_moe_layer(c, 2), is_moe_layer(c, 3)}),
+            (std::vector<bool>{false, true, true, true}));
+  c.moe_layers = "last_in_block";
+  c.first_k_dense = 2;
+  EXPECT_EQ((std::vector<bool>{is_moe_layer(c, 0), is_moe_layer(c, 1), is_moe_layer(c, 2), is_moe_layer(c, 3)}),
+            (std::vector<bool>{false, false, false, true}));
+}
+
 }  // namespace
 }  // namespace meshtrain

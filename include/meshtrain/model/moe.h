@@ -50,8 +50,8 @@ Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool trai
 // Aux loss E * sum_i f_i * P_i per sequence, averaged over the B sequences.
 at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n_experts, int64_t k);
 
-// Whether global layer i has the MoE feed-forward: ffn "moe" and either
-// moe_layers "all" or ("last_in_block") i is the last layer of its block.
+// Whether global layer i has the MoE feed-forward: ffn "moe", i >= first_k_dense
+// and either moe_layers "all" or ("last_in_block") i is the last layer of its block.
 bool is_moe_layer(const ModelConfig& cfg, int64_t layer);
 
 class MoE : public torch::nn::Module {
