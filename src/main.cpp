@@ -20,6 +20,8 @@
 #include <map>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/hf/hf_dir.h"
+#include "meshtrain/hf/init_from_hf.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
@@ -158,6 +160,10 @@ int run(int argc, char** argv, Runtime& runtime) {
   auto* train = app.add_subcommand("train", "train (resumes from the newest checkpoint of the run dir)");
   train_flags.add_to(train);
   train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
+  std::string init_from_hf;
+  train->add_option("--init-from-hf", init_from_hf,
+                    "start from a Hugging Face Llama / DeepSeek-V3 directory (model_config from its config.json)")
+      ->check(CLI::ExistingDirectory);
 
   std::string eval_ckpt, gen_ckpt;
   bool eval_random = false, gen_random = false;
@@ -243,12 +249,20 @@ int run(int argc, char** argv, Runtime& runtime) {
 
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);
-  std::string inspect_dir, export_dir, export_out;
+  std::string inspect_dir, export_dir, export_out, export_format = "safetensors", shard_size = "5GB";
+  HfExportOptions hf_opts;
   auto* inspect = ckpt->add_subcommand("inspect", "list tensors, shapes and trainer state");
   inspect->add_option("dir", inspect_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
-  auto* exp = ckpt->add_subcommand("export", "write one unsharded safetensors file");
+  auto* exp = ckpt->add_subcommand("export", "write one unsharded safetensors file, or a Hugging Face model dir");
   exp->add_option("dir", export_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
-  exp->add_option("--output", export_out, "output .safetensors file")->required()->check(non_empty());
+  exp->add_option("--output", export_out, "output .safetensors file (--format hf: output directory)")
+      ->required()
+      ->check(non_empty());
+  exp->add_option("--format", export_format, "safetensors (every tensor, one file) or hf (stock Llama / DeepSeek-V3)")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  exp->add_option("--max-shard-size", shard_size, "--format hf: largest weights file (e.g. 5GB, 500MB)");
+  exp->add_option("--tokenizer", hf_opts.tokenizer, "--format hf: tokenizer file (default: the run's data_dir)")
+      ->check(CLI::ExistingFile);
 
   try {
     app.parse(argc, argv);
@@ -260,7 +274,11 @@ int run(int argc, char** argv, Runtime& runtime) {
   install_stop_signal_handlers();
 
   if (*train) {
-    Trainer trainer(train_flags.load().config, runtime, train_opts);
+    Config cfg = train_flags.load().config;
+    if (!init_from_hf.empty()) cfg = with_hf_model(cfg, init_from_hf);
+    Trainer trainer(cfg, runtime, train_opts);
+    // A run that resumed its own checkpoint continues from it, not from the HF weights again.
+    if (!init_from_hf.empty() && trainer.step() == 0) load_hf_weights(trainer.model(), trainer.mesh(), init_from_hf);
     trainer.train();
   } else if (*eval) {
     TrainOptions o;
@@ -306,7 +324,12 @@ int run(int argc, char** argv, Runtime& runtime) {
   } else if (*inspect) {
     if (runtime.rank() == 0) std::cout << inspect_checkpoint(inspect_dir);
   } else if (*exp) {
-    if (runtime.rank() == 0) export_checkpoint(export_dir, export_out);
+    if (export_format == "hf") {
+      hf_opts.max_shard_bytes = parse_shard_size(shard_size);
+      if (runtime.rank() == 0) export_hf(export_dir, export_out, hf_opts);
+    } else if (runtime.rank() == 0) {
+      export_checkpoint(export_dir, export_out);
+    }
   }
   return 0;
 }

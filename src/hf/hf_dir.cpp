@@ -1,0 +1,181 @@
+// Hugging Face model directories on disk: export from a checkpoint, read for import.
+#include "meshtrain/hf/hf_dir.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/config/load.h"
+#include "meshtrain/core/check.h"
+#include "meshtrain/data/tokenizer.h"
+#include "meshtrain/hf/hf_model.h"
+
+namespace meshtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_json(const fs::path& path, const nlohmann::json& j) {
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  f.close();
+  MT_CHECK(f.good(), "cannot write ", path.string());
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream f(path);
+  MT_CHECK(f.good(), "cannot read ", path.string());
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    MT_FAIL(path.string(), " is not valid JSON: ", e.what());
+  }
+}
+
+// Consecutive tensors into shards of at most max_bytes (a tensor larger than
+// that gets a shard of its own), as transformers' split_torch_state_dict_into_shards.
+void write_weights(const fs::path& dir, const NamedTensors& tensors, int64_t max_bytes) {
+  std::vector<NamedTensors> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : tensors) {
+    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+    if (in_shard > 0 && in_shard + bytes > max_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().emplace_back(name, t);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    write_safetensors((dir / "model.safetensors").string(), shards[0], metadata);
+    return;
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char file[64];
+    std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    write_safetensors((dir / file).string(), shards[s], metadata);
+    for (const auto& [name, t] : shards[s]) weight_map[name] = file;
+  }
+  write_json(dir / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+}
+
+}  // namespace
+
+int64_t parse_shard_size(const std::string& text) {
+  size_t end = 0;
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  MT_CHECK(end > 0, "--max-shard-size '", text, "' must be a number of bytes, optionally with KB, MB or GB");
+  std::string unit = text.substr(end);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::map<std::string, int64_t> scale = {{"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000},
+                                                {"GB", 1000000000}};
+  const auto it = scale.find(unit);
+  MT_CHECK(it != scale.end(), "--max-shard-size '", text, "': unknown unit '", unit, "' (use KB, MB or GB)");
+  const int64_t n = std::stoll(text.substr(0, end)) * it->second;
+  MT_CHECK(n > 0, "--max-shard-size must be > 0, got '", text, "'");
+  return n;
+}
+
+void export_hf(const std::string& ckpt_dir, const std::string& out_dir, const HfExportOptions& opts) {
+  const CheckpointReader reader(ckpt_dir);
+  const auto& state = reader.trainer_state();
+  MT_CHECK(state.contains("config"), "checkpoint ", ckpt_dir, " has no config in trainer_state.json");
+  const Config cfg = config_from_json(state.at("config"));
+  const auto why = hf_unmappable(cfg.model);
+  if (!why.empty()) {
+    std::string list;
+    for (const auto& w : why) list += "\n  - " + w;
+    MT_FAIL("checkpoint ", ckpt_dir, ": this model has no exact stock Hugging Face equivalent, so it is not exported "
+            "(never approximately). What does not map:", list);
+  }
+  MT_CHECK(opts.max_shard_bytes > 0, "max shard size must be > 0");
+  MT_CHECK(!fs::exists(out_dir) || (fs::is_directory(out_dir) && fs::is_empty(out_dir)), "--output ", out_dir,
+           " exists and is not an empty directory (choose a new one)");
+
+  const std::string tok_path = opts.tokenizer.empty() ? cfg.data.data_dir + "/tokenizer.json" : opts.tokenizer;
+  MT_CHECK(fs::exists(tok_path), "tokenizer ", tok_path, " not found (the run's data_config.data_dir/tokenizer.json; "
+           "pass --tokenizer FILE)");
+  const Tokenizer tok = Tokenizer::load(tok_path);
+  MT_CHECK(tok.vocab_size() <= cfg.model.vocab_size, "tokenizer ", tok_path, " has ", tok.vocab_size(),
+           " tokens, more than the model's vocab_size ", cfg.model.vocab_size);
+
+  const NamedTensors tensors = to_hf_tensors(cfg.model, [&](const std::string& name) {
+    MT_CHECK(reader.has("model." + name), "checkpoint ", ckpt_dir, " has no tensor 'model.", name, "'");
+    return reader.read("model." + name);
+  });
+
+  // Everything goes into a sibling temporary directory, renamed when complete.
+  const fs::path out = fs::absolute(out_dir);
+  const fs::path tmp = out.parent_path() / (out.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    write_weights(tmp, tensors, opts.max_shard_bytes);
+    write_json(tmp / "config.json", hf_config_json(cfg.model, tok.eot()));
+    write_json(tmp / "generation_config.json",
+               {{"bos_token_id", tok.eot()}, {"eos_token_id", tok.eot()}, {"_from_model_config", true}});
+    std::ofstream f(tmp / "tokenizer.json");
+    f << to_hf_tokenizer_json(tok);
+    f.close();
+    MT_CHECK(f.good(), "cannot write ", (tmp / "tokenizer.json").string());
+    if (fs::exists(out)) fs::remove(out);  // empty (checked above)
+    fs::rename(tmp, out);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
+  MT_CHECK(fs::is_directory(dir), "--init-from-hf ", dir, " is not a directory");
+  config_ = read_json(fs::path(dir) / "config.json");
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const nlohmann::json j = read_json(index);
+    MT_CHECK(j.contains("weight_map") && j.at("weight_map").is_object(), index.string(), " has no weight_map");
+    for (const auto& [name, file] : j.at("weight_map").items()) file_of_[name] = file.get<std::string>();
+  } else {
+    const fs::path single = fs::path(dir) / "model.safetensors";
+    MT_CHECK(fs::exists(single), dir, " has neither model.safetensors nor model.safetensors.index.json "
+             "(only safetensors weights are read, not pytorch_model.bin)");
+    files_.emplace("model.safetensors", read_safetensors(single.string()));
+    for (const auto& name : files_.at("model.safetensors").names()) file_of_[name] = "model.safetensors";
+  }
+  for (const auto& [name, file] : file_of_) {
+    if (files_.count(file)) continue;
+    files_.emplace(file, read_safetensors((fs::path(dir) / file).string()));
+  }
+}
+
+at::Tensor HfCheckpoint::tensor(const std::string& name) const {
+  const auto it = file_of_.find(name);
+  MT_CHECK(it != file_of_.end(), "Hugging Face model ", dir_, " has no tensor '", name, "'");
+  const SafetensorsFile& f = files_.at(it->second);
+  MT_CHECK(f.has(name), dir_, "/", it->second, " lacks tensor '", name, "' listed in its index");
+  return f.get(name);
+}
+
+Config with_hf_model(Config cfg, const std::string& dir) {
+  MT_CHECK(fs::is_directory(dir), "--init-from-hf ", dir, " is not a directory");
+  cfg.model = model_config_from_hf(read_json(fs::path(dir) / "config.json"), cfg.model);
+  validate(cfg);
+  return cfg;
+}
+
+std::map<std::string, at::Tensor> load_hf_model(const std::string& dir, const ModelConfig& m) {
+  const HfCheckpoint hf(dir);
+  auto tensors = from_hf_tensors(m, [&](const std::string& name) { return hf.tensor(name).to(at::kFloat); });
+  return tensors;
+}
+
+}  // namespace meshtrain

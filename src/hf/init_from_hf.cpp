@@ -1,0 +1,32 @@
+#include "meshtrain/hf/init_from_hf.h"
+
+#include <torch/torch.h>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
+#include "meshtrain/hf/hf_dir.h"
+
+namespace meshtrain {
+
+void load_hf_weights(ParallelModel& pm, Mesh& mesh, const std::string& dir) {
+  at::NoGradGuard no_grad;
+  const auto tensors = load_hf_model(dir, pm.model->config());
+  const int64_t tp = mesh.shape().tp, tp_rank = mesh.coord().tp;
+  for (auto& p : pm.params) {
+    const auto& l = p.layout;
+    const auto it = tensors.find(l.global_name);
+    MT_CHECK(it != tensors.end(), "Hugging Face model ", dir, " gives no tensor for meshtrain's '", l.global_name, "'");
+    at::Tensor full = it->second;
+    // Embedding and head rows are padded to a multiple of tp (zeros).
+    if (full.dim() == 2 && l.global_shape.size() == 2 && full.size(1) == l.global_shape[1] &&
+        full.size(0) < l.global_shape[0] && (l.global_name == "embed.weight" || l.global_name == "head.weight"))
+      full = at::cat({full, at::zeros({l.global_shape[0] - full.size(0), full.size(1)}, full.options())}, 0);
+    MT_CHECK(full.sizes().vec() == l.global_shape, "Hugging Face model ", dir, ": '", l.global_name, "' has shape ",
+             full.sizes(), " but the model needs ", at::IntArrayRef(l.global_shape));
+    const at::Tensor local = l.split_dim < 0 ? full : full.chunk(tp, l.split_dim)[tp_rank];
+    p.tensor.copy_(local.to(p.tensor.device(), p.tensor.scalar_type()));
+  }
+  spdlog::info("initialised the model from the Hugging Face weights in {}", dir);
+}
+
+}  // namespace meshtrain
