@@ -23,7 +23,9 @@ void load_hf_weights(ParallelModel& pm, Mesh& mesh, const std::string& dir) {
       full = at::cat({full, at::zeros({l.global_shape[0] - full.size(0), full.size(1)}, full.options())}, 0);
     MT_CHECK(full.sizes().vec() == l.global_shape, "Hugging Face model ", dir, ": '", l.global_name, "' has shape ",
              full.sizes(), " but the model needs ", at::IntArrayRef(l.global_shape));
-    const at::Tensor local = l.split_dim < 0 ? full : full.chunk(tp, l.split_dim)[tp_rank];
+    at::Tensor local = l.split_dim < 0 ? full : full.chunk(tp, l.split_dim)[tp_rank];
+    // Routed experts under expert parallelism: dim 0 also split over the ep group.
+    if (l.expert_split && mesh.shape().ep > 1) local = local.chunk(mesh.shape().ep, 0)[mesh.ep_rank()];
     p.tensor.copy_(local.to(p.tensor.device(), p.tensor.scalar_type()));
   }
   spdlog::info("initialised the model from the Hugging Face weights in {}", dir);
