@@ -299,7 +299,9 @@ void validate_run(const Config& c) {
   at_least(c.torch_threads, 1, "torch_threads");
   non_negative(c.grad_clip_norm, "grad_clip_norm");
   non_negative(c.alpha, "alpha");
-  MT_CHECK(c.zero_stage == 0 || c.zero_stage == 1, "zero_stage must be 0 or 1, got ", c.zero_stage);
+  MT_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3,
+           "zero_stage must be 0 (replicated), 1 (optimizer state sharded), 2 (+ gradients) or 3 (+ parameters: "
+           "FSDP), got ", c.zero_stage);
   one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
   one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");
   at_least(c.max_nan_skips, 1, "max_nan_skips");

@@ -5,6 +5,7 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/hf/hf_dir.h"
+#include "meshtrain/parallel/fsdp.h"
 
 namespace meshtrain {
 
@@ -12,6 +13,7 @@ void load_hf_weights(ParallelModel& pm, Mesh& mesh, const std::string& dir) {
   at::NoGradGuard no_grad;
   const auto tensors = load_hf_model(dir, pm.model->config());
   const int64_t tp = mesh.shape().tp, tp_rank = mesh.coord().tp;
+  gather_params(pm);  // zero_stage 3 keeps dp shards: written whole, then sharded again
   for (auto& p : pm.params) {
     const auto& l = p.layout;
     const auto it = tensors.find(l.global_name);
@@ -28,6 +30,7 @@ void load_hf_weights(ParallelModel& pm, Mesh& mesh, const std::string& dir) {
     if (l.expert_split && mesh.shape().ep > 1) local = local.chunk(mesh.shape().ep, 0)[mesh.ep_rank()];
     p.tensor.copy_(local.to(p.tensor.device(), p.tensor.scalar_type()));
   }
+  release_params(pm, /*written=*/true);
   spdlog::info("initialised the model from the Hugging Face weights in {}", dir);
 }
 

@@ -97,6 +97,7 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
   MT_CHECK(embedding_, "embed() called on a pipeline stage without the embedding (layers ", range_.first_layer,
            "..", range_.end_layer, ")");
   MT_CHECK(tokens.dim() == 2, "tokens must be [B, T], got ", tokens.sizes());
+  if (hooks_) hooks_->before_root();
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   return at::dropout(embedding_->forward(tokens), p, is_training());
 }
@@ -120,7 +121,9 @@ at::Tensor Transformer::forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* a
   }
   const size_t begin = chunk_blocks_[static_cast<size_t>(chunk)], end = chunk_blocks_[static_cast<size_t>(chunk) + 1];
   for (size_t j = begin; j < end; ++j) {
+    if (hooks_) hooks_->before_layer(j);
     h = blocks_[j]->forward(h, aux, cache ? &cache->layers[j] : nullptr, offset);
+    if (hooks_) h = hooks_->after_layer(j, std::move(h));
   }
   if (cache && chunk + 1 == n_chunks()) cache->length += h.size(1);
   return h;
@@ -128,11 +131,13 @@ at::Tensor Transformer::forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* a
 
 at::Tensor Transformer::token_losses(const at::Tensor& h, const at::Tensor& targets) {
   MT_CHECK(head_, "token_losses() called on a pipeline stage without the head");
+  if (hooks_) hooks_->before_root();
   return head_->token_losses(final_norm_->forward(h), targets);
 }
 
 at::Tensor Transformer::logits(const at::Tensor& h) {
   MT_CHECK(head_, "logits() called on a pipeline stage without the head");
+  if (hooks_) hooks_->before_root();
   return head_->logits(final_norm_->forward(h));
 }
 

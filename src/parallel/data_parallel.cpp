@@ -37,13 +37,16 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
   at::NoGradGuard no_grad;
   // Parameters whose gradient never materialised (e.g. an expert that got no
   // token) still take part, so every rank reaches the same collectives.
+  // FSDP reduced its layers' gradients during backward (parallel/fsdp.h);
+  // non-trainable state (the router's selection bias) never has one.
   for (auto& p : pm.params)
-    if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+    if (!p.fsdp_reduced && p.tensor.requires_grad() && !p.tensor.grad().defined())
+      p.tensor.mutable_grad() = at::zeros_like(p.tensor);
 
   if (mesh.shape().tp > 1) {
     std::vector<at::Tensor> sp;
     for (auto& p : pm.params)
-      if (p.sequence_parallel_grad) sp.push_back(p.tensor.grad());
+      if (p.sequence_parallel_grad && !p.fsdp_reduced && p.tensor.grad().defined()) sp.push_back(p.tensor.grad());
     all_reduce_flat(sp, mesh.tp());
   }
   if (mesh.shape().pp > 1 && pm.model->config().tie_embeddings) {
@@ -70,7 +73,8 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
     // experts (expert_dp) completes it. Without it, expert_dp() is dp.
     std::vector<at::Tensor> grads, expert_grads;
     for (auto& p : pm.params)
-      (p.layout.expert_split && mesh.shape().ep > 1 ? expert_grads : grads).push_back(p.tensor.grad());
+      if (!p.fsdp_reduced && p.tensor.grad().defined())
+        (p.layout.expert_split && mesh.shape().ep > 1 ? expert_grads : grads).push_back(p.tensor.grad());
     all_reduce_flat(grads, mesh.dp());
     all_reduce_flat(expert_grads, mesh.expert_dp());
   }

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -58,6 +60,11 @@ class ReplicatedAdamW : public Optimizer {
   }
 
   AdamW* adamw() override { return &opt_; }
+  ResidentBytes resident_bytes() const override {
+    ResidentBytes b = parameter_bytes(pm_);
+    b.optimizer = state_numel() * 4;
+    return b;
+  }
 
  private:
   static std::vector<OptimParam> params(ParallelModel& pm) {
@@ -73,7 +80,19 @@ class ReplicatedAdamW : public Optimizer {
 
 }  // namespace
 
+ResidentBytes parameter_bytes(const ParallelModel& pm) {
+  ResidentBytes b;
+  std::set<const void*> seen;
+  for (const ParamInfo& p : pm.params) {
+    if (seen.insert(p.tensor.storage().unsafeGetStorageImpl()).second)
+      b.params += static_cast<int64_t>(p.tensor.storage().nbytes());
+    if (p.tensor.grad().defined()) b.grads += static_cast<int64_t>(p.tensor.grad().nbytes());
+  }
+  return b;
+}
+
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
+  if (cfg.zero_stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
   if (cfg.zero_stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
   return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg.lr);
 }

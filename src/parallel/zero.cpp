@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/flat_slices.h"
 
 namespace meshtrain {
 
@@ -39,22 +40,9 @@ void ZeroOptimizer::init_group(Group& g, Communicator& comm, int rank, int size)
   g.exp_avg = at::zeros({g.slice}, opts);
   g.exp_avg_sq = at::zeros({g.slice}, opts);
   g.grad = at::zeros({g.slice}, opts);
-  g.norm_mask = at::zeros({g.slice}, opts.dtype(at::kDouble));
-  const bool tp_lead = mesh_.coord().tp == 0;
-  for (size_t j = 0; j < g.params.size(); ++j) {
-    const ParamInfo& p = pm_.params[g.params[j]];
-    const int64_t lo = std::max(g.offsets[j], g.begin), hi = std::min(g.offsets[j] + p.tensor.numel(), g.begin + g.slice);
-    if (lo >= hi) continue;
-    // Runs of the slice by weight decay (adjacent parameters alike merge);
-    // the padding past the last parameter is never updated.
-    if (!g.runs.empty() && std::get<2>(g.runs.back()) == p.decay && std::get<1>(g.runs.back()) == lo - g.begin)
-      std::get<1>(g.runs.back()) = hi - g.begin;
-    else
-      g.runs.emplace_back(lo - g.begin, hi - g.begin, p.decay);
-    // As global_grad_norm: tp replicas only from tp rank 0, the tied head copy never.
-    const bool counted = !p.layout.tied_copy && (p.layout.split_dim >= 0 || tp_lead);
-    if (counted) g.norm_mask.narrow(0, lo - g.begin, hi - lo).fill_(1.0);
-  }
+  SliceRuns r = slice_runs(pm_, mesh_, g.params, g.offsets, g.begin, g.slice);
+  g.runs = std::move(r.runs);
+  g.norm_mask = std::move(r.norm_mask);
 }
 
 at::Tensor ZeroOptimizer::flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const {
@@ -71,24 +59,11 @@ at::Tensor ZeroOptimizer::flat_of(const Group& g, const std::vector<at::Tensor>&
 }
 
 at::Tensor ZeroOptimizer::owned_slice(const Group& g, const std::vector<at::Tensor>& per_param) const {
-  at::Tensor out = at::zeros({g.slice}, g.grad.options());
-  for (size_t j = 0; j < g.params.size(); ++j) {
-    const size_t i = g.params[j];
-    const int64_t n = pm_.params[i].tensor.numel();
-    const int64_t lo = std::max(g.offsets[j], g.begin), hi = std::min(g.offsets[j] + n, g.begin + g.slice);
-    if (lo >= hi || !per_param[i].defined()) continue;
-    MT_CHECK(per_param[i].numel() == n, "zero_stage 1: tensor for parameter '", pm_.params[i].layout.global_name,
-             "' has ", per_param[i].numel(), " elements, expected ", n);
-    out.narrow(0, lo - g.begin, hi - lo).copy_(per_param[i].reshape({-1}).narrow(0, lo - g.offsets[j], hi - lo));
-  }
-  return out;
+  return slice_of(pm_, g.params, g.offsets, g.begin, g.slice, per_param, g.grad.options());
 }
 
 void ZeroOptimizer::unflatten(const Group& g, const at::Tensor& flat, std::vector<at::Tensor>& out) const {
-  for (size_t j = 0; j < g.params.size(); ++j) {
-    const at::Tensor& p = pm_.params[g.params[j]].tensor;
-    out[g.params[j]] = flat.narrow(0, g.offsets[j], p.numel()).view(p.sizes());
-  }
+  meshtrain::unflatten(pm_, g.params, g.offsets, flat, out);
 }
 
 at::Tensor ZeroOptimizer::reduce_gradients() {
@@ -170,6 +145,13 @@ int64_t ZeroOptimizer::state_numel() const {
   int64_t n = 0;
   for (const Group& g : groups_) n += g.exp_avg.numel() + g.exp_avg_sq.numel();
   return n;
+}
+
+ResidentBytes ZeroOptimizer::resident_bytes() const {
+  ResidentBytes b = parameter_bytes(pm_);
+  for (const Group& g : groups_) b.grads += static_cast<int64_t>(g.grad.nbytes());
+  b.optimizer = state_numel() * 4;
+  return b;
 }
 
 std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::gather_moments() {

@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/text.h"
+#include "meshtrain/parallel/fsdp.h"
 
 namespace meshtrain {
 
@@ -75,16 +76,24 @@ at::Tensor read_chunk(const ComponentReader& in, const std::string& name, const 
 
 ComponentState ModelState::state() const {
   ComponentState s;
-  for (const ParamInfo& p : pm_.params)
-    s.tensors.push_back({p.layout.global_name, p.tensor.detach().cpu(), spec_of(p.layout, mesh_), writes(p.layout, mesh_)});
+  // zero_stage 3 holds dp shards: whole for the copy, sharded again after.
+  gather_params(pm_);
+  for (const ParamInfo& p : pm_.params) {
+    at::Tensor t = p.tensor.detach().cpu();
+    if (pm_.fsdp) t = t.clone();  // on a CPU rank .cpu() is the parameter, freed below
+    s.tensors.push_back({p.layout.global_name, t, spec_of(p.layout, mesh_), writes(p.layout, mesh_)});
+  }
+  release_params(pm_, /*written=*/false);
   return s;
 }
 
 void ModelState::load_state(const ComponentReader& in) {
+  gather_params(pm_);
   for (const ParamInfo& p : pm_.params) {
     const at::Tensor t = read_chunk(in, p.layout.global_name, spec_of(p.layout, mesh_), vocab_);
     p.tensor.detach().copy_(t.to(p.tensor.device(), p.tensor.scalar_type()));
   }
+  release_params(pm_, /*written=*/true);
 }
 
 ComponentState OptimizerState::state() const {

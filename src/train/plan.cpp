@@ -83,6 +83,27 @@ bool fused_attention(const ModelConfig& m, int64_t layer, PlanDevice dev) {
 
 }  // namespace
 
+namespace {
+
+// Routed-expert weights of layer i in all (tp x ep) ranks: every routed tensor
+// but the output biases (replicated, whole on every rank).
+int64_t routed_expert_params(const ModelConfig& m, const LayerParamCount& l) {
+  return l.routed > 0 ? l.routed - m.n_experts * m.model_dimension * (m.linear_bias ? 1 : 0) : 0;
+}
+
+// Layer i's parameters on one rank of tp x ep.
+int64_t layer_params_per_rank(const ModelConfig& m, int64_t i, int64_t tp, int64_t ep) {
+  const LayerParamCount l = layer_param_count(m, i);
+  const int64_t experts = routed_expert_params(m, l);
+  return (l.split - experts) / tp + experts / tp / ep + l.replicated;
+}
+
+int64_t frozen_params(const ModelConfig& m, int64_t i) {
+  return m.router_bias && is_moe_layer(m, i) ? m.n_experts : 0;  // moe.score_bias
+}
+
+}  // namespace
+
 StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep, int64_t v) {
   MT_CHECK(pp >= 1 && tp >= 1 && stage >= 0 && stage < pp, "plan: stage ", stage, " outside pp = ", pp);
   MT_CHECK(ep >= 1, "plan: device_config.expert_parallel must be >= 1, got ", ep);
@@ -94,11 +115,11 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   p.chunks = rg.chunks();
   for (int64_t i : rg.layers()) {
     const LayerParamCount l = layer_param_count(m, i);
-    // The routed experts but their output biases (replicated, whole on every rank).
-    const int64_t experts = l.routed > 0 ? l.routed - m.n_experts * m.model_dimension * (m.linear_bias ? 1 : 0) : 0;
+    const int64_t experts = routed_expert_params(m, l);
     p.split += (l.split - experts) / tp + experts / tp / ep;
     p.experts += experts / tp / ep;
     p.replicated += l.replicated;
+    p.frozen += frozen_params(m, i);
   }
   const int64_t vocab_local = (m.vocab_size + tp - 1) / tp;  // padded to a multiple of tp
   const int64_t table = vocab_local * m.model_dimension;
@@ -110,6 +131,21 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   return p;
 }
 
+int64_t fsdp_slice_elements(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t dp, int64_t ep,
+                            int64_t v) {
+  MT_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "plan: expert_parallel ", ep, " must divide dp ", dp);
+  const auto slice = [](int64_t n, int64_t size) { return (n + size - 1) / size; };
+  const StageParams sp = stage_params(m, pp, tp, stage, ep, v);
+  int64_t root = sp.total(), total = 0;
+  for (int64_t i : partition_stages(m.n_layers(), static_cast<int>(pp), v).at(static_cast<size_t>(stage)).layers()) {
+    const int64_t all = layer_params_per_rank(m, i, tp, ep);
+    root -= all;
+    const int64_t experts = ep > 1 ? routed_expert_params(m, layer_param_count(m, i)) / tp / ep : 0;
+    total += slice(all - experts - frozen_params(m, i), dp) + slice(experts, dp / ep);
+  }
+  return total + slice(root, dp);
+}
+
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   const ModelConfig& m = cfg.model;
   MemoryPlan plan;
@@ -118,6 +154,7 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   plan.pp = cfg.device.pp();
   plan.tp = cfg.device.tp();
   plan.ep = cfg.device.expert_parallel;
+  plan.zero_stage = cfg.zero_stage;
   MT_CHECK(plan.dp >= 1 && plan.pp >= 1 && plan.tp >= 1, "device_config.n_device_axis must be positive");
   const ParamCount pc = count_params(m);
   plan.total_params = pc.total;
@@ -159,10 +196,32 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
     sm.params = stage_params(m, plan.pp, plan.tp, st, plan.ep, v);
     const double n = static_cast<double>(sm.params.total());
     const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
-    sm.weights = 4 * n;
-    sm.grads = 4 * n;
-    sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
-    sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
+    const double frozen = static_cast<double>(sm.params.frozen), trainable = n - frozen;
+    if (cfg.zero_stage >= 2) {
+      const double owned = static_cast<double>(
+          fsdp_slice_elements(m, plan.pp, plan.tp, st, plan.dp, plan.ep, v));
+      sm.weights = cfg.zero_stage == 3 ? 4 * (owned + frozen) : 4 * n;
+      sm.grads = 4 * owned;
+      sm.optimizer = 8 * owned;
+      sm.experts = (cfg.zero_stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
+      if (cfg.zero_stage == 3) {
+        // The root unit stays whole through a step; one layer at a time runs.
+        double largest = 0, layers = 0;
+        for (const LayerSpan& c : sm.params.chunks)
+          for (int64_t i = c.first; i < c.end; ++i) {
+            const double l = static_cast<double>(layer_params_per_rank(m, i, plan.tp, plan.ep));
+            largest = std::max(largest, l);
+            layers += l;
+          }
+        sm.gathered = 4 * (n - layers + largest);
+      }
+    } else {
+      sm.weights = 4 * n;
+      sm.grads = 4 * trainable;  // zero_stage 1: during backward, before the reduce-scatter
+      // AdamW keeps moments for every parameter, the frozen ones too (zeros).
+      sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
+      sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
+    }
     if (bf16) sm.autocast_copies = 2 * n;
     sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;
 
@@ -262,6 +321,11 @@ std::string to_string(const MemoryPlan& p) {
   o << "  weights            " << gib(w.weights) << "\n";
   o << "  gradients          " << gib(w.grads) << "\n";
   o << "  optimizer (Adam)   " << gib(w.optimizer) << "\n";
+  if (p.zero_stage > 0)
+    o << "  zero_stage " << p.zero_stage << "       "
+      << (p.zero_stage == 1 ? "moments" : p.zero_stage == 2 ? "moments and gradients" : "moments, gradients and weights")
+      << " sharded over dp " << p.dp << "\n";
+  if (w.gathered > 0) o << "  gathered (FSDP)    " << gib(w.gathered) << " (root unit + the largest layer, whole while they run)\n";
   if (w.params.experts > 0)
     o << "  of which experts   " << gib(w.experts) << " (" << w.params.experts << " routed-expert params per rank, 1/"
       << p.tp * p.ep << " of the stage's experts: tp " << p.tp << " x expert_parallel " << p.ep << ")\n";
@@ -298,6 +362,8 @@ nlohmann::json to_json(const MemoryPlan& p, double fpt, double device_bytes) {
   j["weights_bytes"] = w.weights;
   j["grads_bytes"] = w.grads;
   j["optimizer_bytes"] = w.optimizer;
+  j["zero_stage"] = p.zero_stage;
+  j["gathered_bytes"] = w.gathered;
   j["autocast_bytes"] = w.autocast_copies;
   j["activation_bytes"] = w.activations;
   j["activation_bytes_no_ckpt"] = w.activations_none;

@@ -18,6 +18,17 @@ total=$(field "$json" total_params)
 active=$(field "$json" active_params)
 echo "       # moe1b: total $total, active $active"
 check "moe1b: ~1B active of a larger total" python3 -c "import sys; sys.exit(0 if $active < $total and 0.5e9 < $active < 2e9 else 1)"
+# moe1b.json runs FSDP (zero_stage 3) as the Jaxformer run did: at rest a rank
+# holds weights, gradients and moments of 1/dp of its stage's parameters.
+check "moe1b plan is zero_stage 3" test "$(field "$json" zero_stage)" = 3
+z0=$("$BIN" plan --config "$SRC/configs/moe1b.json" --device cuda --set zero_stage=0 --json 2>&1)
+echo "       # moe1b per rank: zero_stage 3 weights $(field "$json" weights_bytes) B, zero_stage 0 $(field "$z0" weights_bytes) B"
+check "moe1b zero_stage 3 weights, grads and moments are ~1/8 of zero_stage 0's" python3 -c "
+import sys
+w3, g3, o3, w0, g0, o0 = map(float, sys.argv[1:])
+ok = all(0.124 < a / b <= 0.126 for a, b in ((w3, w0), (g3, g0), (o3, o0)))
+sys.exit(0 if ok else 1)" "$(field "$json" weights_bytes)" "$(field "$json" grads_bytes)" "$(field "$json" optimizer_bytes)" \
+  "$(field "$z0" weights_bytes)" "$(field "$z0" grads_bytes)" "$(field "$z0" optimizer_bytes)"
 
 # The Jaxformer moe1B file exactly as published: Jaxformer's own counts, on its mesh 8 x 2 x 2.
 json=$("$BIN" plan --config "$SRC/configs/jaxformer/moe1B.json" --json 2>&1)

@@ -335,7 +335,7 @@ TEST(ConfigErrors, BadEnums) {
   expect_refused({"pipeline_schedule=zb"}, {"pipeline_schedule", "gpipe, 1f1b, interleaved"});
   expect_refused({"activation_checkpointing=some"}, {"activation_checkpointing"});
   expect_refused({"nan_policy=ignore"}, {"nan_policy"});
-  expect_refused({"zero_stage=2"}, {"zero_stage"});
+  expect_refused({"zero_stage=4"}, {"zero_stage"});
   expect_refused({"device_config.device=tpu"}, {"device_config.device"});
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshtrain/config/config.h"
+#include "meshtrain/model/layer_hooks.h"
 #include "meshtrain/model/layers.h"
 
 namespace meshtrain {
@@ -120,6 +121,9 @@ class Transformer : public torch::nn::Module {
   // "none" | "full" | "selective" (model/checkpoint.h): which activations
   // training forwards recompute in backward instead of keeping.
   void set_activation_checkpointing(const std::string& mode);
+  // Residency hooks (model/layer_hooks.h); nullptr: parameters always whole.
+  // Local block j is global layer range().layers()[j].
+  void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { hooks_ = std::move(hooks); }
 
  private:
   ModelConfig cfg_;
@@ -129,6 +133,7 @@ class Transformer : public torch::nn::Module {
   std::vector<size_t> chunk_blocks_;  // chunk c runs blocks_[chunk_blocks_[c], chunk_blocks_[c + 1])
   std::shared_ptr<RMSNorm> final_norm_;
   std::shared_ptr<LMHead> head_;
+  std::shared_ptr<LayerHooks> hooks_;
 };
 
 // Parameter counts of the full (unsharded) model for a config: total, and

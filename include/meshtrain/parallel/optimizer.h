@@ -22,6 +22,14 @@ namespace meshtrain {
 
 class AdamW;
 
+// Bytes a rank holds for parameters, gradients and optimizer state, as its
+// tensors stand (train/plan.h models the same three).
+struct ResidentBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+};
+// What pm's parameters and their .grad() hold (each storage once).
+ResidentBytes parameter_bytes(const ParallelModel& pm);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -45,9 +53,14 @@ class Optimizer {
   virtual void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) = 0;
   // The replicated AdamW inside, or nullptr (ZeRO).
   virtual AdamW* adamw() { return nullptr; }
+  // Parameters, gradients and optimizer state this rank holds now, in bytes.
+  virtual ResidentBytes resident_bytes() const = 0;
 };
 
-// zero_stage 1: ZeroOptimizer; 0: AdamW over every parameter of this rank.
+// zero_stage 3 and 2: FSDP (parallel/fsdp.h; it installs pm.fsdp and the
+// model's layer hooks); 1: ZeroOptimizer; 0: AdamW over every parameter of this rank.
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);
+// zero_stage 2 or 3 (parallel/fsdp_optimizer.cpp).
+std::unique_ptr<Optimizer> make_fsdp_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);
 
 }  // namespace meshtrain

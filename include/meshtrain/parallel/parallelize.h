@@ -20,13 +20,19 @@ struct ParamInfo {
   ParamLayout layout;  // global shape, tp split, saved name
   bool decay = true;   // weight decay applies (matrices; not norms)
   bool sequence_parallel_grad = false;  // grad is partial over tp (norms under sequence parallelism)
+  // FSDP (zero_stage 2/3) reduces this gradient itself, during backward: the
+  // step's gradient synchronisation and norm leave it alone.
+  bool fsdp_reduced = false;
 };
+
+class Fsdp;
 
 struct ParallelModel {
   std::unique_ptr<LayerFactory> factory;
   std::shared_ptr<Transformer> model;
   StageRange range;
   std::vector<ParamInfo> params;
+  std::shared_ptr<Fsdp> fsdp;  // zero_stage 2/3 (parallel/fsdp.h), else nullptr
 };
 
 // Layer ranges per pipeline rank. v = 1: contiguous, n_layers split as evenly

@@ -54,6 +54,7 @@ class ZeroOptimizer : public Optimizer {
   // Full per-parameter moments (params order; an undefined tensor: zeros) ->
   // this rank's slice. Local.
   void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) override;
+  ResidentBytes resident_bytes() const override;
 
  private:
   // One flat space sharded over one communicator: everything over dp, and

@@ -13,7 +13,13 @@
 //                                 printed beside ours for comparison only.
 // zero_stage 1 shards the Adam moments (and, in the reference layout, the fp32
 // master copy) over dp; under expert parallelism the routed experts' moments
-// over the dp / expert_parallel ranks that hold the same experts.
+// over the dp / expert_parallel ranks that hold the same experts. zero_stage 2
+// shards the gradients too and 3 (FSDP) the parameters as well: at rest a rank
+// holds (4 + 4 + 8) bytes per element of its owned slices
+// (fsdp_slice_elements), plus, stage 2, the whole fp32 parameters; while a
+// layer runs, stage 3 also holds it whole (`gathered`: the root unit and the
+// largest layer). Non-trainable parameters (frozen) hold no gradient nor
+// moments and stay whole.
 //
 // Activations per microbatch and layer follow Korthikanti et al. 2022
 // ("Reducing Activation Recomputation in Large Transformer Models"): for
@@ -50,8 +56,16 @@ struct StageParams {
   int64_t split = 0;       // this rank's shard of tp-split tensors
   int64_t replicated = 0;  // norms, MLA down-projections and rope key, router
   int64_t experts = 0;     // of `split`: this rank's routed experts (split over tp and expert_parallel)
+  int64_t frozen = 0;      // of `replicated`: non-trainable (the router's selection bias): no gradient, no moments
   int64_t total() const { return split + replicated; }
 };
+
+// FSDP (zero_stage 2/3, parallel/fsdp.h): elements of the slices one dp rank
+// owns of a stage's trainable parameters, unit by unit as the runtime lays
+// them out (the root unit and one per layer; each padded to a multiple of dp,
+// the routed experts under expert parallelism apart, padded to dp / ep).
+int64_t fsdp_slice_elements(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t dp, int64_t ep = 1,
+                            int64_t v = 1);
 
 // Parameters of pipeline stage `stage` of pp on one tp rank of tp. Tied
 // embeddings: the last stage holds its own copy of the table (pp > 1).
@@ -74,12 +88,14 @@ struct StageMemory {
   double logits = 0;               // last stage: cross-entropy buffer (in `activations*` too)
   double reference_static = 0;     // weights + grads + optimizer in the 18 B/param layout
   double experts = 0;              // of weights + grads + optimizer: the routed experts this rank holds
+  double gathered = 0;             // zero_stage 3: whole parameters while they run (root unit + largest layer)
   double static_bytes() const { return weights + grads + optimizer; }
-  double total() const { return static_bytes() + autocast_copies + activations; }
+  double total() const { return static_bytes() + gathered + autocast_copies + activations; }
 };
 
 struct MemoryPlan {
   PlanDevice device = PlanDevice::Cpu;
+  int64_t zero_stage = 0;
   std::string precision;           // one line describing the precision model used
   int64_t dp = 1, pp = 1, tp = 1, ep = 1;
   int64_t total_params = 0, active_params = 0, embedding_params = 0;

@@ -88,6 +88,8 @@ class Trainer {
     return *opt_->adamw();
   }
   ZeroOptimizer* zero_optimizer() { return dynamic_cast<ZeroOptimizer*>(opt_.get()); }
+  // Parameter, gradient and optimizer-state bytes this rank holds now (plan.h models them).
+  ResidentBytes resident_bytes() const { return opt_->resident_bytes(); }
   // Sequences trained on so far (drives the batch-size rampup; saved in checkpoints).
   int64_t consumed_samples() const { return consumed_samples_; }
   // Losses of every step trained by this object, in order (for tests).
