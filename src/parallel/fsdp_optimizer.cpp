@@ -30,9 +30,7 @@ class FsdpOptimizer : public Optimizer {
         s.flat = &f;
         s.exp_avg = at::zeros({f.slice}, opts);
         s.exp_avg_sq = at::zeros({f.slice}, opts);
-        SliceRuns r = slice_runs(pm, mesh, f.params, f.offsets, f.begin, f.slice);
-        s.runs = std::move(r.runs);
-        s.norm_mask = std::move(r.norm_mask);
+        s.slices = slice_runs(pm, mesh, f.params, f.offsets, f.begin, f.slice);
         states_.push_back(std::move(s));
       }
   }
@@ -41,7 +39,7 @@ class FsdpOptimizer : public Optimizer {
     at::NoGradGuard no_grad;
     pm_.fsdp->reduce_root();
     at::Tensor sq = at::zeros({1}, step_t_.options().dtype(at::kDouble));
-    for (const State& s : states_) sq = sq + (s.flat->grad.to(at::kDouble).pow(2) * s.norm_mask).sum().reshape({1});
+    for (const State& s : states_) sq = sq + (s.flat->grad.to(at::kDouble).pow(2) * s.slices.norm_mask).sum().reshape({1});
     // Each dp rank holds a different part of every summed gradient (the
     // experts' slices partition each ep rank's experts over expert_dp, and the
     // ep ranks hold different experts): summing over dp counts each once.
@@ -62,21 +60,15 @@ class FsdpOptimizer : public Optimizer {
     // Stage 2's whole parameters are the truth: their owned slices are updated.
     std::vector<at::Tensor> owned;
     for (const State& s : states_) owned.push_back(sharded ? s.flat->shard : owned_slice(pm_, *s.flat));
-    std::vector<at::Tensor> p[2], gr[2], m[2], v[2];
-    for (size_t k = 0; k < states_.size(); ++k) {
-      State& s = states_[k];
-      for (const auto& [lo, hi, decay] : s.runs) {
-        const int i = decay ? 1 : 0;
-        p[i].push_back(owned[k].narrow(0, lo, hi - lo));
-        gr[i].push_back(s.flat->grad.narrow(0, lo, hi - lo));
-        m[i].push_back(s.exp_avg.narrow(0, lo, hi - lo));
-        v[i].push_back(s.exp_avg_sq.narrow(0, lo, hi - lo));
-      }
+    std::vector<at::Tensor> grads, m, v;
+    std::vector<const SliceRuns*> runs;
+    for (const State& s : states_) {
+      grads.push_back(s.flat->grad);
+      m.push_back(s.exp_avg);
+      v.push_back(s.exp_avg_sq);
+      runs.push_back(&s.slices);
     }
-    step_t_.add_(1);
-    for (int i = 0; i < 2; ++i)
-      fused_adamw(p[i], gr[i], m[i], v[i], step_t_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
-    if (found_inf.defined()) step_t_.sub_(found_inf);
+    adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf);
     if (sharded) {
       pm_.fsdp->release_all();
     } else {
@@ -146,8 +138,7 @@ class FsdpOptimizer : public Optimizer {
   struct State {
     Fsdp::Flat* flat = nullptr;
     at::Tensor exp_avg, exp_avg_sq;                        // [slice]
-    std::vector<std::tuple<int64_t, int64_t, bool>> runs;  // [lo, hi) of the slice, weight decay
-    at::Tensor norm_mask;                                  // [slice] double
+    SliceRuns slices;                                      // runs by weight decay, norm mask
   };
 
   ParallelModel& pm_;

@@ -40,9 +40,7 @@ void ZeroOptimizer::init_group(Group& g, Communicator& comm, int rank, int size)
   g.exp_avg = at::zeros({g.slice}, opts);
   g.exp_avg_sq = at::zeros({g.slice}, opts);
   g.grad = at::zeros({g.slice}, opts);
-  SliceRuns r = slice_runs(pm_, mesh_, g.params, g.offsets, g.begin, g.slice);
-  g.runs = std::move(r.runs);
-  g.norm_mask = std::move(r.norm_mask);
+  g.slices = slice_runs(pm_, mesh_, g.params, g.offsets, g.begin, g.slice);
 }
 
 at::Tensor ZeroOptimizer::flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const {
@@ -79,7 +77,7 @@ at::Tensor ZeroOptimizer::reduce_gradients() {
   for (size_t k = 0; k < groups_.size(); ++k) {
     Group& g = groups_[k];
     g.grad = g.comm->size() > 1 ? g.comm->reduce_scatter(flats[k], 0) : flats[k];
-    const at::Tensor part = (g.grad.to(at::kDouble).pow(2) * g.norm_mask).sum().reshape({1});
+    const at::Tensor part = (g.grad.to(at::kDouble).pow(2) * g.slices.norm_mask).sum().reshape({1});
     sq = sq.defined() ? sq + part : part;
   }
   // Each dp rank holds a different part of the summed gradient: dp adds up
@@ -104,23 +102,15 @@ void ZeroOptimizer::step(double lr, const at::Tensor& found_inf) {
   std::vector<at::Tensor> owned;
   for (const Group& g : groups_) owned.push_back(owned_slice(g, params));
 
-  // AdamW's fused update over the owned slices, cut into the runs of
-  // parameters with and without weight decay (two groups, as AdamW::step).
-  std::vector<at::Tensor> p[2], gr[2], m[2], v[2];
-  for (size_t k = 0; k < groups_.size(); ++k) {
-    Group& g = groups_[k];
-    for (const auto& [lo, hi, decay] : g.runs) {
-      const int i = decay ? 1 : 0;
-      p[i].push_back(owned[k].narrow(0, lo, hi - lo));
-      gr[i].push_back(g.grad.narrow(0, lo, hi - lo));
-      m[i].push_back(g.exp_avg.narrow(0, lo, hi - lo));
-      v[i].push_back(g.exp_avg_sq.narrow(0, lo, hi - lo));
-    }
+  std::vector<at::Tensor> grads, m, v;
+  std::vector<const SliceRuns*> runs;
+  for (const Group& g : groups_) {
+    grads.push_back(g.grad);
+    m.push_back(g.exp_avg);
+    v.push_back(g.exp_avg_sq);
+    runs.push_back(&g.slices);
   }
-  step_t_.add_(1);
-  for (int i = 0; i < 2; ++i)
-    fused_adamw(p[i], gr[i], m[i], v[i], step_t_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
-  if (found_inf.defined()) step_t_.sub_(found_inf);
+  adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf);
 
   std::vector<at::Tensor> updated(pm_.params.size());
   for (size_t k = 0; k < groups_.size(); ++k) {

@@ -6,6 +6,8 @@
 // replica of a layer makes the same update.
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "meshtrain/model/moe.h"
 #include "meshtrain/train/trainer.h"
 
@@ -14,6 +16,8 @@ namespace meshtrain {
 void Trainer::update_score_bias(const StepStats& s) {
   const ModelConfig& m = cfg_.model;
   if (!m.router_bias || m.router_bias_update_rate <= 0) return;
+  // A step skipped for a non-finite loss or norm changes nothing, the bias included.
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) return;
   at::NoGradGuard no_grad;
   // expert_fraction lists the MoE layers in global order.
   std::vector<int64_t> moe_layers;

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "meshtrain/config/config.h"
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/parallel/parallelize.h"
 
@@ -32,5 +33,14 @@ void unflatten(const ParallelModel& pm, const std::vector<size_t>& params, const
 // undefined: zeros), for moments loaded from a checkpoint.
 at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, const std::vector<int64_t>& offsets,
                     int64_t begin, int64_t slice, const std::vector<at::Tensor>& per_param, const at::TensorOptions& opts);
+
+// AdamW's fused update (optim/adamw.h fused_adamw) over owned slices, each cut
+// into its runs with and without weight decay (two groups, as AdamW::step):
+// slice k is params[k] with grads[k], exp_avg[k], exp_avg_sq[k] and runs[k].
+// step (0-dim fp32) advances unless found_inf is set.
+void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                     const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
+                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, double lr, const LrConfig& cfg,
+                     const at::Tensor& found_inf);
 
 }  // namespace meshtrain

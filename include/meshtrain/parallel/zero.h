@@ -24,6 +24,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/mesh.h"
+#include "meshtrain/parallel/flat_slices.h"
 #include "meshtrain/parallel/optimizer.h"
 #include "meshtrain/parallel/parallelize.h"
 
@@ -67,8 +68,7 @@ class ZeroOptimizer : public Optimizer {
     int64_t padded = 0, slice = 0, begin = 0;
     at::Tensor grad;                // [slice] summed gradient of the owned slice
     at::Tensor exp_avg, exp_avg_sq;
-    std::vector<std::tuple<int64_t, int64_t, bool>> runs;  // [lo, hi) of the slice, weight decay
-    at::Tensor norm_mask;           // [slice] double, 1 where the element counts in the global norm
+    SliceRuns slices;               // runs by weight decay, norm mask (parallel/flat_slices.h)
   };
   void init_group(Group& g, Communicator& comm, int rank, int size);
   at::Tensor flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const;  // [padded] fp32
