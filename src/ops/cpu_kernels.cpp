@@ -1,0 +1,176 @@
+// CPU kernels of the meshtrain operators: the row math of row_math.h, one
+// row per iteration, rows spread over torch's intra-op threads.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "kernels.h"
+
+#include "row_math.h"
+
+namespace meshtrain::ops::rows {
+
+template <>
+struct Scalar<c10::BFloat16> {
+  static float load(c10::BFloat16 v) { return static_cast<float>(v); }
+  static c10::BFloat16 store(float v) { return c10::BFloat16(v); }
+};
+template <>
+struct Scalar<c10::Half> {
+  static float load(c10::Half v) { return static_cast<float>(v); }
+  static c10::Half store(float v) { return c10::Half(v); }
+};
+
+}  // namespace meshtrain::ops::rows
+
+namespace meshtrain::ops::impl {
+
+namespace {
+
+using rows::SerialLanes;
+
+// Rows per task: enough work to be worth a thread.
+int64_t grain(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
+
+rows::Strided strided(const at::Tensor& x, const at::Tensor& out, int64_t seq_dim) {
+  rows::Strided s{};
+  s.dims = static_cast<int>(x.dim());
+  s.seq = static_cast<int>(seq_dim);
+  s.half = x.size(-1) / 2;
+  for (int d = 0; d < s.dims; ++d) {
+    s.size[d] = x.size(d);
+    s.x_stride[d] = x.stride(d);
+    s.out_stride[d] = out.stride(d);
+  }
+  return s;
+}
+
+}  // namespace
+
+at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                         int64_t seq_dim, bool inverse, at::Tensor& out) {
+  check_rope(x, cos, sin, offset, seq_dim, out);
+  const rows::Strided s = strided(x, out, seq_dim);
+  const int64_t n = rows::rope_pairs(s);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope_out_cpu", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const float *c = cos.const_data_ptr<float>(), *sn = sin.const_data_ptr<float>();
+    at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) rows::rope_pair(s, i, xp, op, c, sn, offset, inverse);
+    });
+  });
+  return out;
+}
+
+Norm rms_norm_fwd_cpu(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Opt& bias, double eps) {
+  check_norm(a, b, w, bias);
+  const int64_t D = a.size(-1), N = a.numel() / D;
+  at::Tensor h = b ? at::empty_like(a) : at::empty({0}, a.options());
+  at::Tensor y = at::empty_like(a);
+  std::vector<int64_t> rs = a.sizes().vec();
+  rs.pop_back();
+  at::Tensor rstd = at::empty(rs, a.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "rms_norm_fwd_cpu", [&] {
+    const scalar_t* ap = a.const_data_ptr<scalar_t>();
+    const scalar_t* bp = b ? b->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* hp = b ? h.data_ptr<scalar_t>() : nullptr;
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const float* wp = w.const_data_ptr<float>();
+    const float* biasp = bias ? bias->const_data_ptr<float>() : nullptr;
+    float* rp = rstd.data_ptr<float>();
+    at::parallel_for(0, N, grain(D), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        rp[r] = rows::rms_norm_row(SerialLanes{}, ap + r * D, bp ? bp + r * D : nullptr, wp, biasp,
+                                   hp ? hp + r * D : nullptr, yp + r * D, D, static_cast<float>(eps));
+    });
+  });
+  return {h, y, rstd};
+}
+
+Norm rms_norm_bwd_cpu(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w, const at::Tensor& rstd,
+                      const Opt& dres, bool bias) {
+  TORCH_CHECK(dy.is_contiguous() && h.is_contiguous() && dy.sizes() == h.sizes(), "rms_norm_bwd: dy ", dy.sizes(),
+              " and h ", h.sizes(), " must be contiguous and alike");
+  const int64_t D = h.size(-1), N = h.numel() / D;
+  at::Tensor dh = at::empty_like(h);
+  // Per-task column sums, added up after: no two threads share an accumulator.
+  const int64_t g = grain(D), tasks = (N + g - 1) / g;
+  at::Tensor dw_part = at::zeros({std::max<int64_t>(tasks, 1), D}, w.options());
+  at::Tensor db_part = bias ? at::zeros({std::max<int64_t>(tasks, 1), D}, w.options()) : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, h.scalar_type(), "rms_norm_bwd_cpu", [&] {
+    const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
+    const scalar_t* hp = h.const_data_ptr<scalar_t>();
+    const scalar_t* resp = dres ? dres->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* dhp = dh.data_ptr<scalar_t>();
+    const float* wp = w.const_data_ptr<float>();
+    const float* rp = rstd.const_data_ptr<float>();
+    float* dwp = dw_part.data_ptr<float>();
+    float* dbp = bias ? db_part.data_ptr<float>() : nullptr;
+    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t r = t * g; r < std::min(N, (t + 1) * g); ++r)
+          rows::rms_norm_backward_row(SerialLanes{}, dyp + r * D, hp + r * D, wp, rp[r], resp ? resp + r * D : nullptr,
+                                      dhp + r * D, dwp + t * D, dbp ? dbp + t * D : nullptr, D);
+    });
+  });
+  return {dh, dw_part.sum(0), bias ? db_part.sum(0) : at::empty({0}, w.options())};
+}
+
+at::Tensor cross_entropy_rows_cpu(at::Tensor& z, const at::Tensor& targets, bool grad) {
+  check_rows(z, targets);
+  const int64_t N = z.size(0), V = z.size(1), ld = z.stride(0);
+  at::Tensor loss = at::empty({N}, z.options().dtype(at::kFloat));
+  const at::Tensor t = targets.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, z.scalar_type(), "cross_entropy_rows_cpu", [&] {
+    scalar_t* zp = z.data_ptr<scalar_t>();
+    const int64_t* tp = t.const_data_ptr<int64_t>();
+    float* lp = loss.data_ptr<float>();
+    at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) lp[r] = rows::cross_entropy_row(SerialLanes{}, zp + r * ld, V, tp[r], grad);
+    });
+  });
+  return loss;
+}
+
+at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
+  check_rows(z, targets);
+  const int64_t N = z.size(0), ld = z.stride(0);
+  at::Tensor out = at::empty({3, N}, z.options().dtype(at::kFloat));
+  const at::Tensor t = targets.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, z.scalar_type(), "softmax_stats_cpu", [&] {
+    const scalar_t* zp = z.const_data_ptr<scalar_t>();
+    const int64_t* tp = t.const_data_ptr<int64_t>();
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, N, grain(valid), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const rows::SoftmaxStats s = rows::softmax_stats_row(SerialLanes{}, zp + r * ld, valid);
+        op[r] = s.max;
+        op[N + r] = s.sum;
+        op[2 * N + r] = tp[r] >= 0 && tp[r] < valid ? rows::ld(zp[r * ld + tp[r]]) : 0.0f;
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid) {
+  check_rows(z, targets);
+  const int64_t N = z.size(0), V = z.size(1), ld = z.stride(0);
+  const at::Tensor t = targets.contiguous(), l = lse.to(at::kFloat).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, z.scalar_type(), "softmax_grad_cpu", [&] {
+    scalar_t* zp = z.data_ptr<scalar_t>();
+    const int64_t* tp = t.const_data_ptr<int64_t>();
+    const float* lp = l.const_data_ptr<float>();
+    at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) rows::softmax_grad_row(SerialLanes{}, zp + r * ld, valid, V, tp[r], lp[r]);
+    });
+  });
+  return z;
+}
+
+}  // namespace meshtrain::ops::impl

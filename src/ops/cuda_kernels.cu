@@ -1,0 +1,256 @@
+// CUDA kernels of the meshtrain operators (see cuda_kernels.h): the row math
+// of row_math.h with a thread block per row (norms, cross-entropy) or a
+// thread per rotated pair (rope). Only BlockLanes -- how a block's threads
+// split a row and combine partial sums -- and the launches are CUDA's own.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda_kernels.h"
+
+namespace meshtrain::ops::rows {
+
+template <>
+struct Scalar<__nv_bfloat16> {
+  MT_HD static float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  MT_HD static __nv_bfloat16 store(float v) { return __float2bfloat16(v); }
+};
+template <>
+struct Scalar<__half> {
+  MT_HD static float load(__half v) { return __half2float(v); }
+  MT_HD static __half store(float v) { return __float2half(v); }
+};
+
+}  // namespace meshtrain::ops::rows
+
+namespace meshtrain::ops::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// A row split over the threads of a block (blockDim.x a multiple of 32, at
+// most 1024). Every thread must reach each sum/max: they synchronise the block.
+// Host versions exist only so the host-device row templates compile.
+struct BlockLanes {
+  float* scratch;  // shared, kWarp floats
+
+  __host__ __device__ int64_t lane() const {
+#ifdef __CUDA_ARCH__
+    return threadIdx.x;
+#else
+    return 0;
+#endif
+  }
+  __host__ __device__ int64_t lanes() const {
+#ifdef __CUDA_ARCH__
+    return blockDim.x;
+#else
+    return 1;
+#endif
+  }
+  __host__ __device__ float sum(float v) const {
+#ifdef __CUDA_ARCH__
+    v = warp_sum(v);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    __syncthreads();  // the previous reduction's readers are done with scratch
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x / kWarp) ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+#else
+    return v;
+#endif
+  }
+  __host__ __device__ float max(float v) const {
+#ifdef __CUDA_ARCH__
+    v = warp_max(v);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x / kWarp) ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+#else
+    return v;
+#endif
+  }
+};
+
+// Threads per row block: enough to cover a row a few elements per thread.
+int row_threads(int64_t D) {
+  if (D >= 4096) return 1024;
+  if (D >= 1024) return 512;
+  if (D >= 256) return 256;
+  return 128;
+}
+
+// Row blocks: one per row up to a grid that fills the GPU several times over.
+int row_blocks(int64_t N) { return static_cast<int>(std::min<int64_t>(std::max<int64_t>(N, 1), 65535)); }
+
+template <class T>
+__global__ void rope_kernel(rows::Strided s, const T* x, T* out, const float* cos, const float* sin, int64_t offset,
+                            bool inverse, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    rows::rope_pair(s, i, x, out, cos, sin, offset, inverse);
+}
+
+template <class T>
+__global__ void rms_norm_fwd_kernel(const T* a, const T* b, const float* w, const float* bias, T* h, T* y,
+                                    float* rstd, int64_t N, int64_t D, float eps) {
+  __shared__ float scratch[kWarp];
+  const BlockLanes l{scratch};
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const float v = rows::rms_norm_row(l, a + r * D, b ? b + r * D : nullptr, w, bias, h ? h + r * D : nullptr,
+                                       y + r * D, D, eps);
+    if (threadIdx.x == 0) rstd[r] = v;
+  }
+}
+
+template <class T>
+__global__ void rms_norm_bwd_kernel(const T* dy, const T* h, const float* w, const float* rstd, const T* dres, T* dh,
+                                    float* dw_part, float* db_part, int64_t N, int64_t D) {
+  __shared__ float scratch[kWarp];
+  const BlockLanes l{scratch};
+  // This block's partial column sums: a thread always visits the same columns.
+  float* dw = dw_part + blockIdx.x * D;
+  float* db = db_part ? db_part + blockIdx.x * D : nullptr;
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x)
+    rows::rms_norm_backward_row(l, dy + r * D, h + r * D, w, rstd[r], dres ? dres + r * D : nullptr, dh + r * D, dw,
+                                db, D);
+}
+
+template <class T>
+__global__ void cross_entropy_kernel(T* z, int64_t ld, int64_t N, int64_t V, const int64_t* targets, float* loss,
+                                     bool grad) {
+  __shared__ float scratch[kWarp];
+  const BlockLanes l{scratch};
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const float v = rows::cross_entropy_row(l, z + r * ld, V, targets[r], grad);
+    if (threadIdx.x == 0) loss[r] = v;
+    __syncthreads();  // the next row's first reduction reuses scratch
+  }
+}
+
+template <class T>
+__global__ void softmax_stats_kernel(const T* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets,
+                                     float* out) {
+  __shared__ float scratch[kWarp];
+  const BlockLanes l{scratch};
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const rows::SoftmaxStats s = rows::softmax_stats_row(l, z + r * ld, valid);
+    if (threadIdx.x == 0) {
+      const int64_t t = targets[r];
+      out[r] = s.max;
+      out[N + r] = s.sum;
+      out[2 * N + r] = t >= 0 && t < valid ? rows::ld(z[r * ld + t]) : 0.0f;
+    }
+  }
+}
+
+template <class T>
+__global__ void softmax_grad_kernel(T* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
+                                    const float* lse) {
+  const BlockLanes l{nullptr};  // no reduction: only the column split
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) rows::softmax_grad_row(l, z + r * ld, valid, V, targets[r], lse[r]);
+}
+
+// Calls f with the element type of dt.
+template <class F>
+cudaError_t by_dtype(Dtype dt, F&& f) {
+  switch (dt) {
+    case Dtype::F32:
+      f(float{});
+      break;
+    case Dtype::BF16:
+      f(__nv_bfloat16{});
+      break;
+    case Dtype::F16:
+      f(__half{});
+      break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t rope(Dtype dt, const rows::Strided& s, const void* x, void* out, const float* cos, const float* sin,
+                 int64_t offset, bool inverse, cudaStream_t stream) {
+  const int64_t n = rows::rope_pairs(s);
+  if (n == 0) return cudaSuccess;
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<blocks, threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos, sin, offset,
+                                                   inverse, n);
+  });
+}
+
+cudaError_t rms_norm_fwd(Dtype dt, const void* a, const void* b, const float* w, const float* bias, void* h, void* y,
+                         float* rstd, int64_t N, int64_t D, float eps, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_fwd_kernel<T><<<row_blocks(N), row_threads(D), 0, stream>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), w, bias, static_cast<T*>(h), static_cast<T*>(y), rstd, N,
+        D, eps);
+  });
+}
+
+cudaError_t rms_norm_bwd(Dtype dt, const void* dy, const void* h, const float* w, const float* rstd, const void* dres,
+                         void* dh, float* dw_part, float* db_part, int64_t N, int64_t D, int blocks,
+                         cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_bwd_kernel<T><<<blocks, row_threads(D), 0, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(h), w, rstd, static_cast<const T*>(dres), static_cast<T*>(dh),
+        dw_part, db_part, N, D);
+  });
+}
+
+cudaError_t cross_entropy_rows(Dtype dt, void* z, int64_t ld, int64_t N, int64_t V, const int64_t* targets,
+                               float* loss, bool grad, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel<T><<<row_blocks(N), row_threads(V), 0, stream>>>(static_cast<T*>(z), ld, N, V, targets, loss,
+                                                                          grad);
+  });
+}
+
+cudaError_t softmax_stats(Dtype dt, const void* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets,
+                          float* out, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    softmax_stats_kernel<T><<<row_blocks(N), row_threads(valid), 0, stream>>>(static_cast<const T*>(z), ld, N, valid,
+                                                                              targets, out);
+  });
+}
+
+cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
+                         const float* lse, cudaStream_t stream) {
+  if (N == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    softmax_grad_kernel<T><<<row_blocks(N), row_threads(V), 0, stream>>>(static_cast<T*>(z), ld, N, valid, V, targets,
+                                                                         lse);
+  });
+}
+
+}  // namespace meshtrain::ops::cuda

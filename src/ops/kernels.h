@@ -1,0 +1,52 @@
+#pragma once
+// The per-backend implementations behind the meshtrain operators
+// (fused_ops.cpp registers them): CPU kernels (cpu_kernels.cpp), the aten
+// composites (reference.cpp: CUDA builds without nvcc, and the tests'
+// reference), and the CUDA kernels (cuda_ops.cpp, when built).
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+namespace meshtrain::ops::impl {
+
+using Opt = std::optional<at::Tensor>;
+using Norm = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// Argument checks shared by every backend (shapes and dtypes; nothing read).
+void check_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset, int64_t seq_dim,
+                const at::Tensor& out);
+void check_norm(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Opt& bias);
+void check_rows(const at::Tensor& z, const at::Tensor& targets);
+
+at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                         int64_t seq_dim, bool inverse, at::Tensor& out);
+Norm rms_norm_fwd_cpu(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Opt& bias, double eps);
+Norm rms_norm_bwd_cpu(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w, const at::Tensor& rstd,
+                      const Opt& dres, bool bias);
+at::Tensor cross_entropy_rows_cpu(at::Tensor& z, const at::Tensor& targets, bool grad);
+at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int64_t valid);
+at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
+
+at::Tensor& rope_out_ref(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                         int64_t seq_dim, bool inverse, at::Tensor& out);
+Norm rms_norm_fwd_ref(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Opt& bias, double eps);
+Norm rms_norm_bwd_ref(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w, const at::Tensor& rstd,
+                      const Opt& dres, bool bias);
+at::Tensor cross_entropy_rows_ref(at::Tensor& z, const at::Tensor& targets, bool grad);
+at::Tensor softmax_stats_ref(const at::Tensor& z, const at::Tensor& targets, int64_t valid);
+at::Tensor& softmax_grad_ref(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
+
+#ifdef MESHTRAIN_CUDA_KERNELS
+at::Tensor& rope_out_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                          int64_t seq_dim, bool inverse, at::Tensor& out);
+Norm rms_norm_fwd_cuda(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Opt& bias, double eps);
+Norm rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w, const at::Tensor& rstd,
+                       const Opt& dres, bool bias);
+at::Tensor cross_entropy_rows_cuda(at::Tensor& z, const at::Tensor& targets, bool grad);
+at::Tensor softmax_stats_cuda(const at::Tensor& z, const at::Tensor& targets, int64_t valid);
+at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
+#endif
+
+}  // namespace meshtrain::ops::impl

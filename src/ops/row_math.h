@@ -1,0 +1,192 @@
+#pragma once
+// The arithmetic of the fused kernels (ops/fused.h), written once and
+// compiled twice: by the C++ compiler for the CPU kernels (cpu_kernels.cpp)
+// and by nvcc for the CUDA ones (cuda_kernels.cu). So the CPU tests exercise
+// the very indexing and math a GPU runs; only the launch and the Lanes below
+// (how a row's threads split columns and combine partial results) differ.
+//
+// Element types go through Scalar<T>::load/store (fp32 math whatever the
+// storage): each side specialises it for its bf16/fp16 types before use.
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MT_HD __host__ __device__ __forceinline__
+#else
+#define MT_HD inline
+#endif
+
+namespace meshtrain::ops::rows {
+
+template <class T>
+struct Scalar;
+
+template <>
+struct Scalar<float> {
+  MT_HD static float load(float v) { return v; }
+  MT_HD static float store(float v) { return v; }
+};
+
+// Only so dispatch macros that also list double compile: the checks refuse it.
+template <>
+struct Scalar<double> {
+  MT_HD static float load(double v) { return static_cast<float>(v); }
+  MT_HD static double store(float v) { return v; }
+};
+
+template <class T>
+MT_HD float ld(const T& v) {
+  return Scalar<T>::load(v);
+}
+template <class T>
+MT_HD T st(float v) {
+  return Scalar<T>::store(v);
+}
+
+// One thread does a whole row (the CPU kernels).
+struct SerialLanes {
+  MT_HD int64_t lane() const { return 0; }
+  MT_HD int64_t lanes() const { return 1; }
+  MT_HD float sum(float v) const { return v; }
+  MT_HD float max(float v) const { return v; }
+};
+
+// ---- rotary embedding ------------------------------------------------------
+// x and out are N-d (N <= kMaxDims) with the features last (stride 1) and
+// positions along `seq`. Work item i is one (first half, second half) pair:
+//   y1 = x1 cos - x2 sin,  y2 = x2 cos + x1 sin      (forward)
+//   y1 = x1 cos + x2 sin,  y2 = x2 cos - x1 sin      (inverse = the backward)
+// in place when out aliases x (each pair is read before it is written).
+constexpr int kMaxDims = 6;
+
+struct Strided {
+  int64_t size[kMaxDims];
+  int64_t x_stride[kMaxDims];
+  int64_t out_stride[kMaxDims];
+  int dims;      // including the feature dim (last)
+  int seq;       // index of the position dim
+  int64_t half;  // features / 2
+};
+
+// Pairs in a tensor: every element of the leading dims times half.
+MT_HD int64_t rope_pairs(const Strided& s) {
+  int64_t n = s.half;
+  for (int d = 0; d < s.dims - 1; ++d) n *= s.size[d];
+  return n;
+}
+
+template <class T>
+MT_HD void rope_pair(const Strided& s, int64_t i, const T* x, T* out, const float* cos, const float* sin,
+                     int64_t offset, bool inverse) {
+  const int64_t f = i % s.half;
+  int64_t rest = i / s.half, xo = f, oo = f, pos = 0;
+  for (int d = s.dims - 2; d >= 0; --d) {
+    const int64_t c = rest % s.size[d];
+    rest /= s.size[d];
+    xo += c * s.x_stride[d];
+    oo += c * s.out_stride[d];
+    if (d == s.seq) pos = c;
+  }
+  const float c = cos[(pos + offset) * s.half + f];
+  const float sn = inverse ? -sin[(pos + offset) * s.half + f] : sin[(pos + offset) * s.half + f];
+  const float a = ld(x[xo]), b = ld(x[xo + s.half]);
+  out[oo] = st<T>(a * c - b * sn);
+  out[oo + s.half] = st<T>(b * c + a * sn);
+}
+
+// ---- RMSNorm with an optional residual add ---------------------------------
+// h = a + b (rounded to T: the residual stream stores it), y = h * rstd * w (+ bias),
+// rstd = 1 / sqrt(mean(h^2) + eps). Without b, h is a and is not written.
+// Returns rstd (the backward's only statistic).
+template <class T, class L>
+MT_HD float rms_norm_row(const L& l, const T* a, const T* b, const float* w, const float* bias, T* h, T* y,
+                         int64_t D, float eps) {
+  float ss = 0;
+  for (int64_t i = l.lane(); i < D; i += l.lanes()) {
+    float v = ld(a[i]);
+    if (b) {
+      const T r = st<T>(v + ld(b[i]));
+      h[i] = r;
+      v = ld(r);
+    }
+    ss += v * v;
+  }
+  ss = l.sum(ss);
+  const float rstd = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  const T* src = b ? h : a;  // each thread re-reads only what it wrote
+  for (int64_t i = l.lane(); i < D; i += l.lanes()) {
+    float v = ld(src[i]) * rstd * w[i];
+    if (bias) v += bias[i];
+    y[i] = st<T>(v);
+  }
+  return rstd;
+}
+
+// dh = rstd * (g - xhat * mean(g * xhat)) (+ dres), g = dy * w, xhat = h * rstd;
+// dw += dy * xhat and db += dy per column (accumulators the caller owns for
+// the columns this thread visits).
+template <class T, class L>
+MT_HD void rms_norm_backward_row(const L& l, const T* dy, const T* h, const float* w, float rstd, const T* dres,
+                                 T* dh, float* dw, float* db, int64_t D) {
+  float dot = 0;
+  for (int64_t i = l.lane(); i < D; i += l.lanes()) dot += ld(dy[i]) * w[i] * ld(h[i]) * rstd;
+  dot = l.sum(dot) / static_cast<float>(D);
+  for (int64_t i = l.lane(); i < D; i += l.lanes()) {
+    const float g = ld(dy[i]), xhat = ld(h[i]) * rstd;
+    float v = rstd * (g * w[i] - xhat * dot);
+    if (dres) v += ld(dres[i]);
+    dh[i] = st<T>(v);
+    dw[i] += g * xhat;
+    if (db) db[i] += g;
+  }
+}
+
+// ---- cross-entropy over one row of logits ----------------------------------
+// Online max and sum of exp over the valid columns [0, valid): one read.
+struct SoftmaxStats {
+  float max, sum;  // sum of exp(z - max)
+};
+
+template <class T, class L>
+MT_HD SoftmaxStats softmax_stats_row(const L& l, const T* z, int64_t valid) {
+  float m = -INFINITY, s = 0;
+  for (int64_t i = l.lane(); i < valid; i += l.lanes()) {
+    const float v = ld(z[i]);
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  const float M = l.max(m);
+  s = m == -INFINITY ? 0.0f : s * expf(m - M);
+  return {M, l.sum(s)};
+}
+
+// z becomes d loss / d z for the loss lse - z[target]: softmax - onehot, and
+// 0 in the padding columns [valid, V). target outside [0, valid) means the
+// target lives in another vocabulary shard (no one-hot here).
+template <class T, class L>
+MT_HD void softmax_grad_row(const L& l, T* z, int64_t valid, int64_t V, int64_t target, float lse) {
+  for (int64_t i = l.lane(); i < V; i += l.lanes()) {
+    float p = i < valid ? expf(ld(z[i]) - lse) : 0.0f;
+    if (i == target && i < valid) p -= 1.0f;
+    z[i] = st<T>(p);
+  }
+}
+
+// The fused single-shard version: the loss, and z overwritten by its gradient.
+// z[target] is read before any thread writes (the reductions in between
+// synchronise a block).
+template <class T, class L>
+MT_HD float cross_entropy_row(const L& l, T* z, int64_t V, int64_t target, bool grad) {
+  const bool in = target >= 0 && target < V;
+  const float picked = in ? ld(z[target]) : 0.0f;
+  const SoftmaxStats s = softmax_stats_row(l, z, V);
+  const float lse = s.max + logf(s.sum);
+  if (grad) softmax_grad_row(l, z, V, V, target, lse);
+  return lse - picked;
+}
+
+}  // namespace meshtrain::ops::rows

@@ -1,0 +1,272 @@
+// The fused operators (ops/fused.h) against plain aten math: CPU kernels (the
+// row math the CUDA kernels share), the aten composites a CUDA build without
+// nvcc runs, their autograd, and their meta shapes.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "meshtrain/model/cross_entropy.h"
+#include "meshtrain/model/layers.h"
+#include "meshtrain/ops/fused.h"
+#include "ops/kernels.h"
+
+namespace meshtrain {
+namespace {
+
+at::Tensor randn(std::vector<int64_t> shape, uint64_t seed, at::ScalarType dt = at::kFloat) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dt);
+}
+
+// Rotation in plain aten, positions along seq_dim: x*cos + rotate_half(x)*sin.
+at::Tensor aten_rope(const at::Tensor& x, int64_t offset, int64_t seq_dim, double theta) {
+  const int64_t dim = x.size(-1), T = x.size(seq_dim);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto inv_freq = at::pow(theta, -at::arange(0, dim, 2, f32) / static_cast<double>(dim));
+  const auto angle = at::outer(at::arange(offset, offset + T, f32), inv_freq);
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[static_cast<size_t>(seq_dim)] = T;
+  shape.back() = dim;
+  const auto cos = at::cat({angle.cos(), angle.cos()}, -1).reshape(shape);
+  const auto sin = at::cat({angle.sin(), angle.sin()}, -1).reshape(shape);
+  const auto h = x.chunk(2, -1);
+  return x * cos + at::cat({-h[1], h[0]}, -1) * sin;
+}
+
+at::Tensor aten_rms_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  const at::Tensor y = x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * w;
+  return b.defined() ? y + b : y;
+}
+
+void expect_close(const at::Tensor& a, const at::Tensor& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  const double err = (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+  const double scale = b.to(at::kDouble).abs().max().item<double>() + 1e-12;
+  EXPECT_LE(err / scale, tol) << what << ": max error " << err << " (scale " << scale << ")";
+  EXPECT_FALSE(at::isnan(a).any().item<bool>()) << what;
+}
+
+TEST(Ops, RopeMatchesAtenOnAnyLayoutAndOffset) {
+  // [B, T, H, D] seq 1; a transposed view [B, H, T, D] seq 2; [T, D] seq 0.
+  const at::Tensor base = randn({2, 7, 3, 8}, 1);
+  struct Case {
+    at::Tensor x;
+    int64_t seq;
+  };
+  for (const Case& c : {Case{base, 1}, Case{base.transpose(1, 2), 2}, Case{base.select(0, 1).select(1, 0), 0}})
+    for (int64_t offset : {0, 5}) {
+      const auto t = ops::rope_tables(8, 20, 10000.0, at::kCPU);
+      const at::Tensor y = ops::rope(c.x, t, offset, c.seq);
+      expect_close(y, aten_rope(c.x, offset, c.seq, 10000.0), 1e-6, "rope seq " + std::to_string(c.seq));
+      // The composite (CUDA builds without nvcc) computes the same.
+      at::Tensor ref = at::empty_like(c.x);
+      ops::impl::rope_out_ref(c.x, t.cos, t.sin, offset, c.seq, false, ref);
+      expect_close(ref, y, 1e-6, "rope composite");
+      // The inverse undoes it.
+      at::Tensor back = at::empty_like(y);
+      ops::impl::rope_out_cpu(y, t.cos, t.sin, offset, c.seq, true, back);
+      expect_close(back, c.x, 1e-5, "rope inverse");
+    }
+}
+
+TEST(Ops, RopeBf16IsFp32MathRoundedOnce) {
+  const at::Tensor x = randn({2, 9, 2, 16}, 2);
+  const auto t = ops::rope_tables(16, 9, 10000.0, at::kCPU);
+  const at::Tensor y = ops::rope(x.to(at::kBFloat16), t, 0, 1);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  expect_close(y.to(at::kFloat), aten_rope(x.to(at::kBFloat16).to(at::kFloat), 0, 1, 10000.0), 8e-3, "rope bf16");
+}
+
+TEST(Ops, RopeGradientIsTheInverseRotation) {
+  const at::Tensor x = randn({2, 5, 3, 8}, 3).requires_grad_(true);
+  const at::Tensor g = randn({2, 5, 3, 8}, 4);
+  const auto t = ops::rope_tables(8, 9, 500.0, at::kCPU);
+  ops::rope(x, t, 4, 1).backward(g);
+  const at::Tensor xr = x.detach().clone().requires_grad_(true);
+  aten_rope(xr, 4, 1, 500.0).backward(g);
+  expect_close(x.grad(), xr.grad(), 1e-6, "rope grad");
+}
+
+// The attention input: q, k rotated and v passed through, values and the
+// gradient of qkv (written in one buffer) as three separate aten paths give.
+TEST(Ops, QkvRopeMatchesSeparateRotations) {
+  const int64_t B = 2, T = 6, H = 3, hd = 8;
+  for (int64_t offset : {0, 3}) {
+    const at::Tensor qkv = randn({B, T, 3, H, hd}, 5).requires_grad_(true);
+    const auto t = ops::rope_tables(hd, offset + T, 10000.0, at::kCPU);
+    auto [q, k, v] = ops::qkv_rope(qkv, t, offset);
+    ASSERT_EQ(q.sizes(), (std::vector<int64_t>{B, H, T, hd}));
+    const at::Tensor gq = randn({B, H, T, hd}, 6), gk = randn({B, H, T, hd}, 7), gv = randn({B, H, T, hd}, 8);
+    ((q * gq).sum() + (k * gk).sum() + (v * gv).sum()).backward();
+
+    const at::Tensor r = qkv.detach().clone().requires_grad_(true);
+    const at::Tensor rq = aten_rope(r.select(2, 0), offset, 1, 10000.0).transpose(1, 2);
+    const at::Tensor rk = aten_rope(r.select(2, 1), offset, 1, 10000.0).transpose(1, 2);
+    const at::Tensor rv = r.select(2, 2).transpose(1, 2);
+    expect_close(q, rq, 1e-6, "q");
+    expect_close(k, rk, 1e-6, "k");
+    expect_close(v, rv, 0, "v");
+    ((rq * gq).sum() + (rk * gk).sum() + (rv * gv).sum()).backward();
+    expect_close(qkv.grad(), r.grad(), 1e-6, "d qkv");
+  }
+}
+
+TEST(Ops, RmsNormAndItsResidualAddMatchAtenWithGradients) {
+  for (bool with_bias : {false, true}) {
+    const at::Tensor w = (randn({16}, 9) + 1).requires_grad_(true);
+    const at::Tensor bias = with_bias ? randn({16}, 10).requires_grad_(true) : at::Tensor();
+    const at::Tensor a = randn({3, 4, 16}, 11).requires_grad_(true), b = randn({3, 4, 16}, 12).requires_grad_(true);
+    const at::Tensor gh = randn({3, 4, 16}, 13), gy = randn({3, 4, 16}, 14);
+    auto [h, y] = ops::add_rms_norm(a, b, w, bias, 1e-6);
+    ((h * gh).sum() + (y * gy).sum()).backward();
+
+    const at::Tensor ra = a.detach().clone().requires_grad_(true), rb = b.detach().clone().requires_grad_(true);
+    const at::Tensor rw = w.detach().clone().requires_grad_(true);
+    const at::Tensor rbias = with_bias ? bias.detach().clone().requires_grad_(true) : at::Tensor();
+    const at::Tensor rh = ra + rb, ry = aten_rms_norm(rh, rw, rbias);
+    ((rh * gh).sum() + (ry * gy).sum()).backward();
+    const std::string tag = with_bias ? " (bias)" : "";
+    expect_close(h, rh, 0, "h" + tag);
+    expect_close(y, ry, 1e-6, "y" + tag);
+    expect_close(a.grad(), ra.grad(), 1e-5, "da" + tag);
+    expect_close(b.grad(), rb.grad(), 1e-5, "db" + tag);
+    expect_close(w.grad(), rw.grad(), 1e-5, "dw" + tag);
+    if (with_bias) expect_close(bias.grad(), rbias.grad(), 1e-5, "dbias");
+
+    // The plain norm, and the composite of both directions.
+    const at::Tensor x = a.detach().clone().requires_grad_(true);
+    w.mutable_grad() = at::Tensor();
+    ops::rms_norm(x, w, bias, 1e-6).backward(gy);
+    const at::Tensor rx = a.detach().clone().requires_grad_(true);
+    rw.mutable_grad() = at::Tensor();
+    aten_rms_norm(rx, rw, rbias).backward(gy);
+    expect_close(x.grad(), rx.grad(), 1e-5, "dx" + tag);
+    expect_close(w.grad(), rw.grad(), 1e-5, "dw plain" + tag);
+    auto [ch, cy, crstd] = ops::impl::rms_norm_fwd_ref(a.detach(), b.detach(), w.detach(),
+                                                       with_bias ? std::optional<at::Tensor>(bias.detach())
+                                                                 : std::nullopt, 1e-6);
+    expect_close(cy, y, 1e-6, "composite y" + tag);
+    auto [cdh, cdw, cdb] = ops::impl::rms_norm_bwd_ref(gy, ch, w.detach(), crstd, gh, with_bias);
+    auto [kdh, kdw, kdb] = ops::impl::rms_norm_bwd_cpu(gy, ch, w.detach(), crstd, gh, with_bias);
+    expect_close(kdh, cdh, 1e-5, "composite dh" + tag);
+    expect_close(kdw, cdw, 1e-5, "composite dw" + tag);
+  }
+}
+
+// The residual stream's norm: x flows on through the first output and its
+// gradient from there is summed inside the norm's backward. Also the
+// residual add folded into the output GEMM (Linear::forward_residual).
+TEST(Ops, ResidualNormAndGemmResidualMatchAtenWithGradients) {
+  const at::Tensor w = (randn({16}, 30) + 1).requires_grad_(true);
+  const at::Tensor x = randn({3, 4, 16}, 31).requires_grad_(true), lin = randn({16, 16}, 32).requires_grad_(true);
+  const at::Tensor g = randn({3, 4, 16}, 33);
+  auto [r, y] = ops::residual_rms_norm(x, w, {}, 1e-6);
+  PlainLinear layer(lin);
+  (layer.forward_residual(y, r) * g).sum().backward();
+
+  const at::Tensor rx = x.detach().clone().requires_grad_(true), rw = w.detach().clone().requires_grad_(true);
+  const at::Tensor rl = lin.detach().clone().requires_grad_(true);
+  ((rx + at::linear(aten_rms_norm(rx, rw, {}), rl)) * g).sum().backward();
+  expect_close(x.grad(), rx.grad(), 1e-5, "dx");
+  expect_close(w.grad(), rw.grad(), 1e-5, "dw");
+  expect_close(lin.grad(), rl.grad(), 1e-5, "dlinear");
+  // Only the stream used (the norm's output unused) and only the norm used.
+  const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  auto [r2, y2] = ops::residual_rms_norm(x2, w.detach(), {}, 1e-6);
+  (r2 * g).sum().backward();
+  expect_close(x2.grad(), g, 0, "dx stream only");
+  const at::Tensor x3 = x.detach().clone().requires_grad_(true), rx3 = x.detach().clone().requires_grad_(true);
+  auto [r3, y3] = ops::residual_rms_norm(x3, w.detach(), {}, 1e-6);
+  (y3 * g).sum().backward();
+  (aten_rms_norm(rx3, w.detach(), {}) * g).sum().backward();
+  expect_close(x3.grad(), rx3.grad(), 1e-5, "dx norm only");
+}
+
+TEST(Ops, RmsNormBf16KeepsFp32Statistics) {
+  const at::Tensor x = randn({64, 32}, 15) * 30, w = randn({32}, 16);
+  const at::Tensor y = ops::rms_norm(x.to(at::kBFloat16), w, {}, 1e-6);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  expect_close(y.to(at::kFloat), aten_rms_norm(x.to(at::kBFloat16).to(at::kFloat), w, {}), 8e-3, "bf16 norm");
+}
+
+TEST(Ops, CrossEntropyRowsGiveLossAndGradientInPlace) {
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor z0 = randn({37, 101}, 17, dt) * 3;
+    const at::Tensor t = at::randint(0, 101, {37}, at::make_generator<at::CPUGeneratorImpl>(18), at::kLong);
+    at::Tensor z = z0.clone();
+    const at::Tensor loss = ops::cross_entropy_rows_(z, t, true);
+    const at::Tensor zf = z0.to(at::kFloat);
+    const double tol = dt == at::kFloat ? 1e-6 : 8e-3;
+    expect_close(loss, at::cross_entropy_loss(zf, t, {}, at::Reduction::None), 1e-6, "loss");
+    const at::Tensor grad = at::softmax(zf, 1) - at::one_hot(t, 101).to(at::kFloat);
+    expect_close(z.to(at::kFloat), grad, tol, "in-place gradient");
+    at::Tensor zr = z0.clone();
+    const at::Tensor lr = ops::impl::cross_entropy_rows_ref(zr, t, true);
+    expect_close(lr, loss, 1e-6, "composite loss");
+    expect_close(zr.to(at::kFloat), z.to(at::kFloat), tol, "composite gradient");
+    // Without grad the logits stay.
+    at::Tensor keep = z0.clone();
+    ops::cross_entropy_rows_(keep, t, false);
+    EXPECT_TRUE(at::equal(keep, z0));
+  }
+}
+
+// A vocabulary shard: padding columns past `valid`, targets in other shards.
+TEST(Ops, SoftmaxStatsAndGradOverAShard) {
+  const at::Tensor z0 = randn({9, 12}, 19);
+  const at::Tensor t = torch::tensor({0, 3, 9, -1, 11, 5, 20, 2, 8}, at::kLong);
+  const int64_t valid = 10;
+  const at::Tensor st = ops::softmax_stats(z0, t, valid);
+  const at::Tensor zv = z0.narrow(1, 0, valid);
+  expect_close(st[0], std::get<0>(zv.max(1)), 0, "max");
+  expect_close(st[1], (zv - st[0].unsqueeze(1)).exp().sum(1), 1e-6, "sum");
+  const at::Tensor in = (t >= 0) & (t < valid);
+  expect_close(st[2], zv.gather(1, t.clamp(0, valid - 1).unsqueeze(1)).squeeze(1) * in, 0, "picked");
+  expect_close(ops::impl::softmax_stats_ref(z0, t, valid), st, 1e-6, "composite stats");
+  const at::Tensor lse = st[0] + st[1].log() + 0.25;  // as if other shards added mass
+  at::Tensor z = z0.clone();
+  ops::softmax_grad_(z, t, lse, valid);
+  at::Tensor want = at::zeros_like(z0);
+  want.narrow(1, 0, valid).copy_((zv - lse.unsqueeze(1)).exp());
+  for (int64_t r = 0; r < 9; ++r)
+    if (in[r].item<bool>()) want[r][t[r].item<int64_t>()] -= 1;
+  expect_close(z, want, 1e-6, "shard gradient");
+  at::Tensor zr = z0.clone();
+  ops::impl::softmax_grad_ref(zr, t, lse, valid);
+  expect_close(zr, z, 1e-6, "composite shard gradient");
+}
+
+// The head: losses and both gradients of the chunked GEMM + cross-entropy,
+// for chunks that do and do not divide the rows.
+TEST(Ops, ChunkedCrossEntropyMatchesAtenWithGradients) {
+  for (int64_t chunk : {1, 4, 7, 100}) {
+    const at::Tensor h = randn({10, 6}, 20).requires_grad_(true), w = randn({23, 6}, 21).requires_grad_(true);
+    const at::Tensor t = at::randint(0, 23, {10}, at::make_generator<at::CPUGeneratorImpl>(22), at::kLong);
+    const at::Tensor g = randn({10}, 23);
+    const at::Tensor loss = chunked_cross_entropy(h, w, t, chunk);
+    (loss * g).sum().backward();
+    const at::Tensor hr = h.detach().clone().requires_grad_(true), wr = w.detach().clone().requires_grad_(true);
+    const at::Tensor ref = at::cross_entropy_loss(at::mm(hr, wr.t()), t, {}, at::Reduction::None);
+    (ref * g).sum().backward();
+    const std::string tag = "chunk " + std::to_string(chunk);
+    expect_close(loss, ref, 1e-6, tag);
+    expect_close(h.grad(), hr.grad(), 1e-5, "dh " + tag);
+    expect_close(w.grad(), wr.grad(), 1e-5, "dw " + tag);
+  }
+}
+
+TEST(Ops, MetaKernelsGiveShapes) {
+  const auto meta = at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta);
+  const at::Tensor qkv = at::empty({2, 16, 3, 4, 8}, meta);
+  const auto t = ops::rope_tables(8, 16, 10000.0, at::kMeta);
+  auto [q, k, v] = ops::qkv_rope(qkv, t, 0);
+  EXPECT_EQ(q.sizes(), (std::vector<int64_t>{2, 4, 16, 8}));
+  const at::Tensor w = at::empty({8}, meta.dtype(at::kFloat));
+  auto [h, y] = ops::add_rms_norm(at::empty({2, 16, 8}, meta), at::empty({2, 16, 8}, meta), w, {}, 1e-6);
+  EXPECT_EQ(y.sizes(), h.sizes());
+  at::Tensor z = at::empty({32, 50}, meta);
+  EXPECT_EQ(ops::cross_entropy_rows_(z, at::empty({32}, meta.dtype(at::kLong)), true).sizes(),
+            (std::vector<int64_t>{32}));
+}
+
+}  // namespace
+}  // namespace meshtrain
