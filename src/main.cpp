@@ -246,6 +246,8 @@ int run(int argc, char** argv, Runtime& runtime) {
                     "--device meta: fraction of the peak GEMMs and attention reach (default 0.6)");
   bench->add_option("--bandwidth-tbps", meta_opts.bandwidth_tbps,
                     "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
+  bench->add_option("--top-ops", meta_opts.top_ops, "--device meta: operators listed in the table (default 15)")
+      ->check(integer_at_least(0));
 
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);

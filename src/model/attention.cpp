@@ -33,6 +33,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::scaled_dot_product_attention(q, k, v, kpos <= qpos, dropout, /*is_causal=*/false);
 }
 
+// The output projection, with the residual add folded in when one is given.
+at::Tensor project_out(Linear& wo, const at::Tensor& heads, const at::Tensor& residual) {
+  return residual.defined() ? wo.forward_residual(heads, residual) : wo.forward(heads);
+}
+
 at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
   return past.defined() ? at::cat({past, now}, dim) : now;
 }
@@ -68,25 +73,22 @@ at::Tensor MHA::own_kv_head(const at::Tensor& kv) const {
   return all.view({all.size(0), all.size(1), -1, hd}).narrow(2, factory_->tp_rank() / ranks_per_head, 1);
 }
 
-at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
+at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual) {
   const int64_t hd = cfg_.head_dim();
   // One GEMM for q, k and v: the three weights (each this rank's heads) are
   // concatenated per call, which moves only the weights; the parameters stay
   // three, so checkpoints and tp shards keep their layout.
   at::Tensor q, k, v;
   if (cfg_.kv_heads() == cfg_.n_head) {
-    const at::Tensor w = at::cat({wq_->weight(), wk_->weight(), wv_->weight()}, 0);
+    // Cast before concatenating: the casts of the weights are cached per step.
+    const at::Tensor w =
+        at::cat({matmul_operand(wq_->weight()), matmul_operand(wk_->weight()), matmul_operand(wv_->weight())}, 0);
     const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
     const at::Tensor qkv = mp_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
     const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
-    // split / unbind, not narrow / select: their backward is one cat / stack
-    // instead of a zero-filled gradient per piece.
-    const auto parts = qkv.view({B, T, 3, H, hd}).split_with_sizes({2, 1}, 2);
-    // q and k rotated together, in the activations' dtype.
-    const auto qk = rope_.apply(parts[0], offset, 1).unbind(2);  // [B, T, H, hd] each
-    q = qk[0].transpose(1, 2);                                    // [B, H, T, hd]
-    k = qk[1].transpose(1, 2);
-    v = parts[1].squeeze(2).transpose(1, 2);
+    // q and k rotated together by one kernel; v stays a slice of qkv, and the
+    // backward writes d(qkv) directly (ops/fused.h).
+    std::tie(q, k, v) = ops::qkv_rope(qkv.view({B, T, 3, H, hd}), rope_.tables(hd, offset + T, qkv.device()), offset);
   } else {
     // Grouped-query attention: fewer kv heads, so q and k rotate apart.
     const auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}); };
@@ -111,7 +113,7 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
     v = v.repeat_interleave(group, 1);
   }
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
+  return project_out(*wo_, merge_heads(causal_attention(q, k, v, p)), residual);
 }
 
 MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR)
@@ -137,7 +139,7 @@ MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   }
 }
 
-at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) {
+at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual) {
   const int64_t hd = cfg_.head_dim();
   auto c = w_dkv_->forward(x);  // [B, T, L]
   auto cq = w_dq_->forward(x);
@@ -172,9 +174,9 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset) 
     // hd + dhR gives the same first hd output columns (the rest are zeros).
     // The CPU kernels take unequal sizes as they are.
     const at::Tensor o = causal_attention(q, k, at::constant_pad_nd(v, {0, dhR_}), p);
-    return wo_->forward(merge_heads(o.narrow(-1, 0, hd)));
+    return project_out(*wo_, merge_heads(o.narrow(-1, 0, hd)), residual);
   }
-  return wo_->forward(merge_heads(causal_attention(q, k, v, p)));
+  return project_out(*wo_, merge_heads(causal_attention(q, k, v, p)), residual);
 }
 
 MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg) {

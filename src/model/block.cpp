@@ -16,9 +16,10 @@ DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::str
   w_out_ = register_module("w_out", factory.row(prefix + ".w_out", hidden, d, residual_std(cfg), cfg.linear_bias));
 }
 
-at::Tensor DenseMLP::forward(const at::Tensor& x) {
-  if (w_gate_) return w_out_->forward(at::silu(w_gate_->forward(x)) * w_in_->forward(x));
-  return w_out_->forward(at::gelu(w_in_->forward(x), "tanh"));
+at::Tensor DenseMLP::forward(const at::Tensor& x, const at::Tensor& residual) {
+  const at::Tensor hid =
+      w_gate_ ? at::silu(w_gate_->forward(x)) * w_in_->forward(x) : at::gelu(w_in_->forward(x), "tanh");
+  return residual.defined() ? w_out_->forward_residual(hid, residual) : w_out_->forward(hid);
 }
 
 Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg_(cfg) {
@@ -53,13 +54,27 @@ at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int6
 
 at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn) {
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  h = h + at::dropout(attn_->forward(attn_norm_->forward(h), cache, offset), p, is_training());
-  const auto x = mlp_norm_->forward(h);
   const Segment ffn = [this](const at::Tensor& in, ForwardAux* a) {
     return moe_ ? moe_->forward(in, a) : mlp_->forward(in);
   };
-  const auto y = recompute_ffn ? recompute_in_backward(ffn, x, aux) : ffn(x, aux);
-  return h + at::dropout(y, p, is_training());
+  if (p > 0) {
+    // Dropout sits between each sublayer and its residual add: the add is
+    // fused with the next norm instead (one kernel each way, ops/fused.h).
+    const at::Tensor a = at::dropout(attn_->forward(attn_norm_->forward(h), cache, offset), p, true);
+    at::Tensor x;
+    std::tie(h, x) = mlp_norm_->forward_add(h, a);
+    const auto y = recompute_ffn ? recompute_in_backward(ffn, x, aux) : ffn(x, aux);
+    return h + at::dropout(y, p, true);
+  }
+  // Without dropout both residual adds fold into the output GEMMs, and each
+  // norm passes the stream on (forward_keep), so the stream's gradient is
+  // summed inside the norms' backward kernels: no add kernel either way.
+  auto [r, y] = attn_norm_->forward_keep(h);
+  h = attn_->forward(y, cache, offset, r);
+  at::Tensor x;
+  std::tie(r, x) = mlp_norm_->forward_keep(h);
+  if (mlp_ && !recompute_ffn) return mlp_->forward(x, r);
+  return r + (recompute_ffn ? recompute_in_backward(ffn, x, aux) : ffn(x, aux));
 }
 
 }  // namespace meshtrain

@@ -22,7 +22,8 @@ namespace meshtrain {
 class DenseMLP : public torch::nn::Module {
  public:
   DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
-  at::Tensor forward(const at::Tensor& x);
+  // With a residual (defined): residual + mlp(x), the add folded into w_out.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& residual = {});
 
  private:
   std::shared_ptr<Linear> w_in_, w_gate_, w_out_;

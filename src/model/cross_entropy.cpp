@@ -7,6 +7,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/matmul_dtype.h"
+#include "meshtrain/ops/fused.h"
 
 namespace meshtrain {
 
@@ -19,39 +20,47 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& t,
                             int64_t chunk) {
-    const int64_t N = h.size(0);
+    const int64_t N = h.size(0), V = w.size(0);
     const bool grad = h.requires_grad() || w.requires_grad();
+    // The cast weight is the one every other use of w this step shares.
+    const at::Tensor hc = matmul_operand(h), wc = matmul_operand(w);
     at::Tensor losses = at::empty({N}, h.options().dtype(at::kFloat));
-    at::Tensor dlogits;  // softmax - onehot, all chunks
+    // Training keeps every row's gradient for the backward; evaluation
+    // reuses one chunk's buffer.
+    at::Tensor buf = at::empty({grad ? N : std::min(chunk, N), V}, hc.options());
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
-      const at::Tensor z = mp_linear(h.narrow(0, s, n), w);  // [n, V], the matmul dtype
-      const at::Tensor tc = t.narrow(0, s, n).unsqueeze(1);
-      // fp32 accumulation (and output) for this chunk only.
-      const at::Tensor logp = at::_log_softmax(z, 1, /*half_to_float=*/z.scalar_type() != at::kFloat);
-      losses.narrow(0, s, n).copy_(logp.gather(1, tc).squeeze(1).neg());
-      if (!grad) continue;
-      if (!dlogits.defined()) dlogits = at::empty({N, z.size(1)}, z.options());
-      at::Tensor d = dlogits.narrow(0, s, n);
-      at::_softmax_out(d, z, 1, false);
-      d.scatter_add_(1, tc, at::full({n, 1}, -1.0, d.options()));
+      at::Tensor z = buf.narrow(0, grad ? s : 0, n);
+      at::mm_out(z, hc.narrow(0, s, n), wc.t());
+      losses.narrow(0, s, n).copy_(ops::cross_entropy_rows_(z, t.narrow(0, s, n), grad));
     }
-    if (grad) ctx->save_for_backward({h, w, dlogits});
+    if (grad) {
+      ctx->save_for_backward({hc, wc, buf});
+      ctx->saved_data["h_dtype"] = h.scalar_type();
+      ctx->saved_data["w_dtype"] = w.scalar_type();
+    }
     return losses;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &w = saved[1], &d = saved[2];
-    const at::Tensor g = grads[0].unsqueeze(1);  // [N, 1] per-token upstream gradient
-    const auto dt = d.scalar_type();
-    const at::Tensor dh = (at::mm(d, w.to(dt)) * g).to(h.scalar_type());
-    const at::Tensor dw = at::mm(d.t(), (h * g).to(dt)).to(w.scalar_type());
+    const at::Tensor g = grads[0].unsqueeze(1).to(d.scalar_type());  // [N, 1] per-token upstream gradient
+    const at::Tensor dh = (at::mm(d, w) * g).to(ctx->saved_data["h_dtype"].toScalarType());
+    const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType());
     return {dh, dw, at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype) {
+  const at::Tensor a = dy.reshape({-1, dy.size(-1)}), b = x.reshape({-1, x.size(-1)});
+  const bool mixed = a.scalar_type() != param_dtype && param_dtype == at::kFloat &&
+                     (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf);
+  if (mixed && (a.is_cuda() || a.is_meta())) return at::mm(a.t(), b, at::kFloat);
+  return at::mm(a.t(), b).to(param_dtype);
+}
 
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_rows) {

@@ -20,7 +20,9 @@ uint64_t splitmix64(uint64_t x) {
 class PlainEmbedding : public Embedding {
  public:
   explicit PlainEmbedding(at::Tensor w) : weight_(register_parameter("weight", std::move(w))) {}
-  at::Tensor forward(const at::Tensor& tokens) override { return at::embedding(weight_, tokens); }
+  // In the matmul dtype: the residual stream is bf16 under mixed precision
+  // (the cast is the one the tied head makes anyway).
+  at::Tensor forward(const at::Tensor& tokens) override { return at::embedding(matmul_operand(weight_), tokens); }
   at::Tensor weight() const override { return weight_; }
 
  private:
@@ -70,66 +72,42 @@ PlainLinear::PlainLinear(at::Tensor w, at::Tensor b) : weight_(register_paramete
 
 at::Tensor PlainLinear::forward(const at::Tensor& x) { return mp_linear(x, weight_, bias_); }
 
+at::Tensor PlainLinear::forward_residual(const at::Tensor& x, const at::Tensor& residual) {
+  const at::Tensor xc = matmul_operand(x), wc = matmul_operand(weight_);
+  // addmm wants the residual in the GEMM's dtype and shape; otherwise add.
+  if (bias_.defined() || residual.scalar_type() != xc.scalar_type() || !residual.is_contiguous() ||
+      residual.dim() < 1 || residual.size(-1) != wc.size(0))
+    return residual + forward(x);
+  const at::Tensor r2 = residual.reshape({-1, wc.size(0)});
+  MT_CHECK(r2.size(0) * xc.size(-1) == xc.numel(), "linear: residual ", residual.sizes(), " does not match input ",
+           xc.sizes());
+  return at::addmm(r2, xc.reshape({-1, xc.size(-1)}), wc.t()).view(residual.sizes());
+}
+
 RMSNorm::RMSNorm(int64_t d, double eps, bool bias, at::Device device)
     : weight_(register_parameter("weight", torch::ones({d}, at::TensorOptions().device(device)))), eps_(eps) {
   if (bias) bias_ = register_parameter("bias", torch::zeros({d}, at::TensorOptions().device(device)));
 }
 
-at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  // One fused kernel forward and one backward on CUDA (fp32 statistics inside
-  // even for bf16 inputs). It needs the weight in x's dtype; otherwise it is
-  // libtorch's composite, the same fp32 chain as on CPU.
-  const at::Tensor y = at::rms_norm(x, {x.size(-1)}, weight_.to(x.scalar_type()), eps_);
-  return bias_.defined() ? y + bias_.to(x.scalar_type()) : y;
+at::Tensor RMSNorm::forward(const at::Tensor& x) { return ops::rms_norm(x, weight_, bias_, eps_); }
+
+std::pair<at::Tensor, at::Tensor> RMSNorm::forward_keep(const at::Tensor& x) {
+  return ops::residual_rms_norm(x, weight_, bias_, eps_);
 }
 
-namespace {
-
-at::Tensor swap_halves(const at::Tensor& x) {
-  const auto h = x.chunk(2, -1);
-  return at::cat({h[1], h[0]}, -1);
+std::pair<at::Tensor, at::Tensor> RMSNorm::forward_add(const at::Tensor& a, const at::Tensor& b) {
+  return ops::add_rms_norm(a, b, weight_, bias_, eps_);
 }
 
-// y = x*cos + swap(x)*sin. swap is its own transpose, so the backward is the
-// same shape of computation: dx = g*cos + swap(g*sin).
-class RotateFn : public torch::autograd::Function<RotateFn> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
-                            const at::Tensor& sin) {
-    ctx->save_for_backward({cos, sin});
-    return x * cos + swap_halves(x) * sin;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& g = grads[0];
-    return {g * saved[0] + swap_halves(g * saved[1]), at::Tensor(), at::Tensor()};
-  }
-};
-
-}  // namespace
+const ops::RopeTables& Rotary::tables(int64_t dim, int64_t n, const at::Device& device) {
+  ops::RopeTables& t = cache_[std::to_string(dim) + "/" + device.str()];
+  if (!t.cos.defined() || t.cos.size(0) < n) t = ops::rope_tables(dim, n, theta_, device);
+  return t;
+}
 
 at::Tensor Rotary::apply(const at::Tensor& x, int64_t offset, int64_t seq_dim) {
-  const int64_t dim = x.size(-1);
   if (seq_dim < 0) seq_dim += x.dim();
-  const int64_t T = x.size(seq_dim);
-  MT_CHECK(dim % 2 == 0, "rope needs an even number of dims, got ", dim, " (hint: head_dim and dhR must be even)");
-  const std::string key = std::to_string(dim) + "/" + x.device().str() + "/" + c10::toString(x.scalar_type());
-  Tables& t = cache_[key];
-  if (!t.cos.defined() || t.cos.size(0) < offset + T) {
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(x.device());
-    const auto inv_freq = at::pow(theta_, -at::arange(0, dim, 2, f32) / static_cast<double>(dim));  // [dim/2]
-    const auto angle = at::outer(at::arange(0, offset + T, f32), inv_freq);                       // [n, dim/2]
-    const auto c = angle.cos(), s = angle.sin();
-    t.cos = at::cat({c, c}, -1).to(x.scalar_type());
-    t.sin = at::cat({-s, s}, -1).to(x.scalar_type());
-  }
-  // [T, 1, .., 1, dim]: broadcast over the dims between positions and features.
-  std::vector<int64_t> shape(static_cast<size_t>(x.dim() - seq_dim), 1);
-  shape.front() = T;
-  shape.back() = dim;
-  const at::Tensor cos = t.cos.narrow(0, offset, T).view(shape), sin = t.sin.narrow(0, offset, T).view(shape);
-  return RotateFn::apply(x, cos, sin);
+  return ops::rope(x, tables(x.size(-1), offset + x.size(seq_dim), x.device()), offset, seq_dim);
 }
 
 at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta) {

@@ -1,6 +1,7 @@
 #include "meshtrain/model/matmul_dtype.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <unordered_map>
 
@@ -34,9 +35,11 @@ at::Tensor matmul_operand(const at::Tensor& t) {
   if (!t_state.dtype || !t.is_floating_point() || t.scalar_type() == *t_state.dtype) return t;
   if (!(t.is_leaf() && t.requires_grad())) return t.to(*t_state.dtype);
   auto it = t_state.cache.find(t.unsafeGetTensorImpl());
-  if (it == t_state.cache.end())
-    it = t_state.cache.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, t.to(*t_state.dtype))).first;
-  return it->second.second;
+  if (it != t_state.cache.end()) return it->second.second;
+  // A cast made without grad mode (inside a custom autograd function) has no
+  // history: cached, it would cut the gradient of a later use outside one.
+  if (!at::GradMode::is_enabled()) return t.to(*t_state.dtype);
+  return t_state.cache.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, t.to(*t_state.dtype))).first->second.second;
 }
 
 at::Tensor mp_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {

@@ -174,8 +174,10 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor xin = dispatcher_->dispatch_slots(buf.narrow(0, 0, E * S).view({E, S, d}));
   const at::Tensor gate_in =
       w_gate_.defined() ? at::bmm(matmul_operand(xin), matmul_operand(w_gate_).transpose(1, 2)) : at::Tensor();
-  const at::Tensor hid =
-      hidden_activation(at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2)), gate_in);
+  at::Tensor pre = at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2));  // [E_local, ep*S, h]
+  // Empty slots get the bias too; nothing reads their outputs.
+  if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
+  const at::Tensor hid = hidden_activation(pre, gate_in);
   const at::Tensor out =
       dispatcher_->combine_slots(at::bmm(hid, matmul_operand(w_out_).transpose(1, 2)));  // [E, S, d]
   const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
@@ -183,6 +185,56 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   // them (exact: the combine is linear); dropped assignments read zeros.
   const at::Tensor each = rows.index_select(0, row) * gate.unsqueeze(1).to(out.scalar_type());
   return at::zeros({N, d}, out.options()).index_add(0, token, each);
+}
+
+at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate) {
+  // Every assignment is kept: sorted by expert (stable, so token order within
+  // an expert), each expert's rows are one group of a grouped GEMM.
+  const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension, N = xflat.size(0);
+  const at::Tensor expert = r.expert.reshape({N * k});
+  const auto [sorted_expert, assignment] = expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor token = assignment.div(k, "floor");
+  const at::Tensor rows = xflat.index_select(0, token);
+  at::Tensor out;
+  if (dispatcher_->size() == 1) {
+    // Counts stay on the device (a scatter, not bincount, which sizes its
+    // output from the data): no host sync.
+    const at::Tensor counts = at::zeros({E}, expert.options()).scatter_add_(0, expert, at::ones_like(expert));
+    out = grouped_experts(rows, counts, sorted_expert);
+  } else {
+    // The all-to-all's splits are host numbers: one sync per layer, inherent
+    // to expert parallelism's uneven exchange.
+    const at::Tensor counts = at::bincount(expert, {}, E).cpu();
+    const std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
+    const TokenDispatcher::Dispatched mine = dispatcher_->dispatch(rows, count);
+    const auto local_counts = at::tensor(mine.counts, expert.options().device(at::kCPU)).to(expert.device());
+    const at::Tensor local_expert = at::repeat_interleave(at::arange(static_cast<int64_t>(mine.counts.size()),
+                                                                     expert.options()),
+                                                          local_counts, 0, mine.rows.size(0));
+    // No local rows: the (empty) received rows stand in for the outputs, so
+    // the exchange's backward still runs here as on its peers.
+    const at::Tensor local =
+        mine.rows.size(0) == 0 ? mine.rows : grouped_experts(mine.rows, local_counts, local_expert);
+    out = dispatcher_->combine(local, mine);  // the sender's rows, in `assignment` order
+  }
+  // Combine: gates scale each tp rank's partial output before exit_tp sums
+  // them, which is exact because the combine is linear.
+  out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
+  return at::zeros({N, d}, out.options()).index_add(0, token, out);
+}
+
+at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert) {
+  // One grouped GEMM per projection (at::_grouped_mm: group g is rows
+  // offs[g-1]..offs[g] times expert g's matrix), not a loop of small GEMMs.
+  const at::Tensor offs = counts.cumsum(0).to(at::kInt);
+  const at::Tensor x = matmul_operand(rows);
+  auto gmm = [&](const at::Tensor& a, const at::Tensor& w) {
+    return at::_grouped_mm(a, matmul_operand(w).transpose(1, 2), offs);
+  };
+  at::Tensor pre = gmm(x, w_in_);
+  if (b_in_.defined()) pre = pre + b_in_.index_select(0, row_expert).to(pre.scalar_type());
+  const at::Tensor hid = hidden_activation(pre, w_gate_.defined() ? gmm(x, w_gate_) : at::Tensor());
+  return gmm(hid, w_out_);
 }
 
 at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
@@ -197,10 +249,10 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   const int64_t B = xr.size(0), T = xr.size(1), N = B * T;
   at::Tensor logits;
   {
-    // The router matmul runs in fp32 even under bf16 autocast: bf16-rounded
-    // scores flip near-ties in top-k, so meshes whose reductions round
-    // differently would send tokens to different experts.
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // The router matmul runs in fp32 even under bf16 mixed precision:
+    // bf16-rounded scores flip near-ties in top-k, so meshes whose reductions
+    // round differently would send tokens to different experts.
+    MatmulDtypeGuard fp32(std::nullopt);
     logits = router_->forward(xr.to(at::kFloat));
   }
   const Routing r = route(logits, cfg_, is_training(), score_bias_);
@@ -219,57 +271,19 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   const at::Tensor gate =
       factory_->enter_tp(factory_->scatter_sequence(r.gate.reshape({B, T, k}))).reshape({N * k});
 
-  // Without expert biases and with a capacity: static shapes, no host sync.
-  // Otherwise (unbounded capacity, Jaxformer's expert biases) the experts run
-  // on per-expert counts read on the host.
-  at::Tensor routed, assignment, token;
-  if (r.capacity > 0 && !b_in_.defined() && !b_out_.defined()) {
-    routed = experts_by_capacity(xflat, r, gate, B, T);
-  } else {
-    // Route -> dispatch: kept (token, expert) assignments, grouped by expert.
-    const at::Tensor kept = r.keep.reshape({N * k}).nonzero().squeeze(1);  // assignment ids a = token*k + j
-    const at::Tensor kept_expert = r.expert.reshape({N * k}).index_select(0, kept);
-    const at::Tensor order = std::get<1>(kept_expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-    assignment = kept.index_select(0, order);
-    token = assignment.div(k, "floor");
-    const at::Tensor counts = at::bincount(kept_expert, {}, E).cpu();  // one host sync per layer
-    const std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
-    // Under expert parallelism every rank of the ep group takes part in the
-    // exchange, also when it routes or receives no token.
-    const TokenDispatcher::Dispatched mine = dispatcher_->dispatch(xflat.index_select(0, token), count);
-
-    // Compute: one matmul pair per local expert on its contiguous slice.
-    std::vector<at::Tensor> outs;
-    int64_t offset = 0;
-    for (size_t e = 0; e < mine.counts.size(); ++e) {
-      const int64_t n = mine.counts[e];
-      if (n == 0) continue;
-      const auto i = static_cast<int64_t>(e);
-      const at::Tensor xs = mine.rows.narrow(0, offset, n);
-      at::Tensor pre = mp_linear(xs, w_in_[i]);
-      if (b_in_.defined()) pre = pre + b_in_[i].to(pre.scalar_type());
-      const at::Tensor hid = hidden_activation(pre, w_gate_.defined() ? mp_linear(xs, w_gate_[i]) : at::Tensor());
-      outs.push_back(mp_linear(hid, w_out_[i]));
-      offset += n;
-    }
-    // No local rows: the (empty) received rows stand in for the outputs, so
-    // the exchange's backward still runs here as on its peers.
-    const at::Tensor local = outs.empty() ? mine.rows : at::cat(outs, 0);
-    at::Tensor out = dispatcher_->combine(local, mine);  // the sender's rows, in `assignment` order
-    // Combine: gates scale each tp rank's partial output before exit_tp sums
-    // them, which is exact because the combine is linear.
-    out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
-    routed = at::zeros({N, d}, out.options()).index_add(0, token, out);
-  }
+  // With a capacity: static shapes, no host sync. Dropless: grouped GEMMs
+  // over the assignments sorted by expert.
+  const at::Tensor routed =
+      r.capacity > 0 ? experts_by_capacity(xflat, r, gate, B, T) : experts_dropless(xflat, r, gate);
   at::Tensor y = factory_->exit_tp(routed.reshape({B, T, d}));
 
   // Output biases: replicated, so added once after the tp sum, from the
   // replicated routing (whole sequences), then cut to this rank's shard.
-  if (b_out_.defined() && assignment.defined() && assignment.numel() > 0) {
-    const at::Tensor g = r.gate.reshape({N * k}).index_select(0, assignment).unsqueeze(1);
-    const at::Tensor bias = b_out_.index_select(0, r.expert.reshape({N * k}).index_select(0, assignment)) * g;
-    const at::Tensor full = at::zeros({N, d}, bias.options()).index_add(0, token, bias).reshape({B, T, d});
-    y = y + factory_->scatter_sequence(full).to(y.scalar_type());
+  // Token n's assignments are rows n*k .. n*k+k-1; dropped ones weigh 0.
+  if (b_out_.defined()) {
+    const at::Tensor g = r.gate * r.keep.to(r.gate.scalar_type());                                  // [N, k]
+    const at::Tensor bias = b_out_.index_select(0, r.expert.reshape({N * k})).view({N, k, d}) * g.unsqueeze(2);
+    y = y + factory_->scatter_sequence(bias.sum(1).reshape({B, T, d})).to(y.scalar_type());
   }
 
   // Shared experts go through the factory's own column/row layers, which

@@ -2,57 +2,62 @@
 
 #include <torch/torch.h>
 
-#include <limits>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/matmul_dtype.h"
+#include "meshtrain/ops/fused.h"
 #include "meshtrain/parallel/mappings.h"
 
 namespace meshtrain {
 
 namespace {
 
+// The head GEMM and the cross-entropy over vocabulary shards, fused like
+// the single-device head (model/cross_entropy.h): this rank's logits [N,
+// local] are made in the matmul dtype, one kernel reads them for the row
+// statistics, two all-reduces of N floats combine them over tp, and one
+// kernel overwrites them with their gradient; the backward is the two GEMMs.
 class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
-                            int64_t comm, int64_t start, int64_t real) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
+                            const at::Tensor& targets, int64_t comm, int64_t start, int64_t real) {
     auto& tp = *reinterpret_cast<Communicator*>(comm);
-    at::Tensor z = logits.clone(at::MemoryFormat::Contiguous);
-    const int64_t local = z.size(1);
-    if (real < local) z.narrow(1, real, local - real).fill_(-std::numeric_limits<float>::infinity());
+    const bool grad = h.requires_grad() || w.requires_grad();
+    const at::Tensor hc = matmul_operand(h), wc = matmul_operand(w);
+    at::Tensor z = at::mm(hc, wc.t());  // [N, local]
+    // Targets in other shards become -1: no picked logit, no one-hot here.
+    const at::Tensor local_target =
+        at::where((targets >= start) & (targets < start + real), targets - start, at::full({}, -1, targets.options()));
+    const at::Tensor st = ops::softmax_stats(z, local_target, real);  // max, sum of exp(z - max), picked
 
-    // Subtracting the global max keeps exp() finite; the max has no gradient
-    // (it cancels in log-sum-exp), so it needs no backward collective.
-    at::Tensor max = std::get<0>(z.max(1));
+    // log-sum-exp over the whole vocabulary: the global max first, then each
+    // shard's sum rescaled to it (a shard with no real column has max -inf
+    // and sum 0, and adds 0). The max has no gradient: it cancels.
+    at::Tensor max = st[0].clone();
     tp.all_reduce(max, ReduceOp::Max);
-    z.sub_(max.unsqueeze(1));
-
-    const at::Tensor in_range = (targets >= start) & (targets < start + real);
-    const at::Tensor local_target = (targets - start).masked_fill(~in_range, 0);
-    at::Tensor picked = z.gather(1, local_target.unsqueeze(1)).squeeze(1).masked_fill(~in_range, 0.0);
-
-    at::Tensor exp = z.exp_();
-    at::Tensor sum_exp = exp.sum(1);
-    // One collective for the two sums: they are independent.
-    at::Tensor sums = at::stack({sum_exp, picked});
+    at::Tensor sums = at::stack({st[1] * (st[0] - max).exp(), st[2]});  // one collective for both sums
     tp.all_reduce(sums);
-    sum_exp = sums[0];
-    picked = sums[1];
-
-    exp.div_(sum_exp.unsqueeze(1));  // softmax over the local columns
-    ctx->save_for_backward({exp, local_target, in_range});
-    return sum_exp.log() - picked;
+    const at::Tensor lse = max + sums[0].log();
+    if (grad) {
+      ops::softmax_grad_(z, local_target, lse, real);
+      ctx->save_for_backward({hc, wc, z});
+      ctx->saved_data["h_dtype"] = h.scalar_type();
+      ctx->saved_data["w_dtype"] = w.scalar_type();
+    }
+    return lse - sums[1];
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    at::Tensor g = saved[0].clone();
-    const at::Tensor& local_target = saved[1];
-    const at::Tensor& in_range = saved[2];
-    g.scatter_add_(1, local_target.unsqueeze(1), -in_range.to(g.scalar_type()).unsqueeze(1));
-    g.mul_(grads[0].unsqueeze(1));
-    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor &h = saved[0], &w = saved[1], &d = saved[2];
+    const at::Tensor g = grads[0].unsqueeze(1).to(d.scalar_type());
+    // This rank's part of dh (its vocabulary columns); entering the tp
+    // region sums the parts.
+    const at::Tensor dh = (at::mm(d, w) * g).to(ctx->saved_data["h_dtype"].toScalarType());
+    const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType());
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -66,7 +71,8 @@ class VocabParallelEmbedding : public Embedding {
     // exit's sum over tp leaves exactly the owner's row.
     const at::Tensor outside = (tokens < r_.start) | (tokens >= r_.start + r_.local);
     const at::Tensor local = (tokens - r_.start).masked_fill(outside, 0);
-    const at::Tensor out = at::embedding(weight_, local).masked_fill(outside.unsqueeze(-1), 0.0);
+    // In the matmul dtype, as the single-device embedding (model/layers.cpp).
+    const at::Tensor out = at::embedding(matmul_operand(weight_), local).masked_fill(outside.unsqueeze(-1), 0.0);
     return factory_->exit_tp(out);
   }
   at::Tensor weight() const override { return weight_; }
@@ -86,11 +92,13 @@ class VocabParallelHead : public LMHead {
   }
 
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets) override {
-    const at::Tensor z = local_logits(h).to(at::kFloat);
+    const at::Tensor x = factory_->enter_tp(h);
     const at::Tensor t = targets.reshape({-1}).to(at::kLong);
-    MT_CHECK(z.size(0) * z.size(1) == t.numel(), "head: ", t.numel(), " targets for hidden states of shape ",
-             h.sizes(), " (after the tp entry: ", z.sizes(), ")");
-    return vocab_parallel_cross_entropy(z.reshape({t.numel(), r_.local}), t, *tp_, r_).view(targets.sizes());
+    MT_CHECK(x.numel() / x.size(-1) == t.numel(), "head: ", t.numel(), " targets for hidden states of shape ",
+             h.sizes(), " (after the tp entry: ", x.sizes(), ")");
+    return vocab_parallel_cross_entropy(x.reshape({t.numel(), x.size(-1)}), tied_ ? tied_->weight() : weight_, t,
+                                        *tp_, r_)
+        .view(targets.sizes());
   }
 
   at::Tensor logits(const at::Tensor& h) override {
@@ -129,11 +137,13 @@ at::Tensor vocab_shard(uint64_t seed, const std::string& name, int64_t d, double
   return shard;
 }
 
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_local, const at::Tensor& targets, Communicator& tp,
-                                        const VocabRange& r) {
-  MT_ASSERT(logits_local.dim() == 2 && logits_local.size(1) == r.local, "vocab-parallel CE wants [N, ", r.local,
-            "] logits, got ", logits_local.sizes());
-  return VocabParallelCrossEntropy::apply(logits_local, targets.to(at::kLong), reinterpret_cast<int64_t>(&tp),
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& h, const at::Tensor& weight_local, const at::Tensor& targets,
+                                        Communicator& tp, const VocabRange& r) {
+  MT_ASSERT(h.dim() == 2 && weight_local.dim() == 2 && weight_local.size(0) == r.local &&
+                h.size(1) == weight_local.size(1),
+            "vocab-parallel CE wants h [N, d] and this rank's [", r.local, ", d] weight, got ", h.sizes(), " and ",
+            weight_local.sizes());
+  return VocabParallelCrossEntropy::apply(h, weight_local, targets.to(at::kLong), reinterpret_cast<int64_t>(&tp),
                                           r.start, r.real);
 }
 

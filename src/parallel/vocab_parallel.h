@@ -27,12 +27,13 @@ VocabRange vocab_range(int64_t vocab, int64_t tp_size, int64_t tp_rank);
 // from init_normal(seed, name, {vocab, d}), padding zero.
 at::Tensor vocab_shard(uint64_t seed, const std::string& name, int64_t d, double std, const VocabRange& r);
 
-// Per-row cross-entropy of targets [N] against logits whose columns are split
-// over tp (logits_local [N, r.local] fp32 of this rank's range), without
-// gathering them: max, sum of exponentials and the target logit are each
-// all-reduced over N floats. Backward: softmax - onehot on the local columns.
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_local, const at::Tensor& targets, Communicator& tp,
-                                        const VocabRange& r);
+// Per-row cross-entropy of targets [N] against the logits h @ weight_local^T
+// whose columns are this rank's vocabulary range, without gathering them:
+// the row max, the sum of exponentials and the target logit are all-reduced
+// over N floats each. h [N, d] is already inside the tp region. Backward:
+// this rank's part of dh (summed by the region entry) and its weight rows.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& h, const at::Tensor& weight_local, const at::Tensor& targets,
+                                        Communicator& tp, const VocabRange& r);
 
 // factory: the TP factory whose exit_tp (all-reduce, or reduce-scatter along
 // the sequence) finishes the lookup; must outlive the layer.

@@ -112,6 +112,11 @@ Tensor grouped_mm(const Tensor& a, const Tensor& b, const std::optional<Tensor>&
 }
 
 // Ops libtorch has no C++ meta kernel for that a training step runs.
+// mm with an fp32 output from bf16 operands (weight gradients, model/cross_entropy.h).
+Tensor mm_dtype(const Tensor& a, const Tensor& b, at::ScalarType dtype) {
+  return at::empty({a.size(0), b.size(1)}, a.options().dtype(dtype));
+}
+
 Tensor index_select(const Tensor& self, int64_t dim, const Tensor& index) {
   std::vector<int64_t> shape = self.sizes().vec();
   if (!shape.empty()) shape[static_cast<size_t>(dim < 0 ? dim + self.dim() : dim)] = index.numel();
@@ -171,6 +176,7 @@ void install_meta_kernels() {
     meta->impl("_local_scalar_dense", TORCH_FN(local_scalar));
     meta->impl("nonzero", TORCH_FN(nonzero));
     meta->impl("_grouped_mm", TORCH_FN(grouped_mm));
+    meta->impl("mm.dtype", TORCH_FN(mm_dtype));
     meta->impl("index_select", TORCH_FN(index_select));
     meta->impl("embedding_dense_backward", TORCH_FN(embedding_backward));
     meta->impl("logical_not", TORCH_FN(logical_not));

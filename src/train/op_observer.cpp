@@ -9,6 +9,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -35,6 +36,7 @@ struct OpInfo {
   bool sync = false;       // reads device memory on the host
   Kind kind = Kind::Other;
   std::vector<bool> write_only;  // per argument: written, never read (out=, copy_ dst)
+  std::vector<bool> written;     // per argument: written (schema-declared mutable)
 };
 
 bool starts_with(const char* s, const char* prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
@@ -51,7 +53,7 @@ OpInfo classify(const char* name, const char* overload) {
   info.fused = starts_with(name, "aten::_foreach_") || starts_with(name, "aten::_fused_adam") ||
                starts_with(name, "aten::_fused_rms_norm") || starts_with(name, "aten::_scaled_dot_product_") ||
                starts_with(name, "aten::_flash_attention_") || starts_with(name, "aten::_efficient_attention_") ||
-               n == "aten::_grouped_mm";
+               n == "aten::_grouped_mm" || starts_with(name, "meshtrain::");
   if (one_of(n, {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv",
                  "aten::dot", "aten::vdot", "aten::_grouped_mm", "aten::_scaled_mm", "aten::_int_mm"}))
     info.kind = Kind::Gemm;
@@ -97,6 +99,7 @@ OpInfo classify(const char* name, const char* overload) {
   for (const auto& a : schema.arguments()) {
     const bool written = a.alias_info() && a.alias_info()->isWrite();
     info.write_only.push_back(written && (a.kwarg_only() || overwrite));
+    info.written.push_back(written);
   }
   return info;
 }
@@ -176,6 +179,10 @@ struct Frame {
   bool kernel_below = false;
   bool on_device = false;
   double in_bytes = 0, flop = 0;
+  // Mutable arguments: their bytes count as written once, whether or not the
+  // op returns them (in-place ops return self, foreach and fused ops nothing).
+  double written_bytes = 0;
+  std::vector<const c10::TensorImpl*> written;
 };
 
 class Context : public at::ObserverContext {};
@@ -220,6 +227,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     double last_tensor = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
       const bool write_only = i < f.info->write_only.size() && f.info->write_only[i];
+      const bool written = i < f.info->written.size() && f.info->written[i];
       // Indexed ops: self (argument 0) is touched only where indexed.
       const bool skip = f.info->access != Access::Dense && i == 0;
       for_each_tensor(inputs[i], [&](const at::Tensor& t) {
@@ -227,6 +235,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         if (t.device() == s->device) {
           f.on_device = true;
           if (!write_only && !skip) f.in_bytes += tensor_bytes(t);
+          if (written && f.info->access == Access::Dense) {
+            f.written_bytes += tensor_bytes(t);
+            f.written.push_back(t.unsafeGetTensorImpl());
+          }
           last_tensor = tensor_bytes(t);
         }
       });
@@ -260,14 +272,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     double out_bytes = 0;
     for (const c10::IValue& v : fn.outputs())
       for_each_tensor(v, [&](const at::Tensor& t) {
-        if (t.defined() && t.device() == s->device) out_bytes += tensor_bytes(t);
+        const bool returned_argument =
+            std::find(f.written.begin(), f.written.end(), t.unsafeGetTensorImpl()) != f.written.end();
+        if (t.defined() && t.device() == s->device && !returned_argument) out_bytes += tensor_bytes(t);
       });
     if (f.info->access == Access::Gather) out_bytes *= 2;  // the rows read, then written
     if (f.info->access == Access::ScatterInPlace) out_bytes = 0;  // counted with the source
-    // In-place and out= ops return nothing new for foreach/fused lists: their
-    // written arguments were counted as reads (read-modify-write) or not at all.
-    if (fn.outputs().empty() && f.info->fused) out_bytes = f.in_bytes;
-    const double bytes = f.in_bytes + out_bytes;
+    const double bytes = f.in_bytes + out_bytes + f.written_bytes;
     std::lock_guard<std::mutex> lock(s->mu);
     OpTotals& t = s->totals;
     ++t.kernels;

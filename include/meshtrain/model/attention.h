@@ -18,7 +18,10 @@ namespace meshtrain {
 class Attention : public torch::nn::Module {
  public:
   // cache may be nullptr (training); offset is the position of x's first token.
-  virtual at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) = 0;
+  // With a residual (defined), returns residual + attention(x), the add
+  // folded into the output projection (Linear::forward_residual).
+  virtual at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset,
+                             const at::Tensor& residual = {}) = 0;
 };
 
 // Parameters under prefix ("layers.3.attn"): wq (column d -> n_head*hd), wk,
@@ -31,7 +34,8 @@ class Attention : public torch::nn::Module {
 class MHA : public Attention {
  public:
   MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
-  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset,
+                     const at::Tensor& residual = {}) override;
 
  private:
   // [B, T, KV*hd] from a replicated wk/wv -> this rank's kv head [B, T, 1, hd].
@@ -58,7 +62,8 @@ class MHA : public Attention {
 class MLA : public Attention {
  public:
   MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR);
-  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset) override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset,
+                     const at::Tensor& residual = {}) override;
   int64_t dhR() const { return dhR_; }
 
  private:

@@ -1,11 +1,11 @@
 #pragma once
-// The output head's GEMM and cross-entropy, without ever holding fp32 logits
-// for the whole batch: logits are made chunk by chunk of tokens, each chunk's
-// log-softmax runs with fp32 accumulation (fp32 output only for that chunk),
-// and the gradient of the logits, softmax - onehot (in the matmul dtype), is
-// written in the forward into one [N, V] buffer, so the backward is just the
-// two GEMMs: dh = g * (d @ W) and dW = d^T (g * h), with the per-token
-// upstream gradient g applied to the small [N, d] side.
+// The output head's GEMM and cross-entropy, without ever holding fp32 logits:
+// chunk by chunk of tokens, the logits GEMM writes (in the matmul dtype) into
+// one [N, V] buffer and one fused kernel per chunk (ops/fused.h) turns each
+// row into its loss (fp32 accumulation) and overwrites it with its gradient,
+// softmax - onehot: one read and one write of the logits in all. The
+// backward is just the two GEMMs: dh = g * (d @ W) and dW = d^T (g * h), with
+// the per-token upstream gradient g applied to the small [N, d] side.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -13,8 +13,13 @@
 namespace meshtrain {
 
 // h [N, d], weight [V, d], targets [N] int64 -> per-token losses [N] fp32.
-// chunk_rows <= 0: a chunk size keeping each chunk's fp32 log-probabilities near 512 MiB.
+// chunk_rows <= 0: chunks of about 128M logits (a bound on one kernel's size,
+// and on evaluation's buffer, which holds one chunk).
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_rows = 0);
+
+// dW = dy^T x for a weight of dtype param_dtype: a bf16 GEMM writes fp32
+// directly where the backend can (CUDA, meta), so no cast follows.
+at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype);
 
 }  // namespace meshtrain

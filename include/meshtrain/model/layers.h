@@ -12,9 +12,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/model/token_dispatcher.h"
+#include "meshtrain/ops/fused.h"
 
 namespace meshtrain {
 
@@ -28,6 +30,13 @@ uint64_t param_seed(uint64_t seed, const std::string& name);
 class Linear : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;
+  // residual + forward(x): the residual stream's add. An unsharded layer
+  // folds it into its GEMM (addmm: the add costs no kernel of its own, and
+  // its backward is the gradient itself); a tp row layer adds after its
+  // reduction, since each rank holds a partial sum.
+  virtual at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual) {
+    return residual + forward(x);
+  }
   // The pieces of forward for layers fused into one GEMM (QKV): what the
   // layer does to its input before the matmul (column-parallel: the tp region
   // entry; shared by layers reading the same tensor) and its local weight.
@@ -165,6 +174,7 @@ class PlainLinear : public Linear {
  public:
   explicit PlainLinear(at::Tensor w, at::Tensor b = {});
   at::Tensor forward(const at::Tensor& x) override;
+  at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual) override;
   const at::Tensor& weight() const override { return weight_; }
   at::Tensor bias() const override { return bias_; }
 
@@ -172,11 +182,17 @@ class PlainLinear : public Linear {
   at::Tensor weight_, bias_;
 };
 
-// x / rms(x) * weight (+ bias when `bias`: Jaxformer's RMSNorm has a beta).
+// x / rms(x) * weight (+ bias when `bias`: Jaxformer's RMSNorm has a beta),
+// in x's dtype with fp32 statistics: one fused kernel each way (ops/fused.h).
 class RMSNorm : public torch::nn::Module {
  public:
   explicit RMSNorm(int64_t d, double eps = 1e-6, bool bias = false, at::Device device = at::kCPU);
   at::Tensor forward(const at::Tensor& x);
+  // The residual add before the norm, fused: returns (a + b, norm(a + b)).
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& a, const at::Tensor& b);
+  // The norm of a residual stream x: returns (x, norm(x)); x's other consumers
+  // take the first, so its gradient is summed inside the norm's backward.
+  std::pair<at::Tensor, at::Tensor> forward_keep(const at::Tensor& x);
 
  private:
   at::Tensor weight_, bias_;
@@ -184,11 +200,10 @@ class RMSNorm : public torch::nn::Module {
 };
 
 // Rotary embedding, half-split convention (GPT-NeoX / Llama-HF): dim i pairs
-// with dim i + dim/2, rotated by angle pos * theta^(-2i/dim). Tables are
-// computed in fp32 once per (dim, device, dtype) and extended when a longer
-// position range is asked for; the rotation runs in the activations' dtype
-// (no fp32 round trip) as x*cos + swap_halves(x)*sin_signed, forward and
-// backward four kernels each.
+// with dim i + dim/2, rotated by angle pos * theta^(-2i/dim). fp32 tables are
+// computed once per (dim, device) and extended when a longer position range
+// is asked for; the rotation is one fused kernel each way (ops/fused.h),
+// fp32 math on the activations' dtype.
 class Rotary {
  public:
   explicit Rotary(double theta) : theta_(theta) {}
@@ -196,13 +211,12 @@ class Rotary {
   // = x.size(seq_dim)); the dims between seq_dim and the last are broadcast
   // (e.g. q and k stacked as [B, T, 2, H, dim] with seq_dim 1).
   at::Tensor apply(const at::Tensor& x, int64_t offset, int64_t seq_dim);
+  // The tables covering positions [0, n) of a dim-wide rotation on device.
+  const ops::RopeTables& tables(int64_t dim, int64_t n, const at::Device& device);
 
  private:
   double theta_;
-  struct Tables {
-    at::Tensor cos, sin;  // [n, dim]; sin's first half negated
-  };
-  std::map<std::string, Tables> cache_;  // key: dim, device, dtype
+  std::map<std::string, ops::RopeTables> cache_;  // key: dim, device
 };
 
 // One-off rotation of x [..., T, dim] (T is dim -2); Rotary caches the tables.

@@ -1,10 +1,12 @@
 #pragma once
-// Mixed precision where at::autocast does not reach. On CUDA, autocast runs
-// matmuls and attention in bf16 while parameters, the residual stream and the
-// statistics stay fp32. The meta device (the performance model of `bench
-// --device meta`) has no autocast, so there the trainer sets a matmul dtype
-// for the thread and the layers cast their matmul operands to it themselves,
-// exactly where autocast would. Unset (CPU, CUDA): no cast.
+// Mixed precision, spelled out in the layers (not at::autocast): with a
+// matmul dtype set for the thread (bf16 on CUDA and on the meta device of
+// `bench --device meta`, the trainer's guard), the layers cast their matmul
+// operands to it, so GEMMs, attention and the residual stream run in bf16
+// while parameters, gradients and AdamW state stay fp32 (the master weights)
+// and the fused kernels keep fp32 statistics (ops/fused.h). Explicit casts
+// make the step on a GPU exactly the one the performance model counts.
+// Unset (CPU): no cast.
 #include <ATen/core/Tensor.h>
 
 #include <optional>

@@ -76,6 +76,10 @@ class MoE : public torch::nn::Module {
   // capacity and no expert biases; forward() runs the others by counts).
   at::Tensor experts_by_capacity(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate, int64_t B,
                                  int64_t T);
+  at::Tensor experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate);
+  // This rank's experts on rows grouped by local expert (counts[e] rows each;
+  // row_expert: each row's local expert, for the input biases).
+  at::Tensor grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert);
 
   ModelConfig cfg_;
   LayerFactory* factory_;

@@ -1,9 +1,8 @@
 #pragma once
-// Mixed precision: with model_dtype "bfloat16" on CUDA, forward passes run
-// under autocast (matmuls and attention in bf16) while parameters, gradients
-// and AdamW state stay fp32 (the master weights). On CPU everything is fp32.
-// The meta device (the performance model) has no autocast: there the layers
-// cast their matmul operands themselves (model/matmul_dtype.h).
+// Mixed precision: with model_dtype "bfloat16" on CUDA (and on the meta device
+// that models it), the layers run matmuls, attention and the residual stream
+// in bf16 while parameters, gradients and AdamW state stay fp32 (the master
+// weights): model/matmul_dtype.h. On CPU everything is fp32.
 #include <ATen/core/TensorBody.h>
 
 #include <optional>
@@ -16,15 +15,11 @@ namespace meshtrain {
 class AutocastGuard {
  public:
   AutocastGuard(const Config& cfg, const at::Device& device);
-  ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  std::optional<MatmulDtypeGuard> meta_;
-  bool active_ = false;
-  bool was_enabled_ = false;
-  at::ScalarType was_dtype_ = at::kFloat;
+  std::optional<MatmulDtypeGuard> guard_;
 };
 
 }  // namespace meshtrain
