@@ -9,7 +9,7 @@ namespace meshtrain {
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
                  const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
-                 const at::Tensor& found_inf) {
+                 const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   if (params.empty()) return;
   MT_ASSERT(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
             "fused_adamw: lists of different lengths");
@@ -17,8 +17,10 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
   const std::vector<at::Tensor> steps(params.size(), step);
   std::optional<at::Tensor> inf;
   if (found_inf.defined()) inf = found_inf;
+  std::optional<at::Tensor> scale;
+  if (grad_scale.defined()) scale = grad_scale;
   at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, cfg.beta1, cfg.beta2,
-                    weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, inf);
+                    weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
 }
 
 AdamW::AdamW(std::vector<OptimParam> params, const LrConfig& cfg) : params_(std::move(params)), cfg_(cfg) {
@@ -39,7 +41,7 @@ void AdamW::set_steps_taken(int64_t s) {
   step_.fill_(static_cast<double>(s));
 }
 
-void AdamW::step(double lr, const at::Tensor& found_inf) {
+void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> p[2], g[2], m[2], v[2];  // [0]: no decay, [1]: decay
   for (auto& o : params_) {
@@ -53,7 +55,7 @@ void AdamW::step(double lr, const at::Tensor& found_inf) {
   }
   step_.add_(1);
   for (int i = 0; i < 2; ++i)
-    fused_adamw(p[i], g[i], m[i], v[i], step_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf);
+    fused_adamw(p[i], g[i], m[i], v[i], step_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf, grad_scale);
   if (found_inf.defined()) step_.sub_(found_inf);  // a skipped update is no step
 }
 

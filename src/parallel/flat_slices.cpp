@@ -58,7 +58,7 @@ at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, 
 void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
                      const std::vector<const SliceRuns*>& runs, at::Tensor& step, double lr, const LrConfig& cfg,
-                     const at::Tensor& found_inf) {
+                     const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   std::vector<at::Tensor> p[2], g[2], m[2], v[2];
   for (size_t k = 0; k < params.size(); ++k)
     for (const auto& [lo, hi, decay] : runs[k]->runs) {
@@ -70,7 +70,7 @@ void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at
     }
   step.add_(1);
   for (int i = 0; i < 2; ++i)
-    fused_adamw(p[i], g[i], m[i], v[i], step, lr, cfg, i == 1 ? cfg.weight_decay : 0.0, found_inf);
+    fused_adamw(p[i], g[i], m[i], v[i], step, lr, cfg, i == 1 ? cfg.weight_decay : 0.0, found_inf, grad_scale);
   if (found_inf.defined()) step.sub_(found_inf);
 }
 

@@ -1,8 +1,8 @@
 // AdamW over FSDP's owned slices (zero_stage 2 and 3, parallel/fsdp.h). A step:
 //   reduce_gradients()  the root unit's reduce-scatter (the layers' ran during
 //                       backward) and the global norm from the owned slices
-//   scale_gradients(c)  clipping, on the owned slices
-//   step(lr)            AdamW on the owned slices (the same fused update as
+//   step(lr, .., c)     AdamW on the owned slices, clipped by c inside the
+//                       fused update (the same update as
 //                       zero_stage 0 and 1); stage 2 all-gathers them back
 //                       into the whole parameters, stage 3 keeps them and
 //                       frees the root unit gathered during the step.
@@ -49,12 +49,7 @@ class FsdpOptimizer : public Optimizer {
     return sq.sqrt().squeeze(0);
   }
 
-  void scale_gradients(const at::Tensor& scale) override {
-    at::NoGradGuard no_grad;
-    for (State& s : states_) s.flat->grad.mul_(scale);
-  }
-
-  void step(double lr, const at::Tensor& found_inf) override {
+  void step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
     at::NoGradGuard no_grad;
     const bool sharded = pm_.fsdp->stage() == 3;
     // Stage 2's whole parameters are the truth: their owned slices are updated.
@@ -68,7 +63,7 @@ class FsdpOptimizer : public Optimizer {
       v.push_back(s.exp_avg_sq);
       runs.push_back(&s.slices);
     }
-    adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf);
+    adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf, grad_scale);
     if (sharded) {
       pm_.fsdp->release_all();
     } else {

@@ -20,15 +20,9 @@ class ReplicatedAdamW : public Optimizer {
 
   at::Tensor reduce_gradients() override { return grad_norm(pm_, mesh_); }
 
-  void scale_gradients(const at::Tensor& scale) override {
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> grads;
-    for (auto& p : pm_.params)
-      if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
-    if (!grads.empty()) at::_foreach_mul_(grads, scale);
+  void step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
+    opt_.step(lr, found_inf, grad_scale);
   }
-
-  void step(double lr, const at::Tensor& found_inf) override { opt_.step(lr, found_inf); }
   int64_t steps_taken() const override { return opt_.steps_taken(); }
   void set_steps_taken(int64_t s) override { opt_.set_steps_taken(s); }
   int64_t state_numel() const override {

@@ -90,12 +90,7 @@ at::Tensor ZeroOptimizer::reduce_gradients() {
   return sq.sqrt().squeeze(0);
 }
 
-void ZeroOptimizer::scale_gradients(const at::Tensor& scale) {
-  at::NoGradGuard no_grad;
-  for (Group& g : groups_) g.grad.mul_(scale);
-}
-
-void ZeroOptimizer::step(double lr, const at::Tensor& found_inf) {
+void ZeroOptimizer::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& p : pm_.params) params.push_back(p.tensor.detach());
@@ -110,7 +105,7 @@ void ZeroOptimizer::step(double lr, const at::Tensor& found_inf) {
     v.push_back(g.exp_avg_sq);
     runs.push_back(&g.slices);
   }
-  adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf);
+  adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf, grad_scale);
 
   std::vector<at::Tensor> updated(pm_.params.size());
   for (size_t k = 0; k < groups_.size(); ++k) {

@@ -462,13 +462,14 @@ void Trainer::apply_update(StepStats& s, double lr) {
   // the update there (found_inf); nan_policy acts when the step is read.
   const at::Tensor ce = s.device.narrow(0, 0, 1).squeeze(0);
   const at::Tensor found_inf = at::logical_not(at::isfinite(ce) & at::isfinite(norm)).to(at::kFloat);
+  at::Tensor grad_scale;
   if (cfg_.grad_clip_norm > 0) {
-    // Clip only above the threshold, as min(1, c / (norm + 1e-6)) would not.
+    // Clip only above the threshold, as min(1, c / (norm + 1e-6)) would not:
+    // the gradients are divided by (norm + 1e-6) / c inside the fused update.
     const at::Tensor clip = at::full({}, cfg_.grad_clip_norm, norm.options());
-    const at::Tensor scale = at::where(norm > clip, clip / (norm + 1e-6), at::ones_like(norm));
-    opt_->scale_gradients(scale.to(at::kFloat));
+    grad_scale = at::where(norm > clip, (norm + 1e-6) / clip, at::ones_like(norm)).to(at::kFloat);
   }
-  opt_->step(lr, found_inf);
+  opt_->step(lr, found_inf, grad_scale);
 }
 
 void Trainer::read_step(StepStats& s) {

@@ -6,16 +6,22 @@
 //   - every mesh with collectives "mpi" gives the losses of one GPU process;
 //   - NCCL collectives on one rank, staged MPI collectives on CUDA tensors;
 //   - a checkpoint saved from CUDA loads on CPU and back;
-//   - resume on GPU is exact with dropout (the CUDA RNG state is saved).
+//   - resume on GPU is exact with dropout (the CUDA RNG state is saved);
+//   - the fused kernels (ops/fused.h) and the grouped GEMM on CUDA give what
+//     they give on the CPU, forward and backward, fp32 and bf16.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <array>
+#include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/dist/device.h"
+#include "meshtrain/model/cross_entropy.h"
+#include "meshtrain/ops/fused.h"
 #include "parity.h"
 
 using namespace meshtrain;
@@ -65,6 +71,98 @@ void expect_same_params(const std::vector<std::pair<std::string, at::Tensor>>& a
 }
 
 int64_t tri(int p) { return int64_t{p} * (p + 1) / 2; }
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, const std::string& what) {
+  ASSERT_TRUE(got.defined() && want.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor a = got.detach().cpu().to(at::kDouble), b = want.detach().cpu().to(at::kDouble);
+  const double err = (a - b).abs().max().item<double>(), scale = b.abs().max().item<double>() + 1e-12;
+  EXPECT_LE(err / scale, tol) << what << ": max error " << err << " (scale " << scale << ")";
+}
+
+// The fused operators on CUDA (own kernels where the build has nvcc, else
+// the aten composites) against their CPU kernels: same inputs, forward and
+// backward, fp32 and bf16 storage (fp32 math in both).
+TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  std::cout << "fused kernels on CUDA: " << (ops::have_cuda_kernels() ? "meshtrain's own" : "aten composites")
+            << std::endl;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto randn = [&](at::IntArrayRef shape) { return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)); };
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const std::string tag = dt == at::kFloat ? " fp32" : " bf16";
+    const double tol = dt == at::kFloat ? 1e-5 : 2e-2;
+    const at::Device cuda(at::kCUDA, 0);
+    // Each case runs f on CPU leaves and on CUDA copies of them, then compares
+    // the outputs and the leaves' gradients under the same upstream gradient.
+    auto both = [&](const std::vector<at::Tensor>& leaves,
+                    const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& f,
+                    const std::string& what) {
+      std::vector<at::Tensor> cpu, gpu;
+      for (const auto& l : leaves) {
+        cpu.push_back(l.to(dt).detach().requires_grad_(true));
+        gpu.push_back(l.to(dt).to(cuda).detach().requires_grad_(true));
+      }
+      const auto yc = f(cpu), yg = f(gpu);
+      at::Tensor lc = at::zeros({}, at::kDouble), lg = at::zeros({}, at::TensorOptions(cuda).dtype(at::kDouble));
+      for (size_t i = 0; i < yc.size(); ++i) {
+        expect_close(yg[i], yc[i], tol, what + " output " + std::to_string(i) + tag);
+        const at::Tensor g = randn(yc[i].sizes());
+        lc = lc + (yc[i].to(at::kDouble) * g.to(at::kDouble)).sum();
+        lg = lg + (yg[i].to(at::kDouble) * g.to(at::kDouble).to(cuda)).sum();
+      }
+      lc.backward();
+      lg.backward();
+      for (size_t i = 0; i < cpu.size(); ++i)
+        expect_close(gpu[i].grad(), cpu[i].grad(), tol, what + " grad " + std::to_string(i) + tag);
+    };
+    const auto tables = [&](const at::Tensor& ref) { return ops::rope_tables(16, 40, 10000.0, ref.device()); };
+    both({randn({2, 9, 3, 16})}, [&](const auto& v) { return std::vector{ops::rope(v[0], tables(v[0]), 3, 1)}; },
+         "rope");
+    both({randn({2, 9, 3, 2, 16})},
+         [&](const auto& v) {
+           auto [q, k, vv] = ops::qkv_rope(v[0], tables(v[0]), 0);
+           return std::vector{q, k, vv};
+         },
+         "qkv_rope");
+    const at::Tensor w = randn({48}) + 1;
+    both({randn({5, 7, 48}), w}, [&](const auto& v) { return std::vector{ops::rms_norm(v[0], v[1], {}, 1e-6)}; },
+         "rms_norm");
+    both({randn({5, 7, 48}), randn({5, 7, 48}), w},
+         [&](const auto& v) {
+           auto [h, y] = ops::add_rms_norm(v[0], v[1], v[2], {}, 1e-6);
+           return std::vector{h, y};
+         },
+         "add_rms_norm");
+    both({randn({5, 7, 48}), w},
+         [&](const auto& v) {
+           auto [r, y] = ops::residual_rms_norm(v[0], v[1], {}, 1e-6);
+           return std::vector{r * 0.5, y};
+         },
+         "residual_rms_norm");
+    // The head: losses and gradients of the chunked GEMM + cross-entropy (the
+    // row kernel inside), chunks not dividing the rows.
+    const at::Tensor t = at::randint(0, 301, {37}, gen, at::kLong);
+    both({randn({37, 24}), randn({301, 24})},
+         [&](const auto& v) { return std::vector{chunked_cross_entropy(v[0], v[1], t.to(v[0].device()), 8)}; },
+         "chunked_cross_entropy");
+    // Vocabulary shard statistics and gradient (not differentiable ops).
+    const at::Tensor z = randn({11, 40}).to(dt), tz = at::randint(-1, 45, {11}, gen, at::kLong);
+    const at::Tensor st = ops::softmax_stats(z, tz, 33), stg = ops::softmax_stats(z.to(cuda), tz.to(cuda), 33);
+    expect_close(stg, st, tol, "softmax_stats" + tag);
+    const at::Tensor lse = st[0] + st[1].log();
+    at::Tensor zc = z.clone(), zg = z.to(cuda);
+    ops::softmax_grad_(zc, tz, lse, 33);
+    ops::softmax_grad_(zg, tz.to(cuda), lse.to(cuda), 33);
+    expect_close(zg, zc, tol, "softmax_grad_" + tag);
+    // The experts' grouped GEMM (a 2-D x 3-D _grouped_mm with offsets).
+    const at::Tensor offs = at::tensor(std::vector<int32_t>{5, 5, 12, 20});
+    both({randn({20, 32}), randn({4, 32, 48})},
+         [&](const auto& v) { return std::vector{at::_grouped_mm(v[0], v[1], offs.to(v[0].device()))}; },
+         "_grouped_mm");
+  }
+}
 
 TEST(Cuda, Bf16GpuLossesMatchFp32Cpu) {
   SKIP_WITHOUT_CUDA();

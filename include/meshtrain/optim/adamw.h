@@ -29,20 +29,22 @@ struct OptimParam {
 // exp_avg_sq, all lists of equal length and shapes; step is a 0-dim fp32
 // tensor on the parameters' device holding the step number (1 for the first
 // update). found_inf (0-dim fp32, optional): the update is skipped on the
-// device where it is non-zero, so skipping needs no host read.
+// device where it is non-zero, so skipping needs no host read. grad_scale
+// (0-dim fp32, optional): the gradients are divided by it inside the update
+// (gradient clipping without a pass of its own over the gradients).
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
                  const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
-                 const at::Tensor& found_inf);
+                 const at::Tensor& found_inf, const at::Tensor& grad_scale = {});
 
 class AdamW {
  public:
   AdamW(std::vector<OptimParam> params, const LrConfig& cfg);
 
   // One update with learning rate lr from each parameter's .grad(). Parameters
-  // without a gradient are left alone (their moments too). found_inf: see
-  // fused_adamw (a skipped update does not count as a step).
-  void step(double lr, const at::Tensor& found_inf = {});
+  // without a gradient are left alone (their moments too). found_inf and
+  // grad_scale: see fused_adamw (a skipped update does not count as a step).
+  void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {});
 
   // Reads the device's step counter (a host sync: checkpoints only).
   int64_t steps_taken() const;

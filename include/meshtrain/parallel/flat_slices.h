@@ -37,10 +37,10 @@ at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, 
 // AdamW's fused update (optim/adamw.h fused_adamw) over owned slices, each cut
 // into its runs with and without weight decay (two groups, as AdamW::step):
 // slice k is params[k] with grads[k], exp_avg[k], exp_avg_sq[k] and runs[k].
-// step (0-dim fp32) advances unless found_inf is set.
+// step (0-dim fp32) advances unless found_inf is set; grad_scale: see fused_adamw.
 void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
                      const std::vector<const SliceRuns*>& runs, at::Tensor& step, double lr, const LrConfig& cfg,
-                     const at::Tensor& found_inf);
+                     const at::Tensor& found_inf, const at::Tensor& grad_scale);
 
 }  // namespace meshtrain

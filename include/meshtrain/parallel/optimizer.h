@@ -3,8 +3,9 @@
 // AdamW with replicated state (zero_stage 0) and ZeRO-1 (parallel/zero.h).
 // A step, after backward and synchronize_gradients():
 //   norm = reduce_gradients()        the global gradient norm (device tensor)
-//   scale_gradients(scale)           clipping, scale a device tensor
-//   step(lr, found_inf)              the update, skipped on the device if found_inf
+//   step(lr, found_inf, grad_scale)  the update, skipped on the device if
+//                                    found_inf, gradients divided by grad_scale
+//                                    (clipping) inside the fused update
 // Nothing here reads device memory on the host: the norm is read when the
 // step is logged (Trainer), so the GPU never waits for the host mid-step.
 #include <ATen/core/Tensor.h>
@@ -37,11 +38,11 @@ class Optimizer {
   // done by synchronize_gradients) and the global L2 norm of the gradients,
   // each parameter counted once: a 0-dim fp64 tensor on the device. Collective.
   virtual at::Tensor reduce_gradients() = 0;
-  // Multiplies the gradients the update reads by scale (0-dim, device).
-  virtual void scale_gradients(const at::Tensor& scale) = 0;
   // AdamW with learning rate lr; a no-op on the device where found_inf (0-dim
-  // fp32, optional) is non-zero. Collective for ZeRO.
-  virtual void step(double lr, const at::Tensor& found_inf = {}) = 0;
+  // fp32, optional) is non-zero; the gradients are divided by grad_scale
+  // (0-dim fp32, optional: clipping) as the update reads them, not in a pass
+  // of their own. Collective for ZeRO.
+  virtual void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) = 0;
   // Updates made (a host read of the device counter: checkpoints only).
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t s) = 0;

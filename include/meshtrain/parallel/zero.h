@@ -7,8 +7,8 @@
 // dp; dp rank r owns the contiguous slice [r*S, (r+1)*S). Per step:
 //   synchronize_gradients(pm, mesh, /*dp=*/false)   tp/pp syncs only
 //   reduce_gradients()   reduce-scatter of the flat gradient over dp + global norm
-//   scale_gradients(c)   clipping, on the owned slice
-//   step(lr)             AdamW on the owned slice, all-gather of the slices
+//   step(lr, .., c)      AdamW on the owned slice (clipped by c inside the
+//                        fused update), all-gather of the slices
 // The update is AdamW's own (optim/adamw.h fused_adamw, decay and no-decay
 // groups), so zero_stage 0 and 1 give the same losses. Under expert
 // parallelism the routed experts form a second flat space, sharded over the
@@ -39,10 +39,9 @@ class ZeroOptimizer : public Optimizer {
   // once, tied copies never), identical on every rank. Collective.
   at::Tensor reduce_gradients() override;
   // Multiplies the owned gradient slice (clipping).
-  void scale_gradients(const at::Tensor& scale) override;
   // AdamW with learning rate lr on the owned slice, then every rank gets every
   // updated slice back into its parameters. Collective.
-  void step(double lr, const at::Tensor& found_inf = {}) override;
+  void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) override;
 
   int64_t steps_taken() const override;
   void set_steps_taken(int64_t s) override;
