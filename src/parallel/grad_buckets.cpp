@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 
 #include "meshtrain/core/check.h"
@@ -42,7 +44,7 @@ bool bucketable(const ParamInfo& p, const Mesh& mesh, bool tied) {
 // libtorch's C++ side of register_post_accumulate_grad_hook: one hook per
 // tensor, called by AccumulateGrad once .grad holds this pass's sum.
 struct ReadyHook : torch::autograd::PostAccumulateGradHook {
-  ReadyHook(std::function<void()> f) : fire(std::move(f)) {}
+  explicit ReadyHook(std::function<void()> f) : fire(std::move(f)) {}
   void operator()(const torch::autograd::Variable& /*tensor*/) override { fire(); }
   std::function<void()> fire;
 };
