@@ -110,6 +110,8 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "virtual_stages", c.virtual_stages);
   v(kTop, "sequence_parallel", c.sequence_parallel);
   v(kTop, "zero_stage", c.zero_stage);
+  v(kTop, "overlap_grad_reduce", c.overlap_grad_reduce);
+  v(kTop, "grad_bucket_mb", c.grad_bucket_mb);
   v(kTop, "rampup_batch_size", c.rampup_batch_size);
   v(kTop, "activation_checkpointing", c.activation_checkpointing);
   v(kTop, "max_to_keep", c.max_to_keep);

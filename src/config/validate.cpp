@@ -302,6 +302,9 @@ void validate_run(const Config& c) {
   MT_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3,
            "zero_stage must be 0 (replicated), 1 (optimizer state sharded), 2 (+ gradients) or 3 (+ parameters: "
            "FSDP), got ", c.zero_stage);
+  // Above 0; at most 64 GiB keeps the byte count far inside int64.
+  MT_CHECK(c.grad_bucket_mb > 0 && c.grad_bucket_mb <= 65536, "grad_bucket_mb must be in (0, 65536] MiB, got ",
+           c.grad_bucket_mb);
   one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
   one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");
   at_least(c.max_nan_skips, 1, "max_nan_skips");

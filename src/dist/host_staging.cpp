@@ -58,6 +58,17 @@ class HostStagedCommunicator final : public Communicator {
     t.copy_(h);
   }
 
+  void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int send_tag, int recv_tag) override {
+    at::Tensor h = on_gpu(r) ? pinned_like(r) : r;
+    const at::Tensor sent = on_gpu(t) ? to_host(t) : t;
+    const auto t0 = std::chrono::steady_clock::now();
+    inner_->send_recv(sent, dst, h, src, send_tag, recv_tag);
+    add_seconds("send_recv", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    count("send", t.nbytes());
+    count("recv", r.nbytes());
+    if (on_gpu(r)) r.copy_(h);
+  }
+
   at::Tensor all_to_all(const at::Tensor& t) override {
     at::Tensor out;
     counted("all_to_all", [&] { out = inner_->all_to_all(on_gpu(t) ? to_host(t) : t); });

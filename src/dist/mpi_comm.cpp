@@ -161,6 +161,27 @@ class MpiCommunicator final : public Communicator {
     count("recv", t.nbytes());
   }
 
+  void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int send_tag, int recv_tag) override {
+    check_cpu(t, "send_recv");
+    check_cpu(r, "send_recv");
+    check_peer(dst, "send_recv", "dst");
+    check_peer(src, "send_recv", "src");
+    at::Tensor x = t.contiguous();
+    at::Tensor w = r.contiguous();
+    MPI_Status status;
+    ok(MPI_Sendrecv(x.data_ptr(), to_count(x.nbytes(), "send_recv"), MPI_BYTE, dst, send_tag, w.data_ptr(),
+                    to_count(w.nbytes(), "send_recv"), MPI_BYTE, src, recv_tag, comm_, &status),
+       "send_recv");
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    MT_CHECK(got == static_cast<int64_t>(w.nbytes()), "mpi send_recv on rank ", rank_, " from rank ", src,
+             " (tag ", recv_tag, "): expected ", w.nbytes(), " bytes for shape ", r.sizes(), " ", r.scalar_type(),
+             " but got ", got, " (sender and receiver disagree on shape or dtype)");
+    if (!w.is_same(r)) r.copy_(w);
+    count("send", t.nbytes());
+    count("recv", r.nbytes());
+  }
+
   at::Tensor all_to_all(const at::Tensor& t) override {
     check_cpu(t, "all_to_all");
     const auto t0 = std::chrono::steady_clock::now();

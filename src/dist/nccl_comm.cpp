@@ -143,6 +143,24 @@ class NcclCommunicator final : public Communicator {
     count("recv", t.nbytes());
   }
 
+  // One group: NCCL runs both halves at once, whichever the peers post first.
+  void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int /*send_tag*/, int /*recv_tag*/) override {
+    check_cuda(t, "send_recv");
+    check_cuda(r, "send_recv");
+    check_peer(dst, "send_recv", "dst");
+    check_peer(src, "send_recv", "src");
+    at::Tensor x = t.contiguous();
+    at::Tensor w = r.contiguous();
+    cudaStream_t s = stream(w);
+    ok(ncclGroupStart(), "send_recv(group_start)");
+    ok(ncclSend(x.data_ptr(), x.numel(), nccl_dtype(x.scalar_type(), "send_recv"), dst, comm_, s), "send_recv(send)");
+    ok(ncclRecv(w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "send_recv"), src, comm_, s), "send_recv(recv)");
+    ok(ncclGroupEnd(), "send_recv(group_end)");
+    if (!w.is_same(r)) r.copy_(w);
+    count("send", t.nbytes());
+    count("recv", r.nbytes());
+  }
+
   at::Tensor all_to_all(const at::Tensor& t) override {
     check_cuda(t, "all_to_all");
     const auto t0 = std::chrono::steady_clock::now();

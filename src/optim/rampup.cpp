@@ -21,6 +21,17 @@ int64_t global_batch_at(const Config& cfg, int64_t consumed_samples) {
   return std::min(full, start + done * increment);
 }
 
+int64_t round_batch_at(const Config& cfg, int64_t consumed_samples, int64_t k) {
+  MT_CHECK(k >= 0 && cfg.grad_step >= 1, "round_batch_at: round ", k, " with grad_step ", cfg.grad_step);
+  for (;;) {
+    const int64_t batch = global_batch_at(cfg, consumed_samples);
+    if (k < cfg.grad_step) return batch;
+    // Every round of a step takes the batch of the step's start.
+    k -= cfg.grad_step;
+    consumed_samples += batch * cfg.grad_step;
+  }
+}
+
 int64_t seq_len_at(const Config& cfg, int64_t step) {
   const int64_t T = cfg.data.T;
   const auto& w = cfg.seq_len_warmup;

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "meshtrain/parallel/grad_buckets.h"
+
 namespace meshtrain {
 
 void all_reduce_flat(std::vector<at::Tensor>& tensors, Communicator& comm, int64_t bucket_bytes) {
@@ -35,6 +37,9 @@ void all_reduce_flat(std::vector<at::Tensor>& tensors, Communicator& comm, int64
 
 void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
   at::NoGradGuard no_grad;
+  // The buckets launched during backward are waited for, the rest launched
+  // now (parallel/grad_buckets.h): before anything below reads a gradient.
+  if (pm.grad_buckets) pm.grad_buckets->finish();
   // Parameters whose gradient never materialised (e.g. an expert that got no
   // token) still take part, so every rank reaches the same collectives.
   // FSDP reduced its layers' gradients during backward (parallel/fsdp.h);
@@ -73,7 +78,7 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
     // experts (expert_dp) completes it. Without it, expert_dp() is dp.
     std::vector<at::Tensor> grads, expert_grads;
     for (auto& p : pm.params)
-      if (!p.fsdp_reduced && p.tensor.grad().defined())
+      if (!p.fsdp_reduced && !p.bucket_reduced && p.tensor.grad().defined())
         (p.layout.expert_split && mesh.shape().ep > 1 ? expert_grads : grads).push_back(p.tensor.grad());
     all_reduce_flat(grads, mesh.dp());
     all_reduce_flat(expert_grads, mesh.expert_dp());

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/parallel/grad_buckets.h"
 #include "meshtrain/parallel/schedules.h"
 
 namespace meshtrain {
@@ -13,12 +14,14 @@ namespace {
 RoundSums run_single_stage(ParallelModel& pm, const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets,
                            const RoundSpec& spec) {
   RoundSums sums;
-  for (auto& mb : split_microbatches(cfg, inputs, targets)) {
+  const std::vector<Microbatch> mbs = split_microbatches(cfg, inputs, targets);
+  for (const auto& mb : mbs) {
     ForwardAux aux;
     at::Tensor h = pm.model->forward_layers(pm.model->embed(mb.inputs), &aux);
     at::Tensor losses = pm.model->token_losses(h, mb.targets);
     accumulate_losses(sums, losses);
     accumulate_aux(sums, aux, mb.inputs.size(0));
+    if (spec.backward && spec.final_round && pm.grad_buckets && &mb == &mbs.back()) pm.grad_buckets->arm(0);
     if (spec.backward) stage_loss(losses, aux, mb.inputs.size(0), spec).backward();
     sums.peak_live_microbatches = std::max<int64_t>(sums.peak_live_microbatches, 1);
   }

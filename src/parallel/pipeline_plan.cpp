@@ -105,6 +105,12 @@ int64_t plan_peak_live(const std::vector<PipeOp>& plan) {
   return peak;
 }
 
+bool paired_transfers(const PipeOp& a, const PipeOp& b) {
+  const auto send = [](PipeStep s) { return s == PipeStep::SendForward || s == PipeStep::SendBackward; };
+  const auto recv = [](PipeStep s) { return s == PipeStep::RecvForward || s == PipeStep::RecvBackward; };
+  return (send(a.step) && recv(b.step)) || (recv(a.step) && send(b.step));
+}
+
 const char* step_name(PipeStep s) {
   switch (s) {
     case PipeStep::RecvForward: return "recv_forward";

@@ -7,11 +7,12 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
+#include "meshtrain/parallel/grad_buckets.h"
 #include "meshtrain/parallel/pipeline_plan.h"
+#include "wait_clock.h"
 
 namespace meshtrain {
 
@@ -34,7 +35,8 @@ class StageRunner {
   StageRunner(ParallelModel& pm, Mesh& mesh, const Config& cfg, const std::vector<Microbatch>& mbs,
               const RoundSpec& spec)
       : pm_(pm), comm_(mesh.pp()), mbs_(mbs), spec_(spec), stage_(mesh.coord().pp), pp_(mesh.shape().pp),
-        chunks_(pm.model->n_chunks()), slots_(mbs.size() * static_cast<size_t>(chunks_)) {
+        chunks_(pm.model->n_chunks()), slots_(mbs.size() * static_cast<size_t>(chunks_)),
+        clock_(pm.model->parameters().at(0).device()) {
     // Each chunk's MoE statistics land after those of the stage's earlier chunks.
     int64_t moe = 0;
     for (const LayerSpan& c : pm.model->range().chunks()) {
@@ -51,8 +53,25 @@ class StageRunner {
 
   void run(const std::vector<PipeOp>& plan) {
     const int next = (stage_ + 1) % pp_, prev = (stage_ + pp_ - 1) % pp_;
-    for (const auto& op : plan) {
-      MT_ASSERT(op.chunk >= 0 && op.chunk < chunks_, "plan step for chunk ", op.chunk, " on a stage of ", chunks_);
+    // A chunk's last backward is where its gradients become final in the
+    // step's last round.
+    std::vector<size_t> last_backward(static_cast<size_t>(chunks_), plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      MT_ASSERT(plan[i].chunk >= 0 && plan[i].chunk < chunks_, "plan step for chunk ", plan[i].chunk,
+                " on a stage of ", chunks_);
+      if (plan[i].step == PipeStep::Backward) last_backward[static_cast<size_t>(plan[i].chunk)] = i;
+    }
+    const bool arm = spec_.backward && spec_.final_round && pm_.grad_buckets;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const PipeOp& op = plan[i];
+      if (arm && i == last_backward[static_cast<size_t>(op.chunk)]) pm_.grad_buckets->arm(op.chunk);
+      // A send next to a receive go as one send_recv (never a compute step,
+      // so i + 1 is no backward to arm).
+      if (i + 1 < plan.size() && paired_transfers(op, plan[i + 1])) {
+        transfer_pair(op, plan[i + 1], next, prev);
+        ++i;
+        continue;
+      }
       auto& s = slots_.at(static_cast<size_t>(op.chunk) * mbs_.size() + static_cast<size_t>(op.microbatch));
       switch (op.step) {
         case PipeStep::RecvForward: recv_forward(s, op.microbatch, prev); break;
@@ -65,9 +84,47 @@ class StageRunner {
     }
   }
 
-  RoundSums& sums() { return sums_; }
+  RoundSums& sums() {
+    sums_.wait_seconds = clock_.seconds();
+    return sums_;
+  }
 
  private:
+  static bool is_send(PipeStep s) { return s == PipeStep::SendForward || s == PipeStep::SendBackward; }
+
+  InFlight& slot(const PipeOp& op) {
+    return slots_.at(static_cast<size_t>(op.chunk) * mbs_.size() + static_cast<size_t>(op.microbatch));
+  }
+
+  // Megatron's send_forward_recv_backward and the like: one send_recv, then
+  // each half's bookkeeping as run() does it for the single steps.
+  void transfer_pair(const PipeOp& a, const PipeOp& b, int next, int prev) {
+    const PipeOp& snd = is_send(a.step) ? a : b;
+    const PipeOp& rcv = is_send(a.step) ? b : a;
+    InFlight& ss = slot(snd);
+    InFlight& rs = slot(rcv);
+    const bool fwd_send = snd.step == PipeStep::SendForward, fwd_recv = rcv.step == PipeStep::RecvForward;
+    const at::Tensor out = fwd_send ? ss.output : ss.input.grad();
+    MT_ASSERT(out.defined(), "stage ", stage_, ": nothing to send to stage ", fwd_send ? next : prev);
+    at::Tensor in = fwd_recv ? at::empty(hidden_shape(rcv.microbatch), options_) : at::empty_like(rs.output);
+    clock_.begin();
+    comm_.send_recv(out.detach().contiguous(), fwd_send ? next : prev, in, fwd_recv ? prev : next,
+                    fwd_send ? kActivationTag : kGradientTag, fwd_recv ? kActivationTag : kGradientTag);
+    clock_.end();
+    if (fwd_recv) {
+      rs.input = in;
+      if (spec_.backward) rs.input.requires_grad_(true);
+    } else {
+      rs.grad = in;
+    }
+    // As after a single send; the received slot is another one (its
+    // microbatch or chunk differs whenever the sent slot is cleared).
+    if (!fwd_send || !spec_.backward) {
+      MT_ASSERT(&ss != &rs, "stage ", stage_, ": a paired transfer sends and receives one slot");
+      ss = {};
+    }
+  }
+
   std::vector<int64_t> hidden_shape(int64_t mb) const {
     const at::Tensor& in = mbs_.at(static_cast<size_t>(mb)).inputs;
     return {in.size(0), in.size(1) / seq_divisor_, pm_.model->config().model_dimension};
@@ -124,15 +181,15 @@ class StageRunner {
 
   void send(const at::Tensor& t, int dst, int tag) {
     MT_ASSERT(t.defined(), "stage ", stage_, ": nothing to send to stage ", dst);
-    const auto t0 = std::chrono::steady_clock::now();
+    clock_.begin();
     comm_.send(t.detach().contiguous(), dst, tag);
-    sums_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock_.end();
   }
 
   void recv(at::Tensor& t, int src, int tag) {
-    const auto t0 = std::chrono::steady_clock::now();
+    clock_.begin();
     comm_.recv(t, src, tag);
-    sums_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    clock_.end();
   }
 
   ParallelModel& pm_;
@@ -146,6 +203,7 @@ class StageRunner {
   at::TensorOptions options_;
   int64_t seq_divisor_ = 1;
   int64_t live_ = 0;
+  WaitClock clock_;  // time blocked on a neighbour (the bubble metric)
   RoundSums sums_;
 };
 

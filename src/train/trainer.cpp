@@ -170,6 +170,9 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
     val_loader_ = std::make_unique<DataLoader>(data_folder(cfg_, cfg_.data.val_folder_name), cfg_.data.T,
                                                cfg_.data.val_batch_size, dp_rank, dp, cfg_.model.vocab_size);
   }
+  // The next round's batch is read while this one trains (pinned on CUDA);
+  // the loader's cursor stays that of the batches consumed (checkpoints).
+  if (train_loader_) prefetcher_ = std::make_unique<BatchPrefetcher>(*train_loader_, device_.is_cuda());
   const fs::path tok = fs::path(cfg_.data.data_dir) / "tokenizer.json";
   if (!opts_.meta && fs::exists(tok)) {
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tok.string()));
@@ -286,7 +289,8 @@ StepStats Trainer::train_step() {
   spec.z_scale = cfg_.model.router_z_loss / global_seqs;
   RoundSums total;
   for (int64_t r = 0; r < cfg_.grad_step; ++r) {
-    Batch b = next_train_batch(batch);
+    spec.final_round = r + 1 == cfg_.grad_step;  // gradients final: dp sum during backward (grad_buckets.h)
+    Batch b = next_train_batch(batch, round_batch_at(cfg_, consumed_samples_, r + 1));
     // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
     // truncation); the pipeline takes its activation shape from inputs.size(1).
     const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
@@ -316,8 +320,8 @@ StepStats Trainer::train_step() {
   return stats;
 }
 
-Batch Trainer::next_train_batch(int64_t global_batch) {
-  if (train_loader_) return train_loader_->next(global_batch);
+Batch Trainer::next_train_batch(int64_t global_batch, int64_t following) {
+  if (prefetcher_) return prefetcher_->next(global_batch, following);
   // Meta: token values never matter, only the shape of this rank's share.
   const int64_t local = global_batch / mesh_->shape().dp;
   const at::Tensor tokens = at::zeros({local, cfg_.data.T}, at::kLong);

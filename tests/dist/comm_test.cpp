@@ -164,6 +164,27 @@ TEST_F(CommTest, SendRecvRing) {
   EXPECT_EQ(comm->bytes_moved(), static_cast<int64_t>(out.nbytes() + in.nbytes()));
 }
 
+// Every rank sends and receives at once, the order no rank could take with
+// blocking calls alone; large enough (8 MiB) that MPI cannot buffer the send.
+TEST_F(CommTest, SendRecvRingAllAtOnce) {
+  const int p = size();
+  if (p == 1) GTEST_SKIP() << "a ring needs two ranks";
+  const int next = (rank() + 1) % p, prev = (rank() + p - 1) % p;
+  at::Tensor out = contribution(rank(), {1 << 21});
+  at::Tensor in = at::zeros({1 << 21});
+  comm->reset_bytes();
+  comm->send_recv(out, next, in, prev, 5, 5);
+  EXPECT_TRUE(at::equal(in, contribution(prev, {1 << 21})));
+  EXPECT_EQ(comm->bytes_by_op().at("send"), static_cast<int64_t>(out.nbytes()));
+  EXPECT_EQ(comm->bytes_by_op().at("recv"), static_cast<int64_t>(in.nbytes()));
+  // Other tags for the two halves, a non-contiguous receive buffer written back.
+  at::Tensor wide = at::zeros({4, 6});
+  at::Tensor view = wide.narrow(1, 0, 3);
+  comm->send_recv(contribution(rank(), {4, 3}), next, view, prev, 8, 8);
+  EXPECT_TRUE(at::equal(wide.narrow(1, 0, 3), contribution(prev, {4, 3})));
+  EXPECT_TRUE(at::equal(wide.narrow(1, 3, 3), at::zeros({4, 3})));
+}
+
 TEST_F(CommTest, RecvOfWrongSizeThrowsNamingRecv) {
   if (size() == 1) GTEST_SKIP() << "needs two ranks";
   // Rank 1 posts a bigger buffer than rank 0 sends, then a smaller one.

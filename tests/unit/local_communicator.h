@@ -18,6 +18,9 @@ class LocalCommunicator : public Communicator {
   void broadcast(at::Tensor&, int) override {}
   void send(const at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to send to"); }
   void recv(at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to receive from"); }
+  void send_recv(const at::Tensor&, int, at::Tensor&, int, int, int) override {
+    MT_FAIL("LocalCommunicator has no peer to exchange with");
+  }
   at::Tensor all_to_all(const at::Tensor& t) override { return t.clone(); }
   at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
     return t.clone();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <string>
@@ -35,7 +36,9 @@ std::string describe(int stage, const PipeOp& op) {
          ", chunk " + std::to_string(op.chunk) + ")";
 }
 
-Replay replay(const std::string& schedule, int pp, int64_t v, int64_t n_mb, bool backward) {
+// paired: the executor's grouping (paired_transfers): a send and a receive
+// next to each other are posted together and may complete in either order.
+Replay replay(const std::string& schedule, int pp, int64_t v, int64_t n_mb, bool backward, bool paired = false) {
   Replay r;
   std::vector<std::vector<PipeOp>> plans;
   for (int s = 0; s < pp; ++s) plans.push_back(pipeline_plan(schedule, s, pp, n_mb, backward, v));
@@ -54,6 +57,21 @@ Replay replay(const std::string& schedule, int pp, int64_t v, int64_t n_mb, bool
   std::vector<std::set<Done>> done(static_cast<size_t>(pp));
   std::vector<double> clock(static_cast<size_t>(pp), 0.0);
   std::vector<size_t> pc(static_cast<size_t>(pp), 0);
+  // The transfers a stage has posted: plan[pc], and plan[pc + 1] when paired;
+  // which of the two are done.
+  std::vector<std::array<bool, 2>> posted_done(static_cast<size_t>(pp), {false, false});
+  auto width = [&](size_t si) -> size_t {
+    const auto& plan = plans[si];
+    const size_t i = pc[si];
+    return paired && i + 1 < plan.size() && paired_transfers(plan[i], plan[i + 1]) ? 2 : 1;
+  };
+  auto advance_if_done = [&](size_t si) {
+    const size_t w = width(si);
+    for (size_t k = 0; k < w; ++k)
+      if (!posted_done[si][k]) return;
+    pc[si] += w;
+    posted_done[si] = {false, false};
+  };
   std::vector<int64_t> live(static_cast<size_t>(pp), 0);
   r.peak_live.assign(static_cast<size_t>(pp), 0);
   const double unit = 1.0 / static_cast<double>(v);
@@ -87,28 +105,39 @@ Replay replay(const std::string& schedule, int pp, int64_t v, int64_t n_mb, bool
       }
       if (i >= plan.size()) continue;
       finished = false;
-      const PipeOp& op = plan[i];
-      if (!is_send(op.step)) continue;  // a receive waits for its sender's turn
-      const int peer = peer_of(s, op.step);
-      const size_t pi = static_cast<size_t>(peer);
-      if (pp == 1) return fail(describe(s, op) + " has no peer");
-      if (pc[pi] >= plans[pi].size()) return fail(describe(s, op) + ": stage " + std::to_string(peer) + " has ended");
-      const PipeOp& got = plans[pi][pc[pi]];
-      if (!is_recv(got.step) || peer_of(peer, got.step) != s) continue;  // the peer is busy elsewhere: wait
-      // The receive the send meets (NCCL ignores tags: it is the next one
-      // from this rank) must be the one meant for it.
-      const bool fwd = op.step == PipeStep::SendForward;
-      const int64_t chunk = fwd ? op.chunk + (s == pp - 1 ? 1 : 0) : op.chunk - (s == 0 ? 1 : 0);
-      const PipeStep want = fwd ? PipeStep::RecvForward : PipeStep::RecvBackward;
-      if (got.step != want || got.microbatch != op.microbatch || got.chunk != chunk)
-        return fail(describe(s, op) + " meets " + describe(peer, got));
-      if (!done[si].count({fwd ? 'F' : 'B', op.microbatch, op.chunk}))
-        return fail(describe(s, op) + " before its compute");
-      done[pi].insert({fwd ? 'a' : 'g', got.microbatch, got.chunk});
-      clock[si] = clock[pi] = std::max(clock[si], clock[pi]);
-      ++i;
-      ++pc[pi];
-      progress = true;
+      const size_t start = i, mine = width(si);
+      for (size_t k = 0; k < mine && pc[si] == start; ++k) {
+        const PipeOp& op = plan[start + k];
+        if (posted_done[si][k] || !is_send(op.step)) continue;  // a receive waits for its sender's turn
+        const int peer = peer_of(s, op.step);
+        const size_t pi = static_cast<size_t>(peer);
+        if (pp == 1) return fail(describe(s, op) + " has no peer");
+        if (pc[pi] >= plans[pi].size()) return fail(describe(s, op) + ": stage " + std::to_string(peer) + " has ended");
+        // The receive from this rank the peer has posted, if any.
+        size_t slot = 2;
+        for (size_t q = 0; q < width(pi) && slot == 2; ++q) {
+          const PipeOp& cand = plans[pi][pc[pi] + q];
+          if (!posted_done[pi][q] && is_recv(cand.step) && peer_of(peer, cand.step) == s) slot = q;
+        }
+        if (slot == 2) continue;  // the peer is busy elsewhere: wait
+        const PipeOp& got = plans[pi][pc[pi] + slot];
+        // The receive the send meets (NCCL ignores tags: it is the next one
+        // from this rank) must be the one meant for it.
+        const bool fwd = op.step == PipeStep::SendForward;
+        const int64_t chunk = fwd ? op.chunk + (s == pp - 1 ? 1 : 0) : op.chunk - (s == 0 ? 1 : 0);
+        const PipeStep want = fwd ? PipeStep::RecvForward : PipeStep::RecvBackward;
+        if (got.step != want || got.microbatch != op.microbatch || got.chunk != chunk)
+          return fail(describe(s, op) + " meets " + describe(peer, got));
+        if (!done[si].count({fwd ? 'F' : 'B', op.microbatch, op.chunk}))
+          return fail(describe(s, op) + " before its compute");
+        done[pi].insert({fwd ? 'a' : 'g', got.microbatch, got.chunk});
+        clock[si] = clock[pi] = std::max(clock[si], clock[pi]);
+        posted_done[si][k] = true;
+        posted_done[pi][slot] = true;
+        advance_if_done(si);
+        if (pi != si) advance_if_done(pi);
+        progress = true;
+      }
     }
     if (finished) break;
     if (!progress) {
@@ -148,6 +177,27 @@ TEST(PipelinePlan, GpipeAnd1f1bNeverDeadlock) {
             EXPECT_EQ(plan_peak_live(pipeline_plan(schedule, s, pp, n_mb, backward)), want);
           }
         }
+}
+
+// The executor's send_recv pairs (paired_transfers) keep every plan
+// deadlock-free, and the plans do pair transfers.
+TEST(PipelinePlan, PairedTransfersNeverDeadlock) {
+  int64_t pairs = 0;
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"})
+    for (bool backward : {true, false})
+      for (int pp = 2; pp <= 8; ++pp)
+        for (int64_t v = 1; v <= (schedule == "interleaved" ? 4 : 1); ++v)
+          for (int64_t groups : {1, 2, 3}) {
+            const int64_t n_mb = groups * pp;
+            const Replay r = replay(schedule, pp, v, n_mb, backward, /*paired=*/true);
+            ASSERT_TRUE(r.ok) << schedule << " pp " << pp << " v " << v << " n_mb " << n_mb << " backward "
+                              << backward << ": " << r.why;
+            for (int s = 0; s < pp; ++s) {
+              const auto plan = pipeline_plan(schedule, s, pp, n_mb, backward, v);
+              for (size_t i = 0; i + 1 < plan.size(); ++i) pairs += paired_transfers(plan[i], plan[i + 1]) ? 1 : 0;
+            }
+          }
+  EXPECT_GT(pairs, 0);
 }
 
 TEST(PipelinePlan, InterleavedNeverDeadlocksAndRunsEverythingOnce) {

@@ -8,6 +8,7 @@
 //   all_reduce: t.nbytes()          all_gather: output nbytes (size * input)
 //   reduce_scatter: input nbytes    broadcast: t.nbytes()
 //   send / recv: t.nbytes()         all_to_all: input nbytes   barrier: 0
+//   send_recv: t.nbytes() as a send, r.nbytes() as a recv
 //   all_to_all_v: input nbytes (every row of t, the block kept by this rank included)
 #include <ATen/core/Tensor.h>
 
@@ -38,6 +39,12 @@ class Communicator {
   virtual void broadcast(at::Tensor& t, int root) = 0;
   virtual void send(const at::Tensor& t, int dst, int tag = 0) = 0;
   virtual void recv(at::Tensor& t, int src, int tag = 0) = 0;
+  // Sends t to dst and receives r from src as one operation (MPI_Sendrecv;
+  // one NCCL group): neither half waits for the other, so it completes
+  // whenever a send followed by a recv (or the reverse) would, and sooner.
+  // The pipeline pairs its adjacent transfers with it.
+  virtual void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int send_tag = 0,
+                         int recv_tag = 0) = 0;
   // dim 0 of t is split in size() equal chunks; chunk j goes to rank j; the
   // result stacks the chunks received from ranks 0..size-1 along dim 0.
   virtual at::Tensor all_to_all(const at::Tensor& t) = 0;

@@ -19,6 +19,11 @@ namespace meshtrain {
 // Sequences per accumulation round after consumed_samples sequences.
 int64_t global_batch_at(const Config& cfg, int64_t consumed_samples);
 
+// Sequences of the k-th accumulation round counted from a step that starts
+// after consumed_samples sequences (k = 0: its first round; k = grad_step:
+// the first of the next step): what a prefetcher reads one round ahead.
+int64_t round_batch_at(const Config& cfg, int64_t consumed_samples, int64_t k);
+
 // Tokens per sequence at (0-based) step `step`.
 int64_t seq_len_at(const Config& cfg, int64_t step);
 

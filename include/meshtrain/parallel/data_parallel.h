@@ -4,7 +4,9 @@
 //    shards (norms under sequence parallelism) are summed over tp;
 //  - pp: the tied embedding's two copies (first and last stage) sum gradients;
 //  - dp: gradients summed over dp in flat buckets (losses are already divided
-//    by the global token count, so a sum is the global mean).
+//    by the global token count, so a sum is the global mean); with
+//    pm.grad_buckets most of them were summed during backward, which is
+//    waited for here (parallel/grad_buckets.h).
 #include <vector>
 
 #include "meshtrain/dist/mesh.h"

@@ -25,7 +25,9 @@ struct RoundSums {
   at::Tensor dropped, assigned;                // MoE token-assignments (this rank's layers)
   std::vector<at::Tensor> expert_tokens;       // per local MoE layer: [E] fp64, per expert
   int64_t peak_live_microbatches = 0;          // activations held at once (schedule tests)
-  double wait_seconds = 0;                     // blocked in pipeline send/recv (bubble measurement)
+  // Blocked in pipeline send/recv (bubble measurement): host wall-clock on
+  // CPU, CUDA events on GPU (src/parallel/wait_clock.h).
+  double wait_seconds = 0;
 
   // Adds another round's (or microbatch's) sums; the peak is a maximum.
   RoundSums& operator+=(const RoundSums& o);
@@ -39,6 +41,9 @@ struct RoundSpec {
   double aux_scale = 0.0;   // multiplies the per-sequence aux sum (alpha / global sequences of the step)
   double z_scale = 0.0;
   bool backward = true;     // false: evaluation (no grad)
+  // The step's last accumulation round: each chunk's last backward pass arms
+  // pm.grad_buckets, so the dp sum of its gradients overlaps with the rest.
+  bool final_round = true;
 };
 
 struct Microbatch {

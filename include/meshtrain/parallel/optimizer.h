@@ -59,7 +59,8 @@ class Optimizer {
 };
 
 // zero_stage 3 and 2: FSDP (parallel/fsdp.h; it installs pm.fsdp and the
-// model's layer hooks); 1: ZeroOptimizer; 0: AdamW over every parameter of this rank.
+// model's layer hooks); 1: ZeroOptimizer; 0: AdamW over every parameter of this rank
+// (with overlap_grad_reduce and dp > 1 it installs pm.grad_buckets).
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);
 // zero_stage 2 or 3 (parallel/fsdp_optimizer.cpp).
 std::unique_ptr<Optimizer> make_fsdp_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);

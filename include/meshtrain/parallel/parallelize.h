@@ -23,9 +23,13 @@ struct ParamInfo {
   // FSDP (zero_stage 2/3) reduces this gradient itself, during backward: the
   // step's gradient synchronisation and norm leave it alone.
   bool fsdp_reduced = false;
+  // zero_stage 0 with overlap_grad_reduce: the dp sum runs during backward
+  // (parallel/grad_buckets.h); synchronize_gradients only waits for it.
+  bool bucket_reduced = false;
 };
 
 class Fsdp;
+class GradBuckets;
 
 struct ParallelModel {
   std::unique_ptr<LayerFactory> factory;
@@ -33,6 +37,9 @@ struct ParallelModel {
   StageRange range;
   std::vector<ParamInfo> params;
   std::shared_ptr<Fsdp> fsdp;  // zero_stage 2/3 (parallel/fsdp.h), else nullptr
+  // zero_stage 0, dp > 1, overlap_grad_reduce (parallel/grad_buckets.h), else nullptr.
+  // Last: destroyed first, it unhooks the parameters.
+  std::shared_ptr<GradBuckets> grad_buckets;
 };
 
 // Layer ranges per pipeline rank. v = 1: contiguous, n_layers split as evenly

@@ -51,4 +51,11 @@ int64_t plan_peak_live(const std::vector<PipeOp>& plan);
 
 const char* step_name(PipeStep s);
 
+// Whether the executor runs plan steps a and b (adjacent, a first) as one
+// send_recv: one is a send and the other a receive. Grouping them only lets
+// the receive match earlier and keeps each direction's message order, so a
+// plan that cannot deadlock with blocking send/recv cannot with the pairs
+// either (the plan tests replay both ways).
+bool paired_transfers(const PipeOp& a, const PipeOp& b);
+
 }  // namespace meshtrain

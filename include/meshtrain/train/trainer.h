@@ -12,6 +12,7 @@
 #include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/watchdog.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/prefetcher.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/optim/adamw.h"
@@ -122,7 +123,8 @@ class Trainer {
   void open_run_dir();
   // The stop signal any rank received (0: none); collective.
   int stop_agreed();
-  Batch next_train_batch(int64_t global_batch);
+  // This round's batch; following: the next round's size, read ahead.
+  Batch next_train_batch(int64_t global_batch, int64_t following);
   void warn_starved_experts(const StepStats& s);
   std::string progress_suffix() const;
   StepStats reduce_stats(const RoundSums& sums, double global_tokens, int64_t seq_len);
@@ -139,6 +141,7 @@ class Trainer {
   ParallelModel pm_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  std::unique_ptr<BatchPrefetcher> prefetcher_;  // over train_loader_; declared after it, destroyed before it
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<RunLock> run_lock_;      // rank 0, while training
   std::unique_ptr<MetricsLogger> metrics_;  // opened by train()
