@@ -262,10 +262,11 @@ TEST(MoE, AuxBookkeepingAndAuxGradients) {
   EXPECT_EQ(aux.expert_tokens.size(), 2u);
 }
 
-// The dispatcher seam: MoE hands its rows to the factory's TokenDispatcher
-// (by counts when dropless, by slots with a capacity) and gets the same rows
-// back; capacity_factor 0 drops nothing even when one expert is everyone's
-// first choice.
+// The dispatcher seam: with a capacity MoE hands its slots to the factory's
+// TokenDispatcher and gets the same rows back; dropless on one expert-parallel
+// rank keeps its counts on the device and needs no exchange (the by-counts
+// exchange of ep > 1 is tested by tests/dist/ep_test); capacity_factor 0
+// drops nothing even when one expert is everyone's first choice.
 struct CountingDispatcher : TokenDispatcher {
   int by_counts = 0, by_slots = 0, combined = 0;
   Dispatched dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts) override {
@@ -282,7 +283,7 @@ struct CountingDispatcher : TokenDispatcher {
   }
 };
 
-TEST(MoE, DroplessGoesThroughTheDispatcherAndDropsNothing) {
+TEST(MoE, DroplessDropsNothingAndOnOneRankNeedsNoExchange) {
   torch::manual_seed(2);
   LayerFactory f;
   auto counting = std::make_shared<CountingDispatcher>();
@@ -304,8 +305,8 @@ TEST(MoE, DroplessGoesThroughTheDispatcherAndDropsNothing) {
   EXPECT_EQ(aux.dropped.item<double>(), 0.0);
   EXPECT_EQ(aux.expert_tokens[0][2].item<float>(), 12.0f);
   EXPECT_LT((y - reference_forward(moe, c, x)).abs().max().item<double>(), 1e-5);
-  EXPECT_EQ(counting->by_counts, 1);
-  EXPECT_EQ(counting->combined, 1);
+  EXPECT_EQ(counting->by_counts, 0);
+  EXPECT_EQ(counting->combined, 0);
   EXPECT_EQ(counting->by_slots, 0);
   // With a capacity the static slot path goes through the dispatcher instead.
   auto capped = moe_config(8, 4, 1, 8, 0, 1.0);
@@ -313,7 +314,7 @@ TEST(MoE, DroplessGoesThroughTheDispatcherAndDropsNothing) {
   moe2.train();
   moe2.forward(x, nullptr);
   EXPECT_EQ(counting->by_slots, 1);
-  EXPECT_EQ(counting->by_counts, 1);
+  EXPECT_EQ(counting->by_counts, 0);
 }
 
 TEST(MoE, RejectsBadShapes) {
