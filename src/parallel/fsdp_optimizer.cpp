@@ -106,8 +106,8 @@ class FsdpOptimizer : public Optimizer {
         in_unit[i] = true;
         written.push_back(group_writes_checkpoint(pm_.params[i].layout, mesh_));
       }
-      gather_to_writer(pm_, f.params, f.offsets, written, s.exp_avg, *f.comm, false, host, m);
-      gather_to_writer(pm_, f.params, f.offsets, written, s.exp_avg_sq, *f.comm, false, host, v);
+      gather_to_writer(pm_, f.params, f.offsets, written, s.exp_avg, *f.comm, /*in_param_dtype=*/false, host, m);
+      gather_to_writer(pm_, f.params, f.offsets, written, s.exp_avg_sq, *f.comm, /*in_param_dtype=*/false, host, v);
     }
     // Parameters outside every unit (non-trainable) have no moments: zeros,
     // made on the host, so they load on any zero_stage.

@@ -151,8 +151,8 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::momen
   for (Group& g : groups_) {
     std::vector<bool> written;
     for (size_t i : g.params) written.push_back(group_writes_checkpoint(pm_.params[i].layout, mesh_));
-    gather_to_writer(pm_, g.params, g.offsets, written, g.exp_avg, *g.comm, false, host, m);
-    gather_to_writer(pm_, g.params, g.offsets, written, g.exp_avg_sq, *g.comm, false, host, v);
+    gather_to_writer(pm_, g.params, g.offsets, written, g.exp_avg, *g.comm, /*in_param_dtype=*/false, host, m);
+    gather_to_writer(pm_, g.params, g.offsets, written, g.exp_avg_sq, *g.comm, /*in_param_dtype=*/false, host, v);
   }
   return {m, v};
 }

@@ -81,6 +81,9 @@ ComponentState ModelState::state() const {
   HostCopies host;
   const std::vector<at::Tensor> saved = params_to_save(pm_, mesh_, host);
   host.wait();
+  // Units that evaluation or sampling left whole are sharded again (local),
+  // so a save leaves zero_stage 3 at rest, as plan models it.
+  release_params(pm_, /*written=*/false);
   ComponentState s;
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     const ParamLayout& l = pm_.params[i].layout;
