@@ -47,6 +47,12 @@ class HostStagedCommunicator final : public Communicator {
     t.copy_(h);
   }
 
+  at::Tensor gather(const at::Tensor& t, int root) override {
+    at::Tensor out;
+    counted("gather", [&] { out = inner_->gather(on_gpu(t) ? to_host(t) : t, root); });
+    return on_gpu(t) && out.defined() ? out.to(t.device()) : out;
+  }
+
   void send(const at::Tensor& t, int dst, int tag) override {
     counted("send", [&] { inner_->send(on_gpu(t) ? to_host(t) : t, dst, tag); });
   }

@@ -138,6 +138,24 @@ class MpiCommunicator final : public Communicator {
     count("broadcast", t.nbytes());
   }
 
+  at::Tensor gather(const at::Tensor& t, int root) override {
+    check_cpu(t, "gather");
+    check_peer(root, "gather", "root");
+    MT_CHECK(t.dim() > 0, "mpi gather on rank ", rank_, ": needs a tensor with at least one dim, got a scalar");
+    at::Tensor x = t.contiguous();
+    const int n = to_count(x.nbytes(), "gather");
+    at::Tensor out;
+    if (rank_ == root) {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape[0] *= size_;
+      out = at::empty(shape, x.options());
+    }
+    ok(MPI_Gather(x.data_ptr(), n, MPI_BYTE, rank_ == root ? out.data_ptr() : nullptr, n, MPI_BYTE, root, comm_),
+       "gather");
+    count("gather", rank_ == root ? static_cast<int64_t>(out.nbytes()) : static_cast<int64_t>(x.nbytes()));
+    return out;
+  }
+
   void send(const at::Tensor& t, int dst, int tag) override {
     check_cpu(t, "send");
     check_peer(dst, "send", "dst");

@@ -124,6 +124,34 @@ class NcclCommunicator final : public Communicator {
     count("broadcast", t.nbytes());
   }
 
+  // NCCL has no gather: the root receives from every peer in one group of
+  // send/recv pairs (a single launch, so the order of peers cannot deadlock).
+  at::Tensor gather(const at::Tensor& t, int root) override {
+    check_cuda(t, "gather");
+    check_peer(root, "gather", "root");
+    MT_CHECK(t.dim() > 0, "nccl gather on rank ", rank_, ": needs a tensor with at least one dim, got a scalar");
+    at::Tensor x = t.contiguous();
+    const auto type = nccl_dtype(x.scalar_type(), "gather");
+    cudaStream_t s = stream(x);
+    if (rank_ != root) {
+      ok(ncclSend(x.data_ptr(), x.numel(), type, root, comm_, s), "gather(send)");
+      count("gather", x.nbytes());
+      return {};
+    }
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape[0] *= size_;
+    at::Tensor out = at::empty(shape, x.options());
+    const int64_t chunk_bytes = static_cast<int64_t>(x.nbytes());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    ok(ncclGroupStart(), "gather(group_start)");
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != root) ok(ncclRecv(dst + peer * chunk_bytes, x.numel(), type, peer, comm_, s), "gather(recv)");
+    ok(ncclGroupEnd(), "gather(group_end)");
+    out.narrow(0, root * x.size(0), x.size(0)).copy_(x);
+    count("gather", out.nbytes());
+    return out;
+  }
+
   // NCCL has no tags: messages between a pair arrive in the order they were
   // posted, which is how the pipeline schedules use them anyway.
   void send(const at::Tensor& t, int dst, int /*tag*/) override {

@@ -10,6 +10,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/flat_slices.h"
 #include "meshtrain/parallel/fsdp.h"
 #include "meshtrain/parallel/optimizer.h"
@@ -89,20 +90,26 @@ class FsdpOptimizer : public Optimizer {
     return n;
   }
 
-  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() override {
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> moments_to_save(HostCopies& host) override {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> m(pm_.params.size()), v(pm_.params.size());
+    std::vector<bool> in_unit(pm_.params.size(), false);
     for (State& s : states_) {
       const Fsdp::Flat& f = *s.flat;
-      const bool many = f.comm->size() > 1;
-      unflatten(pm_, f.params, f.offsets, many ? f.comm->all_gather(s.exp_avg, 0) : s.exp_avg.clone(), m);
-      unflatten(pm_, f.params, f.offsets, many ? f.comm->all_gather(s.exp_avg_sq, 0) : s.exp_avg_sq.clone(), v);
+      std::vector<bool> written;
+      for (size_t i : f.params) {
+        in_unit[i] = true;
+        written.push_back(group_writes_checkpoint(pm_.params[i].layout, mesh_));
+      }
+      gather_to_writer(pm_, f.params, f.offsets, written, s.exp_avg, *f.comm, /*in_param_dtype=*/false, host, m);
+      gather_to_writer(pm_, f.params, f.offsets, written, s.exp_avg_sq, *f.comm, /*in_param_dtype=*/false, host, v);
     }
-    // Parameters outside every unit (non-trainable) have no moments.
+    // Parameters outside every unit (non-trainable) have no moments: zeros,
+    // made on the host, so they load on any zero_stage.
     for (size_t i = 0; i < pm_.params.size(); ++i)
-      if (!m[i].defined()) {
-        m[i] = at::zeros(pm_.params[i].tensor.sizes(), step_t_.options());
-        v[i] = at::zeros(pm_.params[i].tensor.sizes(), step_t_.options());
+      if (!in_unit[i] && writes_checkpoint(pm_.params[i].layout, mesh_)) {
+        m[i] = host.add(at::zeros(pm_.params[i].tensor.sizes(), at::kFloat));
+        v[i] = host.add(at::zeros(pm_.params[i].tensor.sizes(), at::kFloat));
       }
     return {m, v};
   }

@@ -7,6 +7,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/grad_buckets.h"
 #include "meshtrain/parallel/zero.h"
@@ -32,12 +33,14 @@ class ReplicatedAdamW : public Optimizer {
     return n;
   }
 
-  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() override {
-    std::vector<at::Tensor> m, v;
-    for (const auto& p : opt_.params()) {
-      m.push_back(p.exp_avg);
-      v.push_back(p.exp_avg_sq);
-    }
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> moments_to_save(HostCopies& host) override {
+    const auto& ps = opt_.params();
+    std::vector<at::Tensor> m(ps.size()), v(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i)
+      if (writes_checkpoint(pm_.params[i].layout, mesh_)) {
+        m[i] = host.add(ps[i].exp_avg);
+        v[i] = host.add(ps[i].exp_avg_sq);
+      }
     return {m, v};
   }
 

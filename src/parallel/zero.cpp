@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/flat_slices.h"
 
 namespace meshtrain {
@@ -139,13 +140,14 @@ ResidentBytes ZeroOptimizer::resident_bytes() const {
   return b;
 }
 
-std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::gather_moments() {
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::moments_to_save(HostCopies& host) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> m(pm_.params.size()), v(pm_.params.size());
   for (Group& g : groups_) {
-    const bool many = g.comm->size() > 1;
-    unflatten(g, many ? g.comm->all_gather(g.exp_avg, 0) : g.exp_avg.clone(), m);
-    unflatten(g, many ? g.comm->all_gather(g.exp_avg_sq, 0) : g.exp_avg_sq.clone(), v);
+    std::vector<bool> written;
+    for (size_t i : g.params) written.push_back(group_writes_checkpoint(pm_.params[i].layout, mesh_));
+    gather_to_writer(pm_, g.params, g.offsets, written, g.exp_avg, *g.comm, /*in_param_dtype=*/false, host, m);
+    gather_to_writer(pm_, g.params, g.offsets, written, g.exp_avg_sq, *g.comm, /*in_param_dtype=*/false, host, v);
   }
   return {m, v};
 }

@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/text.h"
+#include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/fsdp.h"
 
 namespace meshtrain {
@@ -27,16 +28,6 @@ ShardSpec spec_of(const ParamLayout& l, Mesh& mesh) {
     s.outer_shards = mesh.shape().ep;
   }
   return s;
-}
-
-// One owner per shard: dp rank 0 (for routed experts under expert
-// parallelism, the first holder of each slice: dp rank < ep), tp rank 0 for
-// replicated tensors, and never the tied head copy (the embedding's stage
-// writes it).
-bool writes(const ParamLayout& l, Mesh& mesh) {
-  const auto& c = mesh.coord();
-  const bool first_holder = l.expert_split ? c.dp < mesh.shape().ep : c.dp == 0;
-  return first_holder && !l.tied_copy && (l.split_dim >= 0 || c.tp == 0);
 }
 
 // "dim 1 is 512 in the checkpoint but this model needs 256 ([64, 512] vs [64, 256])".
@@ -72,18 +63,32 @@ at::Tensor read_chunk(const ComponentReader& in, const std::string& name, const 
   return padded.chunk(want.num_shards, want.split_dim)[want.shard].contiguous();
 }
 
+// One owner per shard (writes_checkpoint, parallel/checkpoint_writer.h):
+// only it holds the tensor on the host; the others list it unwritten.
+void add_written(ComponentState& s, const std::string& name, const at::Tensor& host, const ParamLayout& l,
+                 Mesh& mesh) {
+  const bool write = writes_checkpoint(l, mesh);
+  MT_ASSERT(write == host.defined(), "checkpoint tensor '", name, "': this rank ", write ? "writes" : "does not write",
+            " it but ", host.defined() ? "holds" : "lacks", " a host copy");
+  s.tensors.push_back({name, host, spec_of(l, mesh), write});
+}
+
 }  // namespace
 
 ComponentState ModelState::state() const {
-  ComponentState s;
-  // zero_stage 3 holds dp shards: whole for the copy, sharded again after.
-  gather_params(pm_);
-  for (const ParamInfo& p : pm_.params) {
-    at::Tensor t = p.tensor.detach().cpu();
-    if (pm_.fsdp) t = t.clone();  // on a CPU rank .cpu() is the parameter, freed below
-    s.tensors.push_back({p.layout.global_name, t, spec_of(p.layout, mesh_), writes(p.layout, mesh_)});
-  }
+  // zero_stage 3's parameters are gathered from their dp shards to the
+  // writers only; every other rank copies nothing.
+  HostCopies host;
+  const std::vector<at::Tensor> saved = params_to_save(pm_, mesh_, host);
+  host.wait();
+  // Units that evaluation or sampling left whole are sharded again (local),
+  // so a save leaves zero_stage 3 at rest, as plan models it.
   release_params(pm_, /*written=*/false);
+  ComponentState s;
+  for (size_t i = 0; i < pm_.params.size(); ++i) {
+    const ParamLayout& l = pm_.params[i].layout;
+    add_written(s, l.global_name, saved[i], l, mesh_);
+  }
   return s;
 }
 
@@ -97,15 +102,17 @@ void ModelState::load_state(const ComponentReader& in) {
 }
 
 ComponentState OptimizerState::state() const {
-  // Under ZeRO-1 gathered from the dp slices, so the checkpoint reads back on
-  // any dp and any zero_stage.
+  // Whole per parameter, so the checkpoint reads back on any dp and any
+  // zero_stage; ZeRO-1 and FSDP gather their dp slices to the writers only.
+  HostCopies host;
   std::vector<at::Tensor> exp_avg, exp_avg_sq;
-  std::tie(exp_avg, exp_avg_sq) = opt_.gather_moments();
+  std::tie(exp_avg, exp_avg_sq) = opt_.moments_to_save(host);
+  host.wait();
   ComponentState s;
   for (size_t i = 0; i < pm_.params.size(); ++i) {
     const ParamLayout& l = pm_.params[i].layout;
-    s.tensors.push_back({"exp_avg." + l.global_name, exp_avg[i].cpu(), spec_of(l, mesh_), writes(l, mesh_)});
-    s.tensors.push_back({"exp_avg_sq." + l.global_name, exp_avg_sq[i].cpu(), spec_of(l, mesh_), writes(l, mesh_)});
+    add_written(s, "exp_avg." + l.global_name, exp_avg[i], l, mesh_);
+    add_written(s, "exp_avg_sq." + l.global_name, exp_avg_sq[i], l, mesh_);
   }
   s.values["steps"] = opt_.steps_taken();
   return s;

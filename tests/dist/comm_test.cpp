@@ -143,6 +143,28 @@ TEST_F(CommTest, BroadcastFromLastRank) {
   EXPECT_EQ(comm->bytes_by_op().at("broadcast"), static_cast<int64_t>(storage.nbytes()));
 }
 
+// Only the root receives (checkpoint writers): the others get nothing back
+// and count only what they sent.
+TEST_F(CommTest, GatherToEveryRootOnly) {
+  const int p = size();
+  for (int root = 0; root < p; ++root) {
+    comm->reset_bytes();
+    const at::Tensor t = contribution(rank(), {3, 2});
+    const at::Tensor out = comm->gather(t, root);
+    if (rank() == root) {
+      std::vector<at::Tensor> parts;
+      for (int r = 0; r < p; ++r) parts.push_back(contribution(r, {3, 2}));
+      ASSERT_TRUE(out.defined());
+      EXPECT_TRUE(at::equal(out, at::cat(parts, 0))) << "root " << root;
+      EXPECT_EQ(comm->bytes_by_op().at("gather"), static_cast<int64_t>(p * t.nbytes()));
+    } else {
+      EXPECT_FALSE(out.defined()) << "rank " << rank() << " is not the root " << root;
+      EXPECT_EQ(comm->bytes_by_op().at("gather"), static_cast<int64_t>(t.nbytes()));
+    }
+  }
+  EXPECT_THROW(comm->gather(contribution(rank(), {2}), p), Error);
+}
+
 TEST_F(CommTest, SendRecvRing) {
   const int p = size();
   if (p == 1) GTEST_SKIP() << "a ring needs two ranks";

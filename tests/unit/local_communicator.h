@@ -16,6 +16,7 @@ class LocalCommunicator : public Communicator {
   at::Tensor all_gather(const at::Tensor& t, int64_t) override { return t.clone(); }
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t) override { return t.clone(); }
   void broadcast(at::Tensor&, int) override {}
+  at::Tensor gather(const at::Tensor& t, int) override { return t.clone(); }
   void send(const at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to send to"); }
   void recv(at::Tensor&, int, int) override { MT_FAIL("LocalCommunicator has no peer to receive from"); }
   void send_recv(const at::Tensor&, int, at::Tensor&, int, int, int) override {

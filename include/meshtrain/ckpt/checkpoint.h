@@ -51,7 +51,8 @@ struct ShardSpec {
 std::vector<int64_t> shard_shape(const ShardSpec& spec, const std::string& name = "tensor");
 
 // write=false: a replica of a shard that another rank writes (the trainer sets
-// write on exactly one owner per shard, e.g. dp rank 0).
+// write on exactly one owner per shard, e.g. dp rank 0); its tensor may be
+// undefined, as only the writer brings a shard to the host.
 struct NamedTensor {
   std::string name;
   at::Tensor tensor;

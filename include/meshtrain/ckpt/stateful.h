@@ -51,8 +51,9 @@ class ComponentReader {
 class Stateful {
  public:
   virtual ~Stateful() = default;
-  // Collective when the state is spread over ranks (ZeRO-1 gathers its
-  // moments): every rank calls it, in the same component order.
+  // Collective when the state is spread over ranks (ZeRO-1 and FSDP gather
+  // their moments to the writers): every rank calls it, in the same
+  // component order. Tensors this rank does not write may be undefined.
   virtual ComponentState state() const = 0;
   // Restores everything state() saved, or throws naming what the checkpoint
   // lacks: a checkpoint is loaded completely or not at all (the checkpointer

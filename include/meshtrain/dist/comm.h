@@ -10,6 +10,7 @@
 //   send / recv: t.nbytes()         all_to_all: input nbytes   barrier: 0
 //   send_recv: t.nbytes() as a send, r.nbytes() as a recv
 //   all_to_all_v: input nbytes (every row of t, the block kept by this rank included)
+//   gather: the root its output nbytes (size * input), the others input nbytes
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -37,6 +38,11 @@ class Communicator {
   // Sum over ranks, then this rank keeps chunk rank() of `dim` (size must divide it).
   virtual at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim = 0) = 0;
   virtual void broadcast(at::Tensor& t, int root) = 0;
+  // Concatenation of every rank's t along dim 0, in rank order, on `root`
+  // only (checkpoints: one writer receives, no rank holds what it does not
+  // write); other ranks get an undefined tensor. Every rank's t must have the
+  // same shape and dtype.
+  virtual at::Tensor gather(const at::Tensor& t, int root) = 0;
   virtual void send(const at::Tensor& t, int dst, int tag = 0) = 0;
   virtual void recv(at::Tensor& t, int src, int tag = 0) = 0;
   // Sends t to dst and receives r from src as one operation (MPI_Sendrecv;

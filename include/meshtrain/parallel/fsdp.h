@@ -72,7 +72,8 @@ class Fsdp : public LayerHooks {
   // The root unit's gradients (summed over tp and the tied pipeline copies by
   // synchronize_gradients) into its owned slices. Collective over dp.
   void reduce_root();
-  // Stage 3: every unit whole (collective), e.g. to save them.
+  // Stage 3: every unit whole (collective), e.g. to load them. Saves gather
+  // the shards to the writers instead (parallel/checkpoint_writer.h).
   void gather_all();
   // After the whole parameters were written (checkpoint load, --init-from-hf):
   // each rank keeps its slices of them. Stage 3 frees the whole tensors;
@@ -106,7 +107,7 @@ class Fsdp : public LayerHooks {
 at::Tensor owned_slice(const ParallelModel& pm, const Fsdp::Flat& f);
 
 // Makes pm's parameters whole for reading or writing them outside training
-// (checkpoints, weight import; collective over dp), and shards them again
+// (checkpoint loads, weight import; collective over dp), and shards them again
 // afterwards (local): no-ops unless zero_stage 3.
 void gather_params(ParallelModel& pm);
 void release_params(ParallelModel& pm, bool written);

@@ -22,6 +22,7 @@
 namespace meshtrain {
 
 class AdamW;
+class HostCopies;
 
 // Bytes a rank holds for parameters, gradients and optimizer state, as its
 // tensors stand (train/plan.h models the same three).
@@ -48,9 +49,13 @@ class Optimizer {
   virtual void set_steps_taken(int64_t s) = 0;
   // Elements of optimizer state this rank holds (both moments).
   virtual int64_t state_numel() const = 0;
-  // Full per-parameter moments in ParallelModel::params order (collective for
-  // ZeRO), and back (undefined: zeros). Checkpoints do not depend on sharding.
-  virtual std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() = 0;
+  // The whole per-parameter moments this rank writes into a checkpoint, on
+  // the host (parallel/checkpoint_writer.h), in ParallelModel::params order;
+  // undefined where another rank writes them. ZeRO-1 and FSDP gather the
+  // slices to the writers only, chunk by chunk (collective over dp).
+  // load_moments takes whole per-parameter moments back (undefined: zeros).
+  // Checkpoints do not depend on sharding.
+  virtual std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> moments_to_save(HostCopies& host) = 0;
   virtual void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) = 0;
   // The replicated AdamW inside, or nullptr (ZeRO).
   virtual AdamW* adamw() { return nullptr; }

@@ -13,7 +13,7 @@
 // groups), so zero_stage 0 and 1 give the same losses. Under expert
 // parallelism the routed experts form a second flat space, sharded over the
 // ranks that hold the same experts (Mesh::expert_dp()). Moments are saved per parameter by
-// global name (gather_moments / load_moments), so checkpoints do not depend on
+// global name (moments_to_save / load_moments), so checkpoints do not depend on
 // dp nor on zero_stage.
 #include <ATen/core/Tensor.h>
 
@@ -48,9 +48,10 @@ class ZeroOptimizer : public Optimizer {
   // Elements of optimizer state this rank holds (both moments).
   int64_t state_numel() const override;
 
-  // The full moments of every parameter (params order, each in the
-  // parameter's shape), gathered over dp. Collective.
-  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> gather_moments() override;
+  // The whole moments of the parameters this rank writes (params order, each
+  // in the parameter's shape, on the host), gathered from the dp slices to
+  // the writer only. Collective.
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> moments_to_save(HostCopies& host) override;
   // Full per-parameter moments (params order; an undefined tensor: zeros) ->
   // this rank's slice. Local.
   void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) override;

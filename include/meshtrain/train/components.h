@@ -4,7 +4,9 @@
 // with its Checkpointer and never flattens state by hand. Another piece of
 // state (e.g. a CUDA generator: RngState over it) is one more component.
 //   "model"  ModelState      parameters, sharded as the mesh holds them
-//   "optim"  OptimizerState  AdamW moments per parameter (whole under ZeRO-1) and the step count
+//   "optim"  OptimizerState  AdamW moments per parameter (whole under ZeRO-1/FSDP) and the step count
+// Only the rank that writes a tensor holds it on the host (pinned on CUDA);
+// sharded state is gathered to it alone (parallel/checkpoint_writer.h).
 //   "data"   DataState       the train and val loaders' cursors
 //   "rng"    RngState        a torch generator's state
 #include <ATen/core/Generator.h>
@@ -19,7 +21,8 @@
 namespace meshtrain {
 
 // Tensors "<global name>", each chunk written by one owner (dp rank 0, tp rank 0
-// for replicated ones, never a tied copy). vocab: the model's vocabulary, so
+// for replicated ones, never a tied copy); state() is collective under
+// zero_stage 3 (parameters gathered from their shards to the writers). vocab: the model's vocabulary, so
 // embedding/head tables saved under another tp's padding still load.
 class ModelState : public Stateful {
  public:
@@ -41,7 +44,7 @@ class OptimizerState : public Stateful {
  public:
   OptimizerState(ParallelModel& pm, Mesh& mesh, int64_t vocab, Optimizer& opt)
       : pm_(pm), mesh_(mesh), vocab_(vocab), opt_(opt) {}
-  ComponentState state() const override;  // collective under ZeRO-1 (gathers the moments)
+  ComponentState state() const override;  // collective under ZeRO-1/FSDP (moments to their writers)
   void load_state(const ComponentReader& in) override;
 
  private:
