@@ -11,6 +11,7 @@
 #include "kernels.h"
 
 #include "row_math.h"
+#include "strided.h"
 
 namespace meshtrain::ops::rows {
 
@@ -36,25 +37,12 @@ using rows::SerialLanes;
 // Rows per task: enough work to be worth a thread.
 int64_t grain(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
 
-rows::Strided strided(const at::Tensor& x, const at::Tensor& out, int64_t seq_dim) {
-  rows::Strided s{};
-  s.dims = static_cast<int>(x.dim());
-  s.seq = static_cast<int>(seq_dim);
-  s.half = x.size(-1) / 2;
-  for (int d = 0; d < s.dims; ++d) {
-    s.size[d] = x.size(d);
-    s.x_stride[d] = x.stride(d);
-    s.out_stride[d] = out.stride(d);
-  }
-  return s;
-}
-
 }  // namespace
 
 at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                          int64_t seq_dim, bool inverse, at::Tensor& out) {
   check_rope(x, cos, sin, offset, seq_dim, out);
-  const rows::Strided s = strided(x, out, seq_dim);
+  const rows::Strided s = strided_layout(x, out, seq_dim);
   const int64_t n = rows::rope_pairs(s);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope_out_cpu", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();

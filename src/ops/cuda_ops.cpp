@@ -8,6 +8,7 @@
 
 #include "cuda_kernels.h"
 #include "kernels.h"
+#include "strided.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain::ops::impl {
@@ -42,15 +43,7 @@ at::Tensor& rope_out_cuda(const at::Tensor& x, const at::Tensor& cos, const at::
                           int64_t seq_dim, bool inverse, at::Tensor& out) {
   check_rope(x, cos, sin, offset, seq_dim, out);
   const c10::cuda::CUDAGuard guard(x.device());
-  rows::Strided s{};
-  s.dims = static_cast<int>(x.dim());
-  s.seq = static_cast<int>(seq_dim);
-  s.half = x.size(-1) / 2;
-  for (int d = 0; d < s.dims; ++d) {
-    s.size[d] = x.size(d);
-    s.x_stride[d] = x.stride(d);
-    s.out_stride[d] = out.stride(d);
-  }
+  const rows::Strided s = strided_layout(x, out, seq_dim);
   check_launch(cuda::rope(dtype_of(x), s, x.const_data_ptr(), out.data_ptr(), cos.const_data_ptr<float>(),
                           sin.const_data_ptr<float>(), offset, inverse, stream_of(x)),
                "rope");
