@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (NVIDIA GPUs, PyTorch 2.11 with CUDA installed
 # system-wide, no internet): builds meshtrain against that PyTorch, runs the
-# CUDA tests, then `meshtrain bench` for configs/gpt2-124m.json and
+# CUDA tests, then `meshtrain bench` (the performance model's estimate, then
+# measured steps) for configs/gpt2-124m.json and
 # configs/moe1b-1gpu.json (the moe1B shape cut to fit one 80 GB GPU, checked
 # with `plan`), prints one table and writes summary.json plus one log per step
 # into DIR. A failing step is reported and the next one still runs; the exit
@@ -15,7 +16,7 @@ STEPS=20
 while (($#)); do
   case "$1" in
     --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
@@ -103,7 +104,10 @@ plan_fits() {  # CONFIG
     "$PY" -c 'import json,sys; p=json.load(open(sys.argv[1])); sys.exit(0 if p.get("fits") else 1)' "$OUT/plan.json"
 }
 
+# The performance model's estimate first (bench --device meta), then the
+# measured steps: the table puts them side by side to calibrate the model.
 bench() {  # NAME CONFIG
+  "$BIN" bench --config "$2" --device meta || return 1
   "$BIN" bench --config "$2" --steps "$STEPS" --set device_config.device=cuda \
     --set "data_config.data_dir=$DATA" --set "output_dir=$OUT/runs" --n_device_axis 1 1 1 || return 1
 }
@@ -145,7 +149,13 @@ for s in steps:
                     rows.append(json.loads(l))
                 except ValueError:
                     pass
-    r = rows[-1] if rows else {}
+    measured = [x for x in rows if "est_tokens_per_sec" not in x]
+    model = [x for x in rows if "est_tokens_per_sec" in x]
+    r = measured[-1] if measured else {}
+    if model:
+        r["model"] = model[-1]
+        r["est_tokens_per_sec"] = model[-1]["est_tokens_per_sec"]
+        r["est_step_ms"] = model[-1]["est_step_ms"]
     r["name"] = s["step"][len("bench_"):]
     r["status"] = s["status"]
     bench.append(r)
@@ -157,7 +167,8 @@ print(f"{'step':<20} {'status':<22} {'seconds':>7}")
 for s in steps:
     print(f"{s['step']:<20} {s['status']:<22} {s['seconds']:>7}")
 print()
-cols = [("name", "{}"), ("device", "{}"), ("tokens_per_sec", "{:.0f}"), ("tflops_per_device", "{:.1f}"),
+cols = [("name", "{}"), ("device", "{}"), ("tokens_per_sec", "{:.0f}"), ("est_tokens_per_sec", "{:.0f}"),
+        ("tflops_per_device", "{:.1f}"),
         ("mfu", "{:.3f}"), ("peak_memory_bytes", "{:.2e}"), ("last_loss", "{:.3f}")]
 print(" | ".join(c for c, _ in cols))
 for r in bench:
