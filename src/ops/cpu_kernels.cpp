@@ -6,6 +6,7 @@
 #include <c10/util/Half.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels.h"
@@ -43,13 +44,13 @@ at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::T
                          int64_t seq_dim, bool inverse, at::Tensor& out) {
   check_rope(x, cos, sin, offset, seq_dim, out);
   const rows::Strided s = strided_layout(x, out, seq_dim);
-  const int64_t n = rows::rope_pairs(s);
+  const int64_t n_rows = s.half > 0 ? rows::rope_pairs(s) / s.half : 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope_out_cpu", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const float *c = cos.const_data_ptr<float>(), *sn = sin.const_data_ptr<float>();
-    at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) rows::rope_pair(s, i, xp, op, c, sn, offset, inverse);
+    at::parallel_for(0, n_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.half)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) rows::rope_row(s, r, xp, op, c, sn, offset, inverse);
     });
   });
   return out;

@@ -75,23 +75,50 @@ MT_HD int64_t rope_pairs(const Strided& s) {
   return n;
 }
 
+// Where row r of pairs (one position of one head: `half` pairs) starts in x
+// and out, and its position.
+struct RopeRow {
+  int64_t x, out, pos;
+};
+MT_HD RopeRow rope_row_start(const Strided& s, int64_t r) {
+  RopeRow o{0, 0, 0};
+  for (int d = s.dims - 2; d >= 0; --d) {
+    const int64_t c = r % s.size[d];
+    r /= s.size[d];
+    o.x += c * s.x_stride[d];
+    o.out += c * s.out_stride[d];
+    if (d == s.seq) o.pos = c;
+  }
+  return o;
+}
+
+// Pair f of a row: cos/sin point at the row's position, sign -1 inverts.
+template <class T>
+MT_HD void rope_at(const T* x, T* out, const float* cos, const float* sin, float sign, int64_t half, int64_t f) {
+  const float c = cos[f], sn = sign * sin[f];
+  const float a = ld(x[f]), b = ld(x[f + half]);
+  out[f] = st<T>(a * c - b * sn);
+  out[f + half] = st<T>(b * c + a * sn);
+}
+
+// One pair per work item (the CUDA kernel: a thread per pair).
 template <class T>
 MT_HD void rope_pair(const Strided& s, int64_t i, const T* x, T* out, const float* cos, const float* sin,
                      int64_t offset, bool inverse) {
-  const int64_t f = i % s.half;
-  int64_t rest = i / s.half, xo = f, oo = f, pos = 0;
-  for (int d = s.dims - 2; d >= 0; --d) {
-    const int64_t c = rest % s.size[d];
-    rest /= s.size[d];
-    xo += c * s.x_stride[d];
-    oo += c * s.out_stride[d];
-    if (d == s.seq) pos = c;
-  }
-  const float c = cos[(pos + offset) * s.half + f];
-  const float sn = inverse ? -sin[(pos + offset) * s.half + f] : sin[(pos + offset) * s.half + f];
-  const float a = ld(x[xo]), b = ld(x[xo + s.half]);
-  out[oo] = st<T>(a * c - b * sn);
-  out[oo + s.half] = st<T>(b * c + a * sn);
+  const RopeRow r = rope_row_start(s, i / s.half);
+  const int64_t t = (r.pos + offset) * s.half;
+  rope_at(x + r.x, out + r.out, cos + t, sin + t, inverse ? -1.0f : 1.0f, s.half, i % s.half);
+}
+
+// One row per work item (the CPU kernel): the index arithmetic once per row,
+// then a plain loop over the row's pairs.
+template <class T>
+MT_HD void rope_row(const Strided& s, int64_t row, const T* x, T* out, const float* cos, const float* sin,
+                    int64_t offset, bool inverse) {
+  const RopeRow r = rope_row_start(s, row);
+  const int64_t t = (r.pos + offset) * s.half;
+  const float sign = inverse ? -1.0f : 1.0f;
+  for (int64_t f = 0; f < s.half; ++f) rope_at(x + r.x, out + r.out, cos + t, sin + t, sign, s.half, f);
 }
 
 // ---- RMSNorm with an optional residual add ---------------------------------
