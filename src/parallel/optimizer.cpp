@@ -90,8 +90,9 @@ ResidentBytes parameter_bytes(const ParallelModel& pm) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
-  if (cfg.zero_stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
-  if (cfg.zero_stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
+  const int64_t stage = cfg.zero_stage_on(mesh.shape().dp);
+  if (stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
+  if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
   // ZeRO-1 and FSDP reduce-scatter instead; with one dp rank there is nothing
   // to sum. Expert parallelism keeps the sum after backward: its all-to-alls
   // in backward span dp ranks whose graphs differ (their tokens do), so a

@@ -179,9 +179,10 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   const double rep_div = cfg.sequence_parallel ? tp : 1.0;
   const double d = static_cast<double>(m.model_dimension);
   const bool selective = cfg.activation_checkpointing == "selective";
-  const double zero_div = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
+  const int64_t stage = cfg.zero_stage_on(plan.dp);  // dp 1: nothing to shard, stage 0 runs
+  const double zero_div = stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
   // ZeRO-1 shards the experts' moments over the ranks holding the same experts.
-  const double zero_div_experts = cfg.zero_stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
+  const double zero_div_experts = stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
   const int64_t v = virtual_stages(cfg, plan.pp);
   plan.virtual_stages = v;
   if (plan.pp > 1) {
@@ -197,14 +198,14 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
     const double n = static_cast<double>(sm.params.total());
     const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
     const double frozen = static_cast<double>(sm.params.frozen), trainable = n - frozen;
-    if (cfg.zero_stage >= 2) {
+    if (stage >= 2) {
       const double owned = static_cast<double>(
           fsdp_slice_elements(m, plan.pp, plan.tp, st, plan.dp, plan.ep, v));
-      sm.weights = cfg.zero_stage == 3 ? 4 * (owned + frozen) : 4 * n;
+      sm.weights = stage == 3 ? 4 * (owned + frozen) : 4 * n;
       sm.grads = 4 * owned;
       sm.optimizer = 8 * owned;
-      sm.experts = (cfg.zero_stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
-      if (cfg.zero_stage == 3) {
+      sm.experts = (stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
+      if (stage == 3) {
         // The root unit stays whole through a step; one layer at a time runs.
         double largest = 0, layers = 0;
         for (const LayerSpan& c : sm.params.chunks)
@@ -321,7 +322,9 @@ std::string to_string(const MemoryPlan& p) {
   o << "  weights            " << gib(w.weights) << "\n";
   o << "  gradients          " << gib(w.grads) << "\n";
   o << "  optimizer (Adam)   " << gib(w.optimizer) << "\n";
-  if (p.zero_stage > 0)
+  if (p.zero_stage > 0 && p.dp == 1)
+    o << "  zero_stage " << p.zero_stage << "       nothing to shard with dp 1: runs as zero_stage 0\n";
+  else if (p.zero_stage > 0)
     o << "  zero_stage " << p.zero_stage << "       "
       << (p.zero_stage == 1 ? "moments" : p.zero_stage == 2 ? "moments and gradients" : "moments, gradients and weights")
       << " sharded over dp " << p.dp << "\n";

@@ -196,6 +196,8 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
     stage_layers += (stage_layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";
   spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers {}", shape.dp, shape.pp, shape.tp,
                device_.str(), mesh_->backend(), stage_layers);
+  if (cfg_.zero_stage > 0 && cfg_.zero_stage_on(shape.dp) == 0)
+    spdlog::info("zero_stage {}: nothing to shard with dp 1, runs as zero_stage 0", cfg_.zero_stage);
 
   if (opts_.meta) {
     MT_CHECK(opts_.fresh && opts_.checkpoint.empty(), "the meta device loads no checkpoint");
@@ -311,7 +313,7 @@ StepStats Trainer::train_step() {
     wait = w.item<double>();
   }
   // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in apply_update().
-  synchronize_gradients(pm_, *mesh_, /*dp=*/cfg_.zero_stage == 0);
+  synchronize_gradients(pm_, *mesh_, /*dp=*/cfg_.zero_stage_on(mesh_->shape().dp) == 0);
   test_hooks_.after_backward(step_ + 1, pm_);
   StepStats stats = reduce_stats(total, global_tokens, T);
   stats.pipeline_wait_seconds = wait;

@@ -122,6 +122,25 @@ TEST(Plan, ZeroOneShardsTheOptimizerOverDp) {
   EXPECT_DOUBLE_EQ(z1.worst().grads, z0.worst().grads);
 }
 
+// With one dp rank ZeRO and FSDP have nothing to shard: every stage runs as
+// stage 0 (no FSDP gather buffer), and the report says so.
+TEST(Plan, ZeroStagesOnOneDpRankAreStageZero) {
+  Config c = tiny("mla", "moe", true);
+  c.device.n_device_axis = {1, 1, 2};
+  const MemoryPlan z0 = plan_memory(c, PlanDevice::Cuda);
+  for (int64_t stage : {1, 2, 3}) {
+    c.zero_stage = stage;
+    EXPECT_EQ(c.zero_stage_on(1), 0);
+    EXPECT_EQ(c.zero_stage_on(2), stage);
+    const MemoryPlan z = plan_memory(c, PlanDevice::Cuda);
+    EXPECT_DOUBLE_EQ(z.total_bytes(), z0.total_bytes()) << "zero_stage " << stage;
+    EXPECT_DOUBLE_EQ(z.worst().gathered, 0.0) << "zero_stage " << stage;
+    EXPECT_NE(plan_report(c, PlanDevice::Cuda, 0, false).find("nothing to shard with dp 1"), std::string::npos);
+  }
+  c.device.n_device_axis = {2, 1, 1};
+  EXPECT_GT(plan_memory(c, PlanDevice::Cuda).worst().gathered, 0.0);  // dp 2: FSDP runs
+}
+
 // expert_parallel splits the routed experts (and only them) over its ranks;
 // the count per rank matches what a rank of such a mesh builds.
 TEST(Plan, ExpertParallelSplitsTheExperts) {

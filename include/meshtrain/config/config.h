@@ -178,6 +178,10 @@ struct Config {
 
   // Where the run lives: output_dir/name.
   std::string run_dir() const;
+  // zero_stage as it runs on dp ranks: with one dp rank there is nothing to shard, and
+  // ZeRO/FSDP would only add copies (a layer's gather and release per
+  // microbatch), so the stage-0 step runs: the same math, the same memory.
+  int64_t zero_stage_on(int64_t dp) const { return dp > 1 ? zero_stage : 0; }
 };
 
 }  // namespace meshtrain
