@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -59,11 +60,16 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
   if (is_moe_layer(m, i)) {
     const double k = static_cast<double>(m.k), E = static_cast<double>(m.n_experts);
     const double ns = static_cast<double>(m.n_shared);
-    a.replicated += E + 2 * k * d;  // router probs, dispatched inputs and gated outputs
+    // Rows the experts run per token: with a capacity every expert gets C
+    // slots per sequence, filled or not (static shapes); dropless, k.
+    double slots = k;
+    if (m.capacity_factor > 0)
+      slots = E * std::ceil(m.capacity_factor * s * k / E) / s;
+    a.replicated += E + slots * d + k * d;  // router probs, dispatched inputs, gated outputs
     if (m.shared_expert == "mlp") {
-      a.split += per_hidden * hidden * (k + ns);
+      a.split += per_hidden * hidden * (slots + ns);
     } else {
-      a.split += per_hidden * hidden * k;
+      a.split += per_hidden * hidden * slots;
       if (m.shared_expert == "linear") a.replicated += ns * d;  // the shared projection's output
     }
   } else {
