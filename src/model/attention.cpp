@@ -20,19 +20,6 @@ at::Tensor merge_heads(const at::Tensor& x) {
   return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
-// Queries q [B, H, Tq, *] are the last Tq of the Tk key positions. Without a
-// past (Tq == Tk) sdpa's is_causal is right; with one it aligns the triangle
-// top-left, which is wrong for Tq > 1, so the mask is spelled out.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
-  const int64_t Tq = q.size(2), Tk = k.size(2);
-  if (Tq == Tk) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
-  if (Tq == 1) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/false);
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
-  const auto qpos = at::arange(Tk - Tq, Tk, opts).unsqueeze(1);
-  const auto kpos = at::arange(0, Tk, opts).unsqueeze(0);
-  return at::scaled_dot_product_attention(q, k, v, kpos <= qpos, dropout, /*is_causal=*/false);
-}
-
 // The output projection, with the residual add folded in when one is given.
 at::Tensor project_out(Linear& wo, const at::Tensor& heads, const at::Tensor& residual) {
   return residual.defined() ? wo.forward_residual(heads, residual) : wo.forward(heads);
@@ -170,13 +157,34 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   if (dhR_ > 0 && !v.is_cpu()) {
-    // Flash kernels want one head size for q, k and v: v padded with zeros to
-    // hd + dhR gives the same first hd output columns (the rest are zeros).
-    // The CPU kernels take unequal sizes as they are.
-    const at::Tensor o = causal_attention(q, k, at::constant_pad_nd(v, {0, dhR_}), p);
-    return project_out(*wo_, merge_heads(o.narrow(-1, 0, hd)), residual);
+    // Flash kernels want one head size for q, k and v; the CPU kernels take
+    // unequal sizes as they are.
+    return project_out(*wo_, merge_heads(causal_attention_padded_v(q, k, v, p)), residual);
   }
   return project_out(*wo_, merge_heads(causal_attention(q, k, v, p)), residual);
+}
+
+// Queries q [B, H, Tq, *] are the last Tq of the Tk key positions. Without a
+// past (Tq == Tk) sdpa's is_causal is right; with one it aligns the triangle
+// top-left, which is wrong for Tq > 1, so the mask is spelled out.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  if (Tq == Tk) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
+  if (Tq == 1) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/false);
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const auto qpos = at::arange(Tk - Tq, Tk, opts).unsqueeze(1);
+  const auto kpos = at::arange(0, Tk, opts).unsqueeze(0);
+  return at::scaled_dot_product_attention(q, k, v, kpos <= qpos, dropout, /*is_causal=*/false);
+}
+
+at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
+  const int64_t hd = v.size(-1), pad = q.size(-1) - hd;
+  MT_ASSERT(pad >= 0 && k.size(-1) == q.size(-1), "padded-v attention: q ", q.sizes(), ", k ", k.sizes(), ", v ",
+            v.sizes());
+  if (pad == 0) return causal_attention(q, k, v, dropout);
+  // Zero columns of v give zero output columns; the first hd are unchanged
+  // (the softmax weights come from q and k alone).
+  return causal_attention(q, k, at::constant_pad_nd(v, {0, pad}), dropout).narrow(-1, 0, hd);
 }
 
 MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "meshtrain/model/attention.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/train/generate.h"
 
@@ -169,6 +170,37 @@ TEST(Generate, SamplingRepeatsForASeedAndVariesAcrossSeeds) {
   EXPECT_NE(generate(m, prompts, o), a);
   EXPECT_THROW(generate(m, {{}}, o), std::exception);
   EXPECT_THROW(generate(m, {{999}}, o), std::exception);
+}
+
+// MLA's attention on GPUs pads v to the q/k head size (hd + dhR) so flash
+// kernels apply, and keeps v's hd output columns: the same outputs and
+// gradients as attention over the unpadded v (which CPU kernels take), for
+// training (Tq == Tk) and for decoding with a cache (Tq == 1, 1 < Tq < Tk).
+TEST(MlaAttention, PaddedValuesGiveTheUnpaddedOutputsAndGradients) {
+  at::manual_seed(0);
+  const int64_t B = 2, H = 3, hd = 16, dhR = 8;
+  for (auto [Tq, Tk] : {std::pair<int64_t, int64_t>{12, 12}, {1, 12}, {5, 12}}) {
+    SCOPED_TRACE("Tq " + std::to_string(Tq) + ", Tk " + std::to_string(Tk));
+    const at::Tensor q0 = at::randn({B, H, Tq, hd + dhR}), k0 = at::randn({B, H, Tk, hd + dhR});
+    const at::Tensor v0 = at::randn({B, H, Tk, hd}), dout = at::randn({B, H, Tq, hd});
+    auto run = [&](bool padded) {
+      at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+      at::Tensor v = v0.clone().requires_grad_(true);
+      const at::Tensor o = padded ? causal_attention_padded_v(q, k, v, 0.0) : causal_attention(q, k, v, 0.0);
+      o.backward(dout);
+      return std::vector<at::Tensor>{o.detach(), q.grad(), k.grad(), v.grad()};
+    };
+    const std::vector<at::Tensor> want = run(false), got = run(true);
+    EXPECT_EQ(got[0].sizes(), want[0].sizes());
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
+          << names[i] << ": max diff " << (got[i] - want[i]).abs().max().item<float>();
+  }
+  // Equal sizes need no padding; q and k must agree.
+  const at::Tensor x = at::randn({1, 2, 4, 8});
+  EXPECT_TRUE(at::equal(causal_attention_padded_v(x, x, x, 0.0), causal_attention(x, x, x, 0.0)));
+  EXPECT_ANY_THROW(causal_attention_padded_v(x, at::randn({1, 2, 4, 6}), x, 0.0));
 }
 
 }  // namespace

@@ -82,6 +82,14 @@ struct MlaRopeInputs {
 };
 MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg);
 
+// Attention of queries q [B, H, Tq, *] that are the last Tq of the Tk key
+// positions (Tq == Tk: training; Tq < Tk: decoding with a cache).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
+// The same with values narrower than queries and keys (MLA's decoupled rope:
+// q/k heads hd + dhR, v's hd): v zero-padded to q's size so that flash
+// kernels, which want one head size, apply; the output has v's size.
+at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
+
 // dhR of global layer i: 0 in each block's last layer when
 // cfg.mla_last_layer_no_rope (Jaxformer), cfg.dhR otherwise.
 int64_t mla_layer_dhR(const ModelConfig& cfg, int64_t layer);
