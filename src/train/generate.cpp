@@ -16,6 +16,7 @@ namespace {
 int32_t sample(at::Tensor logits, const SampleOptions& o, at::Generator& gen) {
   if (!logits.defined()) return -1;
   logits = logits.to(at::kCPU, at::kFloat);
+  if (o.vocab_limit > 0 && o.vocab_limit < logits.size(0)) logits = logits.narrow(0, 0, o.vocab_limit);
   if (o.temperature <= 0.0) return static_cast<int32_t>(logits.argmax().item<int64_t>());
   logits = logits / o.temperature;
   if (o.top_k > 0 && o.top_k < logits.size(0)) {

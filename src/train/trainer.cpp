@@ -379,6 +379,7 @@ std::string Trainer::sample() {
   so.temperature = cfg_.inference.temperature;
   so.use_cache = cfg_.inference.use_cache;
   so.seed = cfg_.seed + static_cast<uint64_t>(step_);
+  so.vocab_limit = tokenizer_->vocab_size();
   so.check_stop = [this] {
     watchdog_->beat("sampling");
     stop_point("sampling");

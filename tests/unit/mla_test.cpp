@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "meshtrain/model/attention.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/train/generate.h"
@@ -170,6 +172,31 @@ TEST(Generate, SamplingRepeatsForASeedAndVariesAcrossSeeds) {
   EXPECT_NE(generate(m, prompts, o), a);
   EXPECT_THROW(generate(m, {{}}, o), std::exception);
   EXPECT_THROW(generate(m, {{999}}, o), std::exception);
+}
+
+// A model whose vocabulary is padded past the tokenizer's (GPT-2's 50304 for
+// 50257) must never sample a padding id: the tokenizer cannot decode it.
+TEST(Generate, VocabLimitKeepsSamplesInsideTheTokenizer) {
+  const auto cfg = tiny("mha");
+  LayerFactory f;
+  Transformer m(cfg, f);
+  SampleOptions o;
+  o.max_tokens = 64;
+  o.temperature = 2.0;  // flat: unlimited, ids past the limit are all but certain
+  o.seed = 1;
+  const std::vector<std::vector<int32_t>> prompts{{3}, {5, 6}};
+  const int64_t limit = cfg.vocab_size / 8;
+  auto max_id = [](const std::vector<std::vector<int32_t>>& out) {
+    int32_t m = -1;
+    for (const auto& row : out)
+      for (int32_t t : row) m = std::max(m, t);
+    return m;
+  };
+  EXPECT_GE(max_id(generate(m, prompts, o)), limit) << "the test needs samples past the limit without one";
+  o.vocab_limit = limit;
+  EXPECT_LT(max_id(generate(m, prompts, o)), limit);
+  o.temperature = 0;  // greedy too
+  EXPECT_LT(max_id(generate(m, prompts, o)), limit);
 }
 
 // MLA's attention on GPUs pads v to the q/k head size (hd + dhR) so flash

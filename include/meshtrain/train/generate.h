@@ -22,6 +22,10 @@ struct SampleOptions {
   double temperature = 1.0;  // 0: greedy (argmax)
   bool use_cache = true;
   uint64_t seed = 0;         // sampling generator (CPU), so runs repeat exactly
+  // > 0: only ids below it are drawn. A model's vocabulary is often padded
+  // past the tokenizer's (GPT-2: 50304 for 50257 tokens, a multiple of 64);
+  // the padding ids decode to nothing.
+  int64_t vocab_limit = 0;
   // Called before each new token; throws to stop early (a signal, see
   // core/stop_signal.h). Every rank must call it alike: it may be collective.
   std::function<void()> check_stop;
