@@ -43,18 +43,15 @@ inline int64_t row_bytes_for_all_to_all_v(const at::Tensor& t, const std::vector
   return row;
 }
 
-// The dtype every backend reduces `t` in, so a mesh gives the same numbers over
-// NCCL and MPI: 16-bit floats are summed in fp32 (MPI has no bf16 arithmetic,
-// and fp32 sums keep tp/dp reductions independent of the group size's
-// rounding), bools as int (no sum on bools). Results are cast back.
-inline at::ScalarType reduction_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kHalf:
-    case at::kBFloat16: return at::kFloat;
-    case at::kBool: return at::kInt;
-    default: return t;
-  }
-}
+// The dtype every backend reduces `t` in. Floats are reduced in their own
+// dtype, as Megatron does: a bf16/fp16 tensor-parallel all-reduce or
+// reduce-scatter moves 2 bytes an element, not the 4 of an fp32 upcast (and
+// no upcast copy). NCCL sums bf16/fp16 natively; MPI has no 16-bit float type,
+// so mpi_comm.cpp sums them with its own MPI_Ops (each pair through float,
+// rounded back once per add, as NCCL's kernels do). Where precision matters the
+// caller's tensor is fp32 already (dp gradient reduction: master grads are
+// fp32). Bools are reduced as int (no sum on bools).
+inline at::ScalarType reduction_dtype(at::ScalarType t) { return t == at::kBool ? at::kInt : t; }
 
 // A private duplicate of MPI_COMM_WORLD (errors returned, not fatal), so our
 // traffic never matches messages of other libraries on the world communicator.

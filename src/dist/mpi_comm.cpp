@@ -65,6 +65,60 @@ MPI_Op mpi_op(ReduceOp op) {
 
 int64_t norm_dim(const at::Tensor& t, int64_t dim, const char* op) { return meshtrain::norm_dim(t, dim, "mpi", op); }
 
+// MPI has no 16-bit float types: bf16/fp16 travel as MPI_UINT16_T under these
+// user-defined ops, which combine each pair through float and round back to
+// the 16-bit type, one rounding per add as NCCL's bf16 kernels do. a + b is
+// commutative bit for bit, so every rank ends with the same bits. For two
+// ranks the result equals an fp32 sum cast back (the sum of two bf16 is
+// exact in fp32); for more, the sum is rounded after each add.
+template <class T, ReduceOp kOp>
+void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    float r = x + y;
+    if (kOp == ReduceOp::Max) r = x > y || x != x ? x : y;  // NaN wins, as in MPI_MAX on floats
+    if (kOp == ReduceOp::Min) r = x < y || x != x ? x : y;
+    b[i] = static_cast<T>(r);
+  }
+}
+
+// The six 16-bit ops, created once per communicator (an MPI_Op must be
+// created after MPI_Init and freed before MPI_Finalize, like the communicator).
+class SixteenBitOps {
+ public:
+  SixteenBitOps() {
+    make<c10::BFloat16>(0);
+    make<c10::Half>(3);
+  }
+  ~SixteenBitOps() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (MPI_Op& op : ops_)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  }
+  SixteenBitOps(const SixteenBitOps&) = delete;
+  SixteenBitOps& operator=(const SixteenBitOps&) = delete;
+
+  // The op for `dtype` (kBFloat16 or kHalf) and `op`.
+  MPI_Op get(at::ScalarType dtype, ReduceOp op) const {
+    return ops_[(dtype == at::kHalf ? 3 : 0) + static_cast<int>(op)];
+  }
+
+ private:
+  template <class T>
+  void make(int base) {
+    MPI_Op_create(&reduce_16bit<T, ReduceOp::Sum>, /*commute=*/1, &ops_[base + static_cast<int>(ReduceOp::Sum)]);
+    MPI_Op_create(&reduce_16bit<T, ReduceOp::Max>, 1, &ops_[base + static_cast<int>(ReduceOp::Max)]);
+    MPI_Op_create(&reduce_16bit<T, ReduceOp::Min>, 1, &ops_[base + static_cast<int>(ReduceOp::Min)]);
+  }
+  MPI_Op ops_[6] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+};
+
+bool is_16bit_float(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm` (freed in the destructor).
@@ -90,11 +144,11 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(at::Tensor& t, ReduceOp op) override {
     check_cpu(t, "all_reduce");
     at::Tensor w = t.to(reduction_dtype(t.scalar_type())).contiguous();
-    ok(MPI_Allreduce(MPI_IN_PLACE, w.data_ptr(), to_count(w.numel(), "all_reduce"),
-                     mpi_dtype(w.scalar_type(), "all_reduce"), mpi_op(op), comm_),
+    ok(MPI_Allreduce(MPI_IN_PLACE, w.data_ptr(), to_count(w.numel(), "all_reduce"), type_of(w, "all_reduce"),
+                     op_of(w, op), comm_),
        "all_reduce");
     if (!w.is_same(t)) t.copy_(w);
-    count("all_reduce", t.nbytes());
+    count("all_reduce", w.nbytes());
   }
 
   at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
@@ -123,9 +177,9 @@ class MpiCommunicator final : public Communicator {
                        .contiguous();
     at::Tensor out = at::empty(x.sizes().slice(1), x.options());
     ok(MPI_Reduce_scatter_block(x.data_ptr(), out.data_ptr(), to_count(out.numel(), "reduce_scatter"),
-                                mpi_dtype(x.scalar_type(), "reduce_scatter"), MPI_SUM, comm_),
+                                type_of(x, "reduce_scatter"), op_of(x, ReduceOp::Sum), comm_),
        "reduce_scatter");
-    count("reduce_scatter", t.nbytes());
+    count("reduce_scatter", x.nbytes());
     return out.to(t.scalar_type());
   }
 
@@ -251,6 +305,14 @@ class MpiCommunicator final : public Communicator {
  private:
   void ok(int rc, const char* op) const { check_mpi(rc, op, rank_, size_); }
 
+  // The MPI type and op reducing `t`: 16-bit floats as uint16 under our ops.
+  static MPI_Datatype type_of(const at::Tensor& t, const char* op) {
+    return is_16bit_float(t.scalar_type()) ? MPI_UINT16_T : mpi_dtype(t.scalar_type(), op);
+  }
+  MPI_Op op_of(const at::Tensor& t, ReduceOp op) const {
+    return is_16bit_float(t.scalar_type()) ? ops16_.get(t.scalar_type(), op) : mpi_op(op);
+  }
+
   void check_cpu(const at::Tensor& t, const char* op) const {
     MT_CHECK(t.defined(), "mpi ", op, " on rank ", rank_, ": undefined tensor");
     MT_CHECK(t.device().is_cpu(), "mpi ", op, " on rank ", rank_, ": tensor is on ", t.device(),
@@ -270,6 +332,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  SixteenBitOps ops16_;
 };
 
 }  // namespace

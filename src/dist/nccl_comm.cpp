@@ -80,7 +80,7 @@ class NcclCommunicator final : public Communicator {
                      nccl_op(op), comm_, stream(w)),
        "all_reduce");
     if (!w.is_same(t)) t.copy_(w);
-    count("all_reduce", t.nbytes());
+    count("all_reduce", w.nbytes());
   }
 
   at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
@@ -109,7 +109,7 @@ class NcclCommunicator final : public Communicator {
     ok(ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), nccl_dtype(x.scalar_type(), "reduce_scatter"),
                          ncclSum, comm_, stream(x)),
        "reduce_scatter");
-    count("reduce_scatter", t.nbytes());
+    count("reduce_scatter", x.nbytes());
     return out.to(t.scalar_type());
   }
 

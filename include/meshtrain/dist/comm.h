@@ -4,7 +4,9 @@
 // MPI and NCCL headers never appear here: backends live in src/dist/*.cpp.
 //
 // Byte accounting (for tests that compare traffic with theory): each call adds
-// the payload this rank hands to the collective, in bytes:
+// the payload this rank hands to the collective, in bytes, as it travels
+// (every float dtype in its own size: a bf16 all-reduce counts 2 bytes an
+// element, half of fp32; bools are reduced as int32, 4 bytes an element):
 //   all_reduce: t.nbytes()          all_gather: output nbytes (size * input)
 //   reduce_scatter: input nbytes    broadcast: t.nbytes()
 //   send / recv: t.nbytes()         all_to_all: input nbytes   barrier: 0
