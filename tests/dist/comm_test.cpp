@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,28 @@ TEST_F(CommTest, WorldMatchesRuntime) {
   EXPECT_EQ(comm->size(), test_runtime().size());
   EXPECT_EQ(comm->backend(), "mpi");
   EXPECT_EQ(comm->bytes_moved(), 0);
+}
+
+// Collectives run on autograd's backward thread too (runtime.h): the Runtime
+// asks for SERIALIZED and got it (OpenMPI gives what is asked; FUNNELED here
+// would mean the request was lowered).
+TEST_F(CommTest, MpiGivesTheThreadLevelTheBackwardThreadNeeds) {
+  EXPECT_EQ(kNeededThreadLevel, ThreadLevel::Serialized);
+  EXPECT_GE(static_cast<int>(test_runtime().thread_level()), static_cast<int>(ThreadLevel::Serialized))
+      << thread_level_name(test_runtime().thread_level());
+}
+
+TEST_F(CommTest, TooLowAThreadLevelIsRefusedNamingBothLevels) {
+  EXPECT_NO_THROW(require_thread_level(ThreadLevel::Serialized, ThreadLevel::Multiple));
+  EXPECT_NO_THROW(require_thread_level(ThreadLevel::Serialized, ThreadLevel::Serialized));
+  try {
+    require_thread_level(ThreadLevel::Serialized, ThreadLevel::Funneled);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const char* part : {"MPI_THREAD_SERIALIZED", "MPI_THREAD_FUNNELED", "backward thread", "ompi_info"})
+      EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
+  }
 }
 
 TEST_F(CommTest, AllReduceSumMaxMinEveryDtype) {
@@ -108,6 +131,63 @@ TEST_F(CommTest, ReduceScatterBFloat16KeepsDtype) {
   EXPECT_EQ(out.scalar_type(), at::kBFloat16);
   at::Tensor expected = (contribution(0, {size() * 2, 2}) * static_cast<double>(tri(size()))).narrow(0, rank() * 2, 2);
   EXPECT_TRUE(at::equal(out.to(at::kFloat), expected));
+}
+
+// Tensor-parallel reductions of bf16/fp16 activations travel in their own
+// dtype (Megatron's way), not upcast to fp32: the bytes handed to MPI are
+// numel * 2, half of an fp32 tensor's numel * 4. An fp32 upcast would count
+// (and move) numel * 4 for both.
+TEST_F(CommTest, SixteenBitFloatsReduceInTheirOwnDtypeAtHalfTheBytes) {
+  const int p = size();
+  const int64_t rows = 4 * p, cols = 6, numel = rows * cols;
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(std::string("dtype ") + c10::toString(dtype));
+    const int64_t elem = dtype == at::kFloat ? 4 : 2;
+    at::Tensor t = contribution(rank(), {rows, cols}, dtype);
+    comm->reset_bytes();
+    comm->all_reduce(t);
+    EXPECT_EQ(comm->bytes_by_op().at("all_reduce"), numel * elem);
+    at::Tensor x = contribution(rank(), {rows, cols}, dtype);
+    const at::Tensor out = comm->reduce_scatter(x, 0);
+    EXPECT_EQ(out.scalar_type(), dtype);
+    EXPECT_EQ(comm->bytes_by_op().at("reduce_scatter"), numel * elem);
+    comm->all_gather(out, 0);
+    EXPECT_EQ(comm->bytes_by_op().at("all_gather"), numel * elem);
+    EXPECT_EQ(comm->bytes_moved(), 3 * numel * elem);
+  }
+}
+
+// The bf16 sum rounds like NCCL's: with two ranks each element is the fp32
+// sum of the two bf16 values rounded once to bf16 (exact in fp32 first).
+TEST_F(CommTest, BFloat16SumRoundsOncePerAdd) {
+  const int p = size();
+  auto values = [](int r) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7 + r);
+    return at::randn({257}, gen).mul_(1 + r * 1000).to(at::kBFloat16);
+  };
+  at::Tensor t = values(rank());
+  comm->all_reduce(t);
+  at::Tensor want = values(0);
+  for (int r = 1; r < p; ++r) want = (want.to(at::kFloat) + values(r).to(at::kFloat)).to(at::kBFloat16);
+  if (p <= 2) {
+    EXPECT_TRUE(at::equal(t, want)) << (t.to(at::kFloat) - want.to(at::kFloat)).abs().max();
+  } else {
+    // Another order of adds: each add rounds once (2^-8 relative), p - 1 adds.
+    // Bound: (p - 1) * 2^-8 * sum of |values| per element.
+    at::Tensor exact = at::zeros({257}, at::kDouble), mass = at::zeros({257}, at::kDouble);
+    for (int r = 0; r < p; ++r) {
+      exact += values(r).to(at::kDouble);
+      mass += values(r).to(at::kDouble).abs();
+    }
+    const at::Tensor excess = (t.to(at::kDouble) - exact).abs() - mass * ((p - 1) * std::ldexp(1.0, -8));
+    EXPECT_LE(excess.max().item<double>(), 0.0);
+  }
+  // Max and Min pick one of the inputs exactly.
+  at::Tensor m = values(rank());
+  comm->all_reduce(m, ReduceOp::Max);
+  at::Tensor want_max = values(0);
+  for (int r = 1; r < p; ++r) want_max = at::maximum(want_max, values(r));
+  EXPECT_TRUE(at::equal(m, want_max));
 }
 
 TEST_F(CommTest, ReduceScatterRejectsIndivisibleDim) {
