@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/config/load.h"
@@ -53,6 +55,35 @@ Backend pick_backend(const Config& cfg, const at::Device& device) {
   return device.is_cuda() ? Backend::Nccl : Backend::Mpi;
 }
 
+// Fixed-width rows of text gathered from every rank (rank order).
+std::vector<std::string> gather_text(Communicator& world, std::string text) {
+  constexpr int64_t kWidth = 256;
+  text.resize(static_cast<size_t>(kWidth), '\0');
+  const at::Tensor mine = at::from_blob(text.data(), {kWidth}, at::kByte).clone();
+  const at::Tensor all = world.all_gather(mine, 0);
+  std::vector<std::string> rows;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* p = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * kWidth;
+    rows.emplace_back(p, strnlen(p, static_cast<size_t>(kWidth)));
+  }
+  return rows;
+}
+
+// Before any NCCL communicator exists: the ranks of one host must drive
+// different GPUs (a launcher giving each rank one visible GPU must give each a
+// different one). Compared by UUID, since every such rank calls its GPU 0.
+void check_gpu_per_rank(Communicator& world, const Config& cfg, const at::Device& device) {
+  const std::string uuid = device.is_cuda() ? cuda_device_uuid(device.index()) : "";
+  const std::vector<std::string> rows = gather_text(world, hostname() + '\n' + uuid);
+  std::vector<RankGpu> gpus;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const size_t nl = rows[r].find('\n');
+    const std::string id = nl == std::string::npos ? "" : rows[r].substr(nl + 1);
+    if (!id.empty()) gpus.push_back(RankGpu{static_cast<int>(r), rows[r].substr(0, nl), id});
+  }
+  check_one_gpu_per_rank(gpus, /*share_gpus=*/cfg.device.collectives == "mpi");
+}
+
 // One line per rank, printed by rank 0 in rank order (other ranks log only
 // warnings): where each rank runs, to spot two ranks on one GPU at a glance.
 void log_placement(Mesh& mesh, const Runtime& rt, const at::Device& device) {
@@ -66,15 +97,9 @@ void log_placement(Mesh& mesh, const Runtime& rt, const at::Device& device) {
   } else {
     line += ", cpu";
   }
-  constexpr int64_t kWidth = 256;
-  line.resize(static_cast<size_t>(kWidth), '\0');
-  at::Tensor mine = at::from_blob(line.data(), {kWidth}, at::kByte).clone();
-  const at::Tensor all = mesh.cpu_world().all_gather(mine, 0);
+  const std::vector<std::string> rows = gather_text(mesh.cpu_world(), line);
   if (mesh.cpu_world().rank() != 0) return;
-  for (int r = 0; r < mesh.cpu_world().size(); ++r) {
-    const char* p = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * kWidth;
-    spdlog::info("{}", std::string(p, strnlen(p, static_cast<size_t>(kWidth))));
-  }
+  for (const std::string& row : rows) spdlog::info("{}", row);
 }
 
 std::string data_folder(const Config& cfg, const std::string& sub) {
@@ -138,6 +163,8 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
                                          world->size() > 1 ? cfg_.run_dir() + "/heartbeats" : "");
   watchdog_->beat("start-up: mesh and communicators");
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
+
+  check_gpu_per_rank(*world, cfg_, device_);
 
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
                   static_cast<int>(cfg_.device.tp()), static_cast<int>(cfg_.device.expert_parallel)};

@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -18,10 +19,31 @@ struct NodeTopology {
 };
 
 // The CUDA device index of this rank (pure, so tests can mock a topology).
-// More ranks on a host than visible GPUs is an error naming the host and the
-// counts, unless share_gpus (collectives "mpi": several ranks may share a GPU,
-// taken round-robin). No visible GPU at all is always an error.
+// - as many visible GPUs as ranks on the host, or more: local rank i takes GPU i;
+// - exactly one visible GPU: GPU 0. That is how launchers that give each rank
+//   its own GPU look (CUDA_VISIBLE_DEVICES set per rank, srun
+//   --gpus-per-task=1): 8 ranks, 1 GPU each. Whether the ranks really see
+//   different GPUs is checked next, by UUID (check_one_gpu_per_rank);
+// - 2..local_size-1 visible GPUs: an error naming the host and the counts,
+//   unless share_gpus (collectives "mpi": ranks may share a GPU, round-robin).
+// No visible GPU at all is always an error.
 int cuda_device_index(const NodeTopology& topo, bool share_gpus);
+
+// The GPU a rank took: its host and the device's UUID ("GPU-8f2a...").
+struct RankGpu {
+  int world_rank = 0;
+  std::string host;
+  std::string uuid;
+};
+
+// Every rank's RankGpu (gathered over the world): throws when two or more
+// ranks on one host drive the same GPU, naming the host, the GPU and the
+// ranks (NCCL needs one GPU per rank), unless share_gpus (collectives "mpi").
+void check_one_gpu_per_rank(const std::vector<RankGpu>& ranks, bool share_gpus);
+
+// The UUID of visible device `index`, as nvidia-smi -L prints it
+// ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"); "" in CPU builds.
+std::string cuda_device_uuid(int index);
 
 // How the host's tools (nvidia-smi) name visible device `index`: the
 // CUDA_VISIBLE_DEVICES entry at that position, or the index when the variable
