@@ -30,6 +30,15 @@ namespace meshtrain::ops::cuda {
 namespace {
 
 constexpr int kWarp = 32;
+// Launch sizes, shared by the launches and the kernels' __launch_bounds__: a
+// row kernel runs at most kMaxRowThreads threads a block (row_threads), rope
+// exactly kRopeThreads. The bound lets nvcc budget registers for that block
+// size (without it, it may use more than 64 per thread, and a 1024-thread
+// launch then fails with "too many resources requested").
+constexpr int kMaxRowThreads = 1024;
+constexpr int kRopeThreads = 256;
+// BlockLanes' reduction keeps one partial per warp in kWarp floats.
+static_assert(kMaxRowThreads / kWarp <= kWarp, "a block's warps must fit one scratch slot each");
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -91,7 +100,7 @@ struct BlockLanes {
 
 // Threads per row block: enough to cover a row a few elements per thread.
 int row_threads(int64_t D) {
-  if (D >= 4096) return 1024;
+  if (D >= 4096) return kMaxRowThreads;
   if (D >= 1024) return 512;
   if (D >= 256) return 256;
   return 128;
@@ -101,16 +110,17 @@ int row_threads(int64_t D) {
 int row_blocks(int64_t N) { return static_cast<int>(std::min<int64_t>(std::max<int64_t>(N, 1), 65535)); }
 
 template <class T>
-__global__ void rope_kernel(rows::Strided s, const T* x, T* out, const float* cos, const float* sin, int64_t offset,
-                            bool inverse, int64_t n) {
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(rows::Strided s, const T* x, T* out, const float* cos,
+                                                            const float* sin, int64_t offset, bool inverse, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     rows::rope_pair(s, i, x, out, cos, sin, offset, inverse);
 }
 
 template <class T>
-__global__ void rms_norm_fwd_kernel(const T* a, const T* b, const float* w, const float* bias, T* h, T* y,
-                                    float* rstd, int64_t N, int64_t D, float eps) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rms_norm_fwd_kernel(const T* a, const T* b, const float* w, const float* bias, T* h, T* y, float* rstd, int64_t N,
+                        int64_t D, float eps) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
@@ -121,8 +131,9 @@ __global__ void rms_norm_fwd_kernel(const T* a, const T* b, const float* w, cons
 }
 
 template <class T>
-__global__ void rms_norm_bwd_kernel(const T* dy, const T* h, const float* w, const float* rstd, const T* dres, T* dh,
-                                    float* dw_part, float* db_part, int64_t N, int64_t D) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rms_norm_bwd_kernel(const T* dy, const T* h, const float* w, const float* rstd, const T* dres, T* dh,
+                        float* dw_part, float* db_part, int64_t N, int64_t D) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   // This block's partial column sums: a thread always visits the same columns.
@@ -134,8 +145,8 @@ __global__ void rms_norm_bwd_kernel(const T* dy, const T* h, const float* w, con
 }
 
 template <class T>
-__global__ void cross_entropy_kernel(T* z, int64_t ld, int64_t N, int64_t V, const int64_t* targets, float* loss,
-                                     bool grad) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    cross_entropy_kernel(T* z, int64_t ld, int64_t N, int64_t V, const int64_t* targets, float* loss, bool grad) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
@@ -146,8 +157,8 @@ __global__ void cross_entropy_kernel(T* z, int64_t ld, int64_t N, int64_t V, con
 }
 
 template <class T>
-__global__ void softmax_stats_kernel(const T* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets,
-                                     float* out) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    softmax_stats_kernel(const T* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets, float* out) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
@@ -162,8 +173,9 @@ __global__ void softmax_stats_kernel(const T* z, int64_t ld, int64_t N, int64_t 
 }
 
 template <class T>
-__global__ void softmax_grad_kernel(T* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
-                                    const float* lse) {
+__global__ void __launch_bounds__(kMaxRowThreads)
+    softmax_grad_kernel(T* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
+                        const float* lse) {
   const BlockLanes l{nullptr};  // no reduction: only the column split
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) rows::softmax_grad_row(l, z + r * ld, valid, V, targets[r], lse[r]);
 }
@@ -191,7 +203,7 @@ cudaError_t rope(Dtype dt, const rows::Strided& s, const void* x, void* out, con
                  int64_t offset, bool inverse, cudaStream_t stream) {
   const int64_t n = rows::rope_pairs(s);
   if (n == 0) return cudaSuccess;
-  const int threads = 256;
+  const int threads = kRopeThreads;
   const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
