@@ -32,7 +32,7 @@ at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
 }  // namespace
 
 MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
-    : cfg_(cfg), rope_(cfg.rope_theta), factory_(&factory) {
+    : cfg_(cfg), rope_(cfg.rope_theta), factory_(&factory), dropout_(factory.dropout_rng()) {
   const int64_t d = cfg.model_dimension, kv = cfg.kv_heads() * cfg.head_dim();
   const int64_t tp = factory.tp_size();
   const bool b = cfg.linear_bias;
@@ -100,11 +100,13 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     v = v.repeat_interleave(group, 1);
   }
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  return project_out(*wo_, merge_heads(causal_attention(q, k, v, p)), residual);
+  if (p == 0) return project_out(*wo_, merge_heads(causal_attention(q, k, v, 0.0)), residual);
+  const at::Tensor o = dropout_->sharded(q.device(), [&] { return causal_attention(q, k, v, p); });
+  return project_out(*wo_, merge_heads(o), residual);
 }
 
 MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR)
-    : cfg_(cfg), factory_(&factory), dhR_(dhR), rope_(cfg.rope_theta) {
+    : cfg_(cfg), factory_(&factory), dropout_(factory.dropout_rng()), dhR_(dhR), rope_(cfg.rope_theta) {
   const int64_t d = cfg.model_dimension, L = cfg.latent_dim, H = cfg.n_head, hd = cfg.head_dim();
   MT_CHECK(L > 0, "model_config.latent_dim must be > 0 for attention \"mla\"");
   const double s = cfg.init_std;
@@ -156,12 +158,12 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   const auto v = split_heads(w_uv_->forward(c), hd);
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  if (dhR_ > 0 && !v.is_cpu()) {
-    // Flash kernels want one head size for q, k and v; the CPU kernels take
-    // unequal sizes as they are.
-    return project_out(*wo_, merge_heads(causal_attention_padded_v(q, k, v, p)), residual);
-  }
-  return project_out(*wo_, merge_heads(causal_attention(q, k, v, p)), residual);
+  // Flash kernels want one head size for q, k and v; the CPU kernels take
+  // unequal sizes as they are.
+  const bool pad = dhR_ > 0 && !v.is_cpu();
+  const auto attend = [&] { return pad ? causal_attention_padded_v(q, k, v, p) : causal_attention(q, k, v, p); };
+  const at::Tensor o = p > 0 ? dropout_->sharded(q.device(), attend) : attend();
+  return project_out(*wo_, merge_heads(o), residual);
 }
 
 // Queries q [B, H, Tq, *] are the last Tq of the Tk key positions. Without a

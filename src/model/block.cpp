@@ -22,7 +22,8 @@ at::Tensor DenseMLP::forward(const at::Tensor& x, const at::Tensor& residual) {
   return residual.defined() ? w_out_->forward_residual(hid, residual) : w_out_->forward(hid);
 }
 
-Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer) : cfg_(cfg) {
+Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
+    : cfg_(cfg), dropout_(factory.dropout_rng()) {
   const std::string prefix = "layers." + std::to_string(layer);
   const int64_t d = cfg.model_dimension;
   attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
@@ -60,11 +61,12 @@ at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_
   if (p > 0) {
     // Dropout sits between each sublayer and its residual add: the add is
     // fused with the next norm instead (one kernel each way, ops/fused.h).
-    const at::Tensor a = at::dropout(attn_->forward(attn_norm_->forward(h), cache, offset), p, true);
+    const at::Tensor attn = attn_->forward(attn_norm_->forward(h), cache, offset);
+    const at::Tensor a = dropout_->stream(h.device(), [&] { return at::dropout(attn, p, true); });
     at::Tensor x;
     std::tie(h, x) = mlp_norm_->forward_add(h, a);
     const auto y = recompute_ffn ? recompute_in_backward(ffn, x, aux) : ffn(x, aux);
-    return h + at::dropout(y, p, true);
+    return h + dropout_->stream(h.device(), [&] { return at::dropout(y, p, true); });
   }
   // Without dropout both residual adds fold into the output GEMMs, and each
   // norm passes the stream on (forward_keep), so the stream's gradient is

@@ -41,6 +41,7 @@ class Block : public torch::nn::Module {
   at::Tensor layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn);
 
   ModelConfig cfg_;
+  std::shared_ptr<DropoutRng> dropout_;  // residual dropout: on the stream
   ActivationCheckpointing checkpointing_ = ActivationCheckpointing::None;
   std::shared_ptr<RMSNorm> attn_norm_, mlp_norm_;
   std::shared_ptr<Attention> attn_;

@@ -48,7 +48,7 @@ std::vector<int64_t> StageRange::layers() const {
 }
 
 Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRange range)
-    : cfg_(cfg), range_(std::move(range)) {
+    : cfg_(cfg), range_(std::move(range)), dropout_(factory.dropout_rng()) {
   const int64_t L = cfg.n_layers();
   if (range_.end_layer < 0) range_.end_layer = L;
   for (const LayerSpan& c : range_.chunks())
@@ -99,7 +99,9 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
   MT_CHECK(tokens.dim() == 2, "tokens must be [B, T], got ", tokens.sizes());
   if (hooks_) hooks_->before_root();
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  return at::dropout(embedding_->forward(tokens), p, is_training());
+  const at::Tensor e = embedding_->forward(tokens);
+  if (p == 0) return e;
+  return dropout_->stream(e.device(), [&] { return at::dropout(e, p, true); });
 }
 
 at::Tensor Transformer::forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache) {

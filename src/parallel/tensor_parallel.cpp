@@ -65,6 +65,9 @@ class TensorParallelFactory : public LayerFactory {
   int64_t tp_size() const override { return tp_.size(); }
   int64_t tp_rank() const override { return tp_.rank(); }
   bool sequence_parallel() const override { return sp_; }
+  std::shared_ptr<DropoutRng> dropout_rng() const override {
+    return std::make_shared<TensorParallelDropoutRng>(tp_.rank(), sp_);
+  }
 
   std::shared_ptr<Linear> column(const std::string& name, int64_t in, int64_t out, double std,
                                  bool bias) override {

@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "meshtrain/model/transformer.h"
 #include "meshtrain/parallel/mappings.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 #include "parity.h"
@@ -418,4 +419,65 @@ TEST(TensorParallelTraffic, EqualsTheMegatronFormula) {
     SCOPED_TRACE(ops);
     EXPECT_EQ(t.mesh().dp().bytes_moved() + t.mesh().pp().bytes_moved(), 0);
   }
+}
+
+// ---- dropout masks ----------------------------------------------------------
+
+// Every tp rank's mask of one draw, stacked [n, ...] (rank order).
+at::Tensor masks_over_tp(Communicator& tp, const at::Tensor& mask) { return tp.all_gather(mask.unsqueeze(0), 0); }
+
+// Megatron's model-parallel RNG: inside tp-sharded regions (attention heads,
+// sequence-parallel shards) each tp rank draws its own mask; on replicated
+// activations all draw the same, and the shared stream stays in step.
+TEST(TensorParallelDropout, ShardedRegionsDrawPerRankMasksReplicatedOnesShareThem) {
+  TpMesh m;
+  const at::Device cpu(at::kCPU);
+  const auto drop = [] { return at::dropout(at::ones({16, 64}), 0.5, true); };
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "no sequence parallelism");
+    Config cfg = test::tiny_config(kData, "tp-dropout");
+    cfg.sequence_parallel = sp;
+    const auto factory = make_layer_factory(test::with_mesh(cfg, 1, 1, m.n()), m.mesh);
+    const auto rng = factory->dropout_rng();
+    torch::manual_seed(11);
+    const at::Tensor heads = rng->sharded(cpu, drop);
+    const at::Tensor stream = rng->stream(cpu, drop);
+    const at::Tensor after = drop();  // the shared stream, after both
+    const at::Tensor all_heads = masks_over_tp(m.tp(), heads);
+    const at::Tensor all_stream = masks_over_tp(m.tp(), stream);
+    const at::Tensor all_after = masks_over_tp(m.tp(), after);
+    for (int r = 1; r < m.n(); ++r) {
+      EXPECT_FALSE(at::equal(all_heads[r], all_heads[0])) << "rank " << r << " drew rank 0's head mask";
+      EXPECT_EQ(at::equal(all_stream[r], all_stream[0]), !sp) << "stream mask of rank " << r;
+      EXPECT_TRUE(at::equal(all_after[r], all_after[0])) << "the shared stream drifted on rank " << r;
+    }
+    // Each mask is a real dropout mask (about half dropped), reproducible from the seed.
+    EXPECT_NEAR(heads.eq(0).to(at::kDouble).mean().item<double>(), 0.5, 0.1);
+    torch::manual_seed(11);
+    EXPECT_TRUE(at::equal(rng->sharded(cpu, drop), heads));
+    EXPECT_TRUE(at::equal(rng->stream(cpu, drop), stream));
+    EXPECT_TRUE(at::equal(drop(), after));
+  }
+}
+
+// A whole tp model with dropout in training (attention dropout forked per
+// rank, residual dropout shared): the residual stream stays identical on
+// every tp rank, so the replicas never drift, and it is reproducible.
+TEST(TensorParallelDropout, ModelStreamStaysReplicatedWithDropout) {
+  TpMesh m;
+  Config cfg = test::tiny_config(kData, "tp-dropout-model");
+  cfg.model.dropout_rate = 0.2;
+  const auto factory = make_layer_factory(test::with_mesh(cfg, 1, 1, m.n()), m.mesh);
+  factory->set_seed(cfg.seed);
+  Transformer model(cfg.model, *factory);
+  model.train();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto tokens = at::randint(cfg.model.vocab_size, {2, cfg.model.T}, gen, at::TensorOptions().dtype(at::kLong));
+  ForwardAux aux;
+  torch::manual_seed(3);
+  const at::Tensor h = model.forward_layers(model.embed(tokens), &aux).detach();
+  const at::Tensor all = masks_over_tp(m.tp(), h);
+  for (int r = 1; r < m.n(); ++r) EXPECT_TRUE(at::equal(all[r], all[0])) << "tp rank " << r << "'s stream";
+  torch::manual_seed(3);
+  EXPECT_TRUE(at::equal(model.forward_layers(model.embed(tokens), &aux).detach(), h)) << "not reproducible";
 }

@@ -63,8 +63,19 @@ class LiveBytes : public c10::MemoryReportingInfoBase {
   int64_t live = 0;
 };
 
-Result run(const ModelConfig& cfg, const std::string& mode, uint64_t rng_seed = 7) {
-  LayerFactory f;
+// A single-process factory whose dropout forks like tp rank 1 of a
+// sequence-parallel mesh does (every dropout draws from a per-call fork).
+class ForkingDropoutFactory : public LayerFactory {
+ public:
+  std::shared_ptr<DropoutRng> dropout_rng() const override {
+    return std::make_shared<TensorParallelDropoutRng>(1, /*sequence_parallel=*/true);
+  }
+};
+
+Result run(const ModelConfig& cfg, const std::string& mode, uint64_t rng_seed = 7, bool forked_dropout = false) {
+  LayerFactory plain;
+  ForkingDropoutFactory forking;
+  LayerFactory& f = forked_dropout ? forking : plain;
   Transformer m(cfg, f);
   m.set_activation_checkpointing(mode);
   m.train();
@@ -115,6 +126,16 @@ TEST(ActivationCheckpointing, DropoutMasksAreReplayed) {
   expect_same(none, run(dense(0.2), "selective"), "dropout selective");
   // The masks do matter: another seed gives another loss.
   EXPECT_GT(std::abs(none.loss - run(dense(0.2), "none", 8).loss), 1e-4);
+}
+
+// tp-sharded regions draw their dropout masks from per-call forks of the
+// generator (dropout_rng.h); the recompute replays those forks too.
+TEST(ActivationCheckpointing, ForkedDropoutMasksAreReplayed) {
+  const auto none = run(dense(0.2), "none", 7, true);
+  expect_same(none, run(dense(0.2), "full", 7, true), "forked dropout full");
+  expect_same(none, run(dense(0.2), "selective", 7, true), "forked dropout selective");
+  // The forks draw other masks than the default stream.
+  EXPECT_GT(std::abs(none.loss - run(dense(0.2), "none", 7, false).loss), 1e-4);
 }
 
 TEST(ActivationCheckpointing, MoEAndMLASameLossesGradientsAndAux) {

@@ -44,6 +44,7 @@ class MHA : public Attention {
   ModelConfig cfg_;
   Rotary rope_;
   LayerFactory* factory_;
+  std::shared_ptr<DropoutRng> dropout_;  // attention dropout: on this rank's heads
   bool kv_replicated_ = false;
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
 };
@@ -69,6 +70,7 @@ class MLA : public Attention {
  private:
   ModelConfig cfg_;
   LayerFactory* factory_;  // the shared rope key enters the tp region through it
+  std::shared_ptr<DropoutRng> dropout_;  // attention dropout: on this rank's heads
   int64_t dhR_;
   Rotary rope_;
   std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;

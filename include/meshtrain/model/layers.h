@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/model/dropout_rng.h"
 #include "meshtrain/model/token_dispatcher.h"
 #include "meshtrain/ops/fused.h"
 
@@ -143,6 +144,10 @@ class LayerFactory {
   virtual at::Tensor gather_sequence(const at::Tensor& x) { return x; }
   // The mirror: keep own sequence chunk fwd / all-gather bwd; identity otherwise.
   virtual at::Tensor scatter_sequence(const at::Tensor& x) { return x; }
+  // Where the model's dropout masks come from (dropout_rng.h): one stream
+  // for everything on a single device; parallel/'s tp factory gives each tp
+  // rank its own masks inside tp-sharded regions.
+  virtual std::shared_ptr<DropoutRng> dropout_rng() const { return std::make_shared<DropoutRng>(); }
   // Names of parameters whose gradients must be summed over tp after backward
   // (norm weights under sequence parallelism); filled by the factory users.
   virtual bool sequence_parallel() const { return false; }

@@ -134,6 +134,7 @@ class Transformer : public torch::nn::Module {
   std::shared_ptr<RMSNorm> final_norm_;
   std::shared_ptr<LMHead> head_;
   std::shared_ptr<LayerHooks> hooks_;
+  std::shared_ptr<DropoutRng> dropout_;  // embedding dropout: on the stream
 };
 
 // Parameter counts of the full (unsharded) model for a config: total, and
