@@ -1,7 +1,7 @@
 # Finds every dependency of meshtrain (docs/ARCHITECTURE.md, "Dependencies") and exposes it as one imported target:
 #   mt_torch (libtorch), mt_mpi (OpenMPI), mt_nccl (NCCL, empty when absent),
 #   spdlog::spdlog, nlohmann_json::nlohmann_json, CLI11::CLI11, GTest::gtest,
-#   mt_textio (PCRE2, zlib, zstd: prepare-data's regex and decompression),
+#   mt_textio (PCRE2, zlib, zstd: prepare-data's regex and decompression; MESHTRAIN_DEPS_PREFIX first),
 #   mt_parquet (Arrow/Parquet C++ from the pyarrow wheel; empty when absent).
 
 find_package(nlohmann_json REQUIRED)
@@ -96,12 +96,49 @@ add_library(mt_mpi INTERFACE)
 target_link_libraries(mt_mpi INTERFACE MPI::MPI_C)
 
 # ---- prepare-data: PCRE2 (tiktoken's regexes), zlib and zstd (compressed inputs)
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(MT_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
-pkg_check_modules(MT_ZSTD REQUIRED IMPORTED_TARGET libzstd)
-find_package(ZLIB REQUIRED)
+# Each is looked for, in order, in MESHTRAIN_DEPS_PREFIX (where
+# scripts/gpu-carry.sh unpacks Debian's -dev packages for a machine that lacks
+# them, e.g. an offline Ubuntu GPU image: their static archives are linked, so
+# the binary needs nothing more there), through pkg-config when it is
+# installed, then in the compiler's usual places. pkg-config is optional.
+set(MESHTRAIN_DEPS_PREFIX "" CACHE PATH "A local prefix (usr/) holding carried -dev packages (scripts/gpu-carry.sh)")
+find_package(PkgConfig QUIET)
 add_library(mt_textio INTERFACE)
-target_link_libraries(mt_textio INTERFACE PkgConfig::MT_PCRE2 PkgConfig::MT_ZSTD ZLIB::ZLIB)
+# mt_find_c_library(NAME HEADER LIB PKGCONFIG_MODULE DEBIAN_PACKAGE): adds it to mt_textio.
+function(mt_find_c_library name header lib module deb)
+  if(MESHTRAIN_DEPS_PREFIX)
+    find_path(MT_${name}_HEADER ${header} PATHS ${MESHTRAIN_DEPS_PREFIX}/include NO_DEFAULT_PATH)
+    find_library(MT_${name}_LIBRARY NAMES lib${lib}.a ${lib}
+                 PATHS ${MESHTRAIN_DEPS_PREFIX}/lib/${CMAKE_LIBRARY_ARCHITECTURE} ${MESHTRAIN_DEPS_PREFIX}/lib
+                 NO_DEFAULT_PATH)
+    if(MT_${name}_HEADER AND MT_${name}_LIBRARY)
+      message(STATUS "${name}: ${MT_${name}_LIBRARY} (carried, MESHTRAIN_DEPS_PREFIX)")
+      target_include_directories(mt_textio SYSTEM INTERFACE ${MT_${name}_HEADER})
+      target_link_libraries(mt_textio INTERFACE ${MT_${name}_LIBRARY})
+      return()
+    endif()
+  endif()
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(MT_${name}_PC QUIET IMPORTED_TARGET ${module})
+    if(MT_${name}_PC_FOUND)
+      target_link_libraries(mt_textio INTERFACE PkgConfig::MT_${name}_PC)
+      return()
+    endif()
+  endif()
+  find_path(MT_${name}_HEADER ${header})
+  find_library(MT_${name}_LIBRARY ${lib})
+  if(NOT MT_${name}_HEADER OR NOT MT_${name}_LIBRARY)
+    message(FATAL_ERROR "${name} (${header} and lib${lib}) was not found (searched MESHTRAIN_DEPS_PREFIX="
+                        "'${MESHTRAIN_DEPS_PREFIX}', pkg-config module ${module}, the system paths). Install "
+                        "${deb}, or on an offline machine carry it: scripts/gpu-carry.sh (README, GPU machines).")
+  endif()
+  message(STATUS "${name}: ${MT_${name}_LIBRARY}")
+  target_include_directories(mt_textio SYSTEM INTERFACE ${MT_${name}_HEADER})
+  target_link_libraries(mt_textio INTERFACE ${MT_${name}_LIBRARY})
+endfunction()
+mt_find_c_library(PCRE2 pcre2.h pcre2-8 libpcre2-8 libpcre2-dev)
+mt_find_c_library(ZSTD zstd.h zstd libzstd libzstd-dev)
+mt_find_c_library(ZLIB zlib.h z zlib zlib1g-dev)
 
 # ---- Parquet: Arrow/Parquet C++ shipped inside the pyarrow wheel, found beside
 # torch the way libtorch is, else in .deps/venv where scripts/setup.sh installs

@@ -19,8 +19,18 @@ if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
+# The fused kernels are part of a CUDA build: no nvcc (PATH, CUDA_HOME,
+# /usr/local/cuda) fails the configure. Carried -dev packages
+# (scripts/gpu-carry.sh) are used when .carry/ holds some.
+extra=(-DMESHTRAIN_REQUIRE_CUDA_KERNELS=ON)
+if compgen -G "$ROOT/.carry/debs/*.deb" >/dev/null; then
+  "$ROOT/scripts/gpu-carry.sh" --unpack
+  extra+=(-DMESHTRAIN_DEPS_PREFIX="$ROOT/.carry/prefix/usr")
+fi
 echo "check-cuda-build: configuring $BUILD against $PREFIX (MESHTRAIN_CUDA=ON)"
-cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$PREFIX" -DMESHTRAIN_CUDA=ON "${launcher[@]}"
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$PREFIX" -DMESHTRAIN_CUDA=ON "${extra[@]}" "${launcher[@]}"
+[ -f "$BUILD/libmt_ops_cuda.a" ] || grep -q 'mt_ops_cuda' "$BUILD/Makefile" 2>/dev/null ||
+  { echo "check-cuda-build: the configured build has no fused CUDA kernels (mt_ops_cuda)" >&2; exit 1; }
 cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}"
 # The binary must really carry the CUDA libraries (not libtorch.so, see
 # cmake/Dependencies.cmake) and load them on a machine without a GPU.

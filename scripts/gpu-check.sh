@@ -7,8 +7,14 @@
 # with `plan`), prints one table and writes summary.json plus one log per step
 # into DIR. A failing step is reported and the next one still runs; the exit
 # code is non-zero if any step failed.
-# Usage: scripts/gpu-check.sh DIR [--steps N]
-# Env: PYTHON (default python3), BUILD_DIR (default build-gpu), BUILD_JOBS.
+# Before the build, the pre-flight (scripts/gpu-preflight.sh) checks every
+# build need and names the fix of each missing one; `--preflight` runs only
+# that, in seconds. Offline needs that Ubuntu images lack (PCRE2, zstd, zlib
+# -dev files) come from .carry/ (scripts/gpu-carry.sh, run where apt works).
+# nvcc is taken from PATH, $CUDA_HOME/bin or /usr/local/cuda/bin; a build
+# without the fused CUDA kernels fails (bench would time aten composites).
+# Usage: scripts/gpu-check.sh DIR [--steps N]  |  scripts/gpu-check.sh --preflight
+# Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT=""
@@ -16,7 +22,8 @@ STEPS=20
 while (($#)); do
   case "$1" in
     --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --preflight) exec "$ROOT/scripts/gpu-preflight.sh" ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
@@ -62,16 +69,36 @@ environment() {
 "gpus", torch.cuda.device_count()); assert torch.cuda.is_available(), "torch sees no GPU"'
 }
 
+# nvcc as CMake should use it: PATH first, then the toolkit folders.
+find_nvcc() {
+  command -v nvcc && return 0
+  local r
+  for r in "${CUDA_HOME:-}" /usr/local/cuda; do [ -n "$r" ] && [ -x "$r/bin/nvcc" ] && { echo "$r/bin/nvcc"; return 0; }; done
+  return 1
+}
+
 build() {
-  local prefix
+  local prefix nvcc
   prefix="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" || return 1
   echo "torch cmake prefix: $prefix"
-  MESHTRAIN_TORCH_PREFIX="$prefix" "$ROOT/scripts/setup.sh" || return 1
-  local launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  nvcc="$(find_nvcc)" || { echo "no nvcc (PATH, CUDA_HOME, /usr/local/cuda): the fused kernels cannot be built"; return 1; }
+  echo "nvcc: $nvcc"
+  # Not scripts/setup.sh: it checks Debian package names, and GPU images
+  # install CMake, PyTorch and friends otherwise; the pre-flight checked the
+  # files the build uses.
+  local args=(-DCMAKE_PREFIX_PATH="$prefix" -DMESHTRAIN_CUDA=ON -DMESHTRAIN_REQUIRE_CUDA_KERNELS=ON
+              -DCMAKE_CUDA_COMPILER="$nvcc")
+  if compgen -G "$ROOT/.carry/debs/*.deb" >/dev/null; then
+    "$ROOT/scripts/gpu-carry.sh" --unpack || return 1
+    args+=(-DMESHTRAIN_DEPS_PREFIX="$ROOT/.carry/prefix/usr")
+  fi
+  command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  command -v make >/dev/null || args+=(-G Ninja)
   # Configure-time output names the NCCL found and its version.
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$prefix" -DMESHTRAIN_CUDA=ON "${launcher[@]}" &&
-    cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}"
+  cmake -S "$ROOT" -B "$BUILD" "${args[@]}" && cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}" || return 1
+  # The fused kernels must be in: a binary without them benchmarks aten's composites.
+  [ -f "$BUILD/libmt_ops_cuda.a" ] || { echo "the build has no fused CUDA kernels ($BUILD/libmt_ops_cuda.a)"; return 1; }
+  grep -q '^MESHTRAIN_REQUIRE_CUDA_KERNELS:BOOL=ON' "$BUILD/CMakeCache.txt"
 }
 
 # The CUDA-only tests and the device/NCCL discovery tests. On a GPU machine a
@@ -115,15 +142,17 @@ bench() {  # NAME CONFIG
     --set "data_config.data_dir=$DATA" --set "output_dir=$OUT/runs" --n_device_axis 1 1 1 || return 1
 }
 
+step preflight "$ROOT/scripts/gpu-preflight.sh"
 step environment environment
 # A stale binary from an earlier build must not be benchmarked.
-if step build build && [ -x "$BIN" ]; then
+if grep -q '^preflight	ok' "$STEP_ROWS" && step build build && [ -x "$BIN" ]; then
   step cuda_tests cuda_tests
   step corpus corpus
   step bench_gpt2-124m bench gpt2-124m configs/gpt2-124m.json
   step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
   step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
 else
+  grep -q '^build	' "$STEP_ROWS" || printf 'build\tnot run (preflight failed)\t0\t\n' >> "$STEP_ROWS"
   for s in cuda_tests corpus bench_gpt2-124m plan_moe1b-1gpu bench_moe1b-1gpu; do
     failures=$((failures + 1))
     printf '%s\tnot run (build failed)\t0\t\n' "$s" >> "$STEP_ROWS"

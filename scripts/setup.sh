@@ -21,8 +21,11 @@ need_network() {  # WHAT FIX
   echo "setup: $1 is missing and $OFFLINE (no network access): $2" >&2
   exit 1
 }
-# Packages only some tests and the demo corpus need: offline, missing ones are a warning.
-optional_pkgs=(fortunes fortunes-min shellcheck)
+# Packages the build does not need (the demo corpus, the shell lint test,
+# build caching, commit names, creating .deps/pyenv): offline, missing ones
+# are a warning. scripts/gpu-preflight.sh checks a GPU machine's build needs
+# by their files instead of package names.
+optional_pkgs=(fortunes fortunes-min shellcheck ccache git python3-venv)
 
 apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
@@ -39,7 +42,8 @@ if ((${#missing[@]})) && [ -n "$OFFLINE" ]; then
   done
   ((${#required[@]})) &&
     need_network "the Debian package(s) ${required[*]}" "install them first (apt-get install ${required[*]})"
-  echo "setup: warning: optional package(s) ${missing[*]} missing (only some tests and the demo corpus use them)" >&2
+  echo "setup: warning: optional package(s) ${missing[*]} missing (the build does not need them: only some tests," \
+       "the demo corpus, build caching and .deps/pyenv do)" >&2
   missing=()
 fi
 if ((${#missing[@]})); then

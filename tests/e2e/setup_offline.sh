@@ -72,6 +72,8 @@ runs "offline, libspdlog-dev missing" fail "libspdlog-dev" -- MESHTRAIN_OFFLINE=
 # 5. Offline with only optional packages missing: a warning, success.
 fresh_deps
 runs "offline, fortunes/shellcheck missing" 0 "optional" -- MESHTRAIN_OFFLINE=1 "MISSING_PKGS=fortunes shellcheck"
+runs "offline, ccache/git/python3-venv missing" 0 "optional" -- MESHTRAIN_OFFLINE=1 \
+  "MISSING_PKGS=ccache git python3-venv"
 
 # 6. MESHTRAIN_TORCH_PREFIX: no network even with packages missing, no venv needed.
 fresh_deps empty
