@@ -67,7 +67,6 @@ find_nvcc() {
   for r in "${CUDA_ROOTS[@]}"; do [ -n "$r" ] && [ -x "$r/bin/nvcc" ] && { echo "$r/bin/nvcc"; return 0; }; done
   return 1
 }
-torch_site() { "$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null; }
 
 echo "gpu-check preflight: the build needs of a CUDA build (nothing is built)"
 need "C++ compiler" "$(command -v "${CXX:-g++}") ($("${CXX:-g++}" -dumpfullversion 2>/dev/null))" \
@@ -86,13 +85,19 @@ need "GoogleTest" "CMake package" "apt-get install libgtest-dev" -- cmake_packag
 need "PCRE2 (libpcre2-8)" "pcre2.h" "apt-get install libpcre2-dev, or $CARRY_FIX" -- c_library pcre2.h libpcre2-8
 need "zstd" "zstd.h" "apt-get install libzstd-dev, or $CARRY_FIX" -- c_library zstd.h libzstd
 need "zlib" "zlib.h" "apt-get install zlib1g-dev, or $CARRY_FIX" -- c_library zlib.h libz
-TORCH="$("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
-need "PyTorch with CUDA" "$PY: torch $TORCH" \
+# One python start (importing torch takes seconds): version, CUDA version,
+# whether TorchConfig.cmake exists, and the site-packages folder.
+IFS='|' read -r TORCH_VERSION TORCH_CUDA TORCH_CMAKE SITE < <("$PY" -c '
+import os, torch, torch.utils
+cfg = os.path.join(torch.utils.cmake_prefix_path, "Torch", "TorchConfig.cmake")
+print(torch.__version__, torch.version.cuda or "", "yes" if os.path.isfile(cfg) else "",
+      os.path.dirname(os.path.dirname(torch.__file__)), sep="|")' 2>/dev/null || true)
+need "PyTorch with CUDA" "$PY: torch ${TORCH_VERSION:-} cuda ${TORCH_CUDA:-}" \
   "set PYTHON to the python whose PyTorch 2.11 is a CUDA build (import torch; torch.version.cuda)" -- \
-  "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)'
+  test -n "${TORCH_CUDA:-}"
 need "libtorch CMake files" "TorchConfig.cmake" "an importable PyTorch (above) with share/cmake/Torch (reinstall it)" -- \
-  "$PY" -c 'import os, sys, torch.utils; sys.exit(0 if os.path.isfile(os.path.join(torch.utils.cmake_prefix_path, "Torch", "TorchConfig.cmake")) else 1)'
-SITE="$(torch_site)"
+  test -n "${TORCH_CMAKE:-}"
+SITE="${SITE:-}"
 # shellcheck disable=SC2016  # the inner bash expands them
 need "NCCL (nccl.h)" "${SITE:+$SITE/nvidia/nccl}" \
   "the nvidia-nccl wheel beside PyTorch (looked for through it), or set NCCL_ROOT (cmake/NcclDiscovery.cmake)" -- \

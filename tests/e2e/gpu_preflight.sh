@@ -55,6 +55,16 @@ check "carried PCRE2 and zstd count" bash -c 'grep -qE "^  ok +PCRE2" <<<"$1" &&
 check "only PyTorch and what is found through it are still missing" bash -c \
   'l="$(grep "^preflight:" <<<"$1")"; [[ "$l" == *"missing: PyTorch with CUDA, libtorch CMake files, NCCL"* && "$l" != *nvcc* && "$l" != *PCRE2* && "$l" != *zstd* ]]' _ "$out"
 
+# A CPU-only PyTorch (torch.version.cuda is None) is not enough; its CMake files are found.
+mkdir -p cputorch/torch/utils cputorch/torch/share/cmake/Torch
+touch cputorch/torch/share/cmake/Torch/TorchConfig.cmake
+printf '__version__ = "2.11.0+cpu"\nclass version:\n    cuda = None\n' > cputorch/torch/__init__.py
+printf 'import os\ncmake_prefix_path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "share", "cmake")\n' \
+  > cputorch/torch/utils/__init__.py
+out="$("${FAKE[@]}" "PYTHONPATH=$WORK/cputorch" "CUDA_HOME=$WORK/cuda" bash fake/scripts/gpu-check.sh --preflight 2>&1)"
+check "CPU-only PyTorch: missing, its version shown" bash -c \
+  'grep -qE "^  MISSING +PyTorch with CUDA" <<<"$1" && grep -qE "^  ok +libtorch CMake files" <<<"$1"' _ "$out"
+
 # The whole gpu-check stops before building when the pre-flight fails.
 "${FAKE[@]}" "MESHTRAIN_CUDA_ROOTS=$WORK/nocuda" "BUILD_DIR=$WORK/build-gpu" bash fake/scripts/gpu-check.sh out \
   > full.log 2>&1
