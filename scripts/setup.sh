@@ -22,11 +22,13 @@ need_network() {  # WHAT FIX
   exit 1
 }
 # Packages only some tests and the demo corpus need: offline, missing ones are a warning.
-optional_pkgs=(fortunes fortunes-min shellcheck)
+# openssh-server and tmux: the multi-host tests (tests/hosts/testbed.sh) run
+# an sshd per test host inside network namespaces; none is started here.
+optional_pkgs=(fortunes fortunes-min shellcheck openssh-server tmux)
 
 apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
-          libgtest-dev fortunes fortunes-min shellcheck
+          libgtest-dev fortunes fortunes-min shellcheck openssh-server tmux
           libpcre2-dev zlib1g-dev libzstd-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
