@@ -172,8 +172,11 @@ last_saved() { grep -ho 'saved checkpoint of step [0-9]*' "$@" 2>/dev/null | awk
 started_at() { grep -ho 'training [0-9]* -> ' "$1" 2>/dev/null | awk '{ print $2; exit }'; }
 last_step() { grep -ho 'Step [0-9]*' "$1" 2>/dev/null | awk '{ s = $NF } END { print s + 0 }'; }
 first_error() {
-  grep -h -m1 -E '\[error\]|watchdog:|exited on signal|terminated|aborted|not ready|Killed' "$1" 2>/dev/null |
-    head -c 300
+  local p line
+  for p in 'exited on signal|watchdog:|\[error\]|not ready' 'terminated|aborted|Killed|error'; do
+    line="$(grep -h -m1 -E "$p" "$1" 2>/dev/null | head -c 300)"
+    [ -n "$line" ] && { echo "$line"; return; }
+  done
 }
 
 # A stop request (SIGTERM, SIGINT, SIGUSR1 to this script) goes to mpirun as
@@ -186,26 +189,47 @@ on_stop() {
 }
 trap on_stop TERM INT USR1
 
+# What mpirun prints when it tears the job down.
+abort_pattern='job has been aborted|mpirun noticed that|ORTE has lost communication|MPI_ABORT was invoked'
+abort_grace=20 unreachable=0
 prev_step=-1 prev_saved=-1
 for ((k = 0; ; k++)); do
   dir="$(attempt_dir "$k")"
   mkdir -p "$dir"
   log="$dir/mpirun.log"
   mapfile -d '' -t targs < <(train_args "$k")
+  : >"$log"  # before tail opens it
   "${cmd[@]}" --output-filename "$dir" "${targs[@]}" >"$log" 2>&1 &
   mpi_pid=$!
   tail -n +1 -f --pid="$mpi_pid" "$log" &
   tail_pid=$!
+  # mpirun can wait forever for a host it cannot reach to confirm the end of
+  # the job (the ranks there are gone or cut off): once it says the job is
+  # aborted, it has abort_grace s to finish, then it is killed.
+  aborted_at=0 rc=""
+  while kill -0 "$mpi_pid" 2>/dev/null; do
+    sleep 1 &
+    wait $! 2>/dev/null || true  # a trapped signal ends it early
+    if ((aborted_at == 0)) && grep -qE "$abort_pattern" "$log"; then aborted_at=$SECONDS; fi
+    if ((aborted_at > 0 && SECONDS - aborted_at > abort_grace)); then
+      say "mpirun still runs ${abort_grace} s after the job was aborted (a host it cannot reach?): killing it"
+      kill -TERM "$mpi_pid" 2>/dev/null || true
+      sleep 2
+      kill -KILL "$mpi_pid" 2>/dev/null || true
+      unreachable=1
+      break
+    fi
+  done
   set +e
   wait "$mpi_pid"
   rc=$?
-  # A trapped signal interrupts wait; mpirun itself is still finishing.
-  while ((rc > 128)) && kill -0 "$mpi_pid" 2>/dev/null; do
-    wait "$mpi_pid"
-    rc=$?
-  done
-  wait "$tail_pid"
+  wait "$tail_pid" 2>/dev/null
   set -e
+  if ((unreachable)); then
+    ((rc == 0)) && rc=1
+    preflight || true
+    unreachable=0
+  fi
   mpi_pid=""
   ((rc == 0)) && exit 0
   ((max_restarts == 0 || stopping)) && exit "$rc"
