@@ -11,6 +11,7 @@ Usage: scripts/launch-ssh-tmux.sh (--hosts "h1,h2,..." | --hostfile FILE) --repo
                                   --config FILE [--ref REF] [--workdir DIR] [--session NAME]
                                   [--ranks-per-host N] [--user USER] [--env K=V ...]
                                   [--binary PATH] [--connect-timeout S] [--prepare-timeout S]
+                                  [--max-restarts N]
                                   [--dry-run]
                                   [-- extra meshtrain train arguments]
        scripts/launch-ssh-tmux.sh (--hosts ... | --hostfile FILE) [--session NAME] --kill
@@ -56,6 +57,10 @@ pass -- --output_dir /shared/runs unless the config's output_dir is shared.
   --connect-timeout S  seconds an ssh connection may take (default 10)
   --prepare-timeout S  seconds the first host waits for the others to prepare
                        (default 7200)
+  --max-restarts N     when mpirun fails, start it again up to N times, resuming
+                       from the newest checkpoint (--fresh dropped); stops early
+                       when an attempt fails at the same step as the one before
+                       with no newer checkpoint (default 0)
   --dry-run            print every command that would be sent over ssh, one per
                        line, prefixed by "HOST: ", and send nothing
   --kill               kill the tmux session (and so the job) on every host
@@ -95,6 +100,7 @@ sq() {
 # shellcheck disable=SC2088
 hosts_arg="" hostfile="" repo="" ref="origin/main" workdir="~/meshtrain/{host}" session="meshtrain"
 config="" ranks_per_host=1 user="" dry_run=0 kill=0 attach="" binary="" connect_timeout=10 prepare_timeout=7200
+max_restarts=0
 envs=() extra=()
 while (($#)); do
   case "$1" in
@@ -111,6 +117,7 @@ while (($#)); do
     --binary) need_value "$1" $#; binary="$2"; shift 2 ;;
     --connect-timeout) need_value "$1" $#; connect_timeout="$2"; shift 2 ;;
     --prepare-timeout) need_value "$1" $#; prepare_timeout="$2"; shift 2 ;;
+    --max-restarts) need_value "$1" $#; max_restarts="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --kill) kill=1; shift ;;
     --attach) need_value "$1" $#; attach="$2"; shift 2 ;;
@@ -124,6 +131,7 @@ done
 ssh_target() { if [ -n "$user" ]; then echo "$user@$1"; else echo "$1"; fi; }
 [[ "$connect_timeout" =~ ^[1-9][0-9]*$ ]] || die "--connect-timeout must be a positive integer, got '$connect_timeout'"
 [[ "$prepare_timeout" =~ ^[1-9][0-9]*$ ]] || die "--prepare-timeout must be a positive integer, got '$prepare_timeout'"
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer, got '$max_restarts'"
 for kv in "${envs[@]}"; do
   [[ "$kv" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE, got '$kv'"
 done
@@ -192,13 +200,19 @@ remote_lines() {
       wait+=" (no $ready); not starting\"; ok=0; break; fi;"
       wait+=" echo \"waiting for \$h to prepare ($ready)\"; sleep 5; done; done"
     fi
-    for a in "${extra[@]}"; do args+=" $(sq "$a")"; done
+    local again="" again_parts=""
+    for a in "${extra[@]}"; do
+      args+=" $(sq "$a")"
+      [ "$a" = --fresh ] || again+=" $(sq "$a")"  # a restart resumes
+    done
     for h in "${hosts[@]}"; do
       hw="$(host_workdir "$h")"
       bin="$hw/build/meshtrain"
       [ -n "$binary" ] && bin="$(sq "$binary")"
       mpi_parts+="${mpi_parts:+ :} --host $h:$ranks_per_host -np $ranks_per_host --wdir $hw $bin train"
       mpi_parts+=" --config $(sq "$config")$args"
+      again_parts+="${again_parts:+ :} --host $h:$ranks_per_host -np $ranks_per_host --wdir $hw $bin train"
+      again_parts+=" --config $(sq "$config")$again"
     done
     local mpi="mpirun --bind-to none"
     mpi+=" \$([ \"\$(id -u)\" = 0 ] && echo --allow-run-as-root)"
@@ -206,8 +220,28 @@ remote_lines() {
     mpi+=" -x NCCL_DEBUG=\${NCCL_DEBUG:-WARN} -x OMP_NUM_THREADS=1"
     [ -n "${NCCL_SOCKET_IFNAME:-}" ] && mpi+=" -x NCCL_SOCKET_IFNAME=$(sq "$NCCL_SOCKET_IFNAME")"
     for kv in "${envs[@]}"; do mpi+=" -x ${kv%%=*}"; done
-    mpi+=" --output-filename \$PWD/runs/launch-logs/$session$mpi_parts"
-    echo "tmux send-keys -t $session:0 $(sq "$wait; [ \$ok = 1 ] && $mpi") C-m"
+    if ((max_restarts == 0)); then
+      mpi+=" --output-filename \$PWD/runs/launch-logs/$session$mpi_parts"
+      echo "tmux send-keys -t $session:0 $(sq "$wait; [ \$ok = 1 ] && $mpi") C-m"
+      return
+    fi
+    # --max-restarts: a failed attempt starts again (without --fresh: train
+    # resumes from the newest checkpoint); each logged with its step, and the
+    # loop stops when an attempt fails at the same step as the one before it
+    # with no newer checkpoint. Rank 0's log: LOGS/attempt-K/1/rank.0/stderr.
+    local logs="\$PWD/runs/launch-logs/$session" n="$max_restarts"
+    local loop="a=0; prev=; while :; do o=$logs/attempt-\$a;"
+    loop+=" if [ \$a = 0 ]; then $mpi --output-filename \$o$mpi_parts; else $mpi --output-filename \$o$again_parts; fi;"
+    loop+=" rc=\$?; [ \$rc = 0 ] && break;"
+    loop+=" step=\$(grep -ho 'Step [0-9]*' \$o/1/rank.0/stderr 2>/dev/null | tail -1 | awk '{ print \$2 }');"
+    loop+=" saved=\$(cat $logs/attempt-*/1/rank.0/stderr 2>/dev/null | grep -o 'saved checkpoint of step [0-9]*' | tail -1 | awk '{ print \$NF }');"
+    loop+=" echo \"attempt \$a failed with mpirun exit \$rc after step \${step:-0}\";"
+    loop+=" if [ \$a -ge $n ]; then echo \"giving up: all $n restart(s) used\"; break; fi;"
+    loop+=" if [ \"\${step:-0}:\${saved:-0}\" = \"\$prev\" ]; then echo \"giving up: attempt \$a failed at step \${step:-0}"
+    loop+=" like the one before it, with no newer checkpoint\"; break; fi;"
+    loop+=" prev=\${step:-0}:\${saved:-0}; a=\$((a + 1));"
+    loop+=" echo \"restart \$a of $n: resuming from the newest checkpoint (step \${saved:-0} saved so far)\"; done"
+    echo "tmux send-keys -t $session:0 $(sq "$wait; [ \$ok = 1 ] && { $loop; }") C-m"
   fi
 }
 

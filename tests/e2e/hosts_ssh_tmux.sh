@@ -5,7 +5,8 @@
 # --env reaching the preparation and the ranks, the first host starting one
 # mpirun over both; the run equals one process. An unreachable host fails the
 # launch naming it, and the session already started on the other host is
-# stopped (it waited for it forever). Skipped (exit 77, reason printed) only
+# stopped (it waited for it forever). --max-restarts carries a run across a
+# kill -9 on the second host. Skipped (exit 77, reason printed) only
 # where namespaces cannot be made.
 source "$(dirname "$0")/common.sh" "$@"
 source "$SRC/tests/hosts/testbed.sh"
@@ -35,6 +36,8 @@ echo "\$MT_PROBE" > "$PWD/env.\$(hostname).\$\$"
 exec "$BIN" "\$@"
 WRAP
 chmod +x envbin
+# The pid of meshtrain on HOST (the rank there).
+rank_pid() { local p; for p in $(bed_pids "$1"); do [ "$(cat /proc/$p/comm 2>/dev/null)" = meshtrain ] && echo "$p"; done | head -1; }
 L=(bash "$SRC/scripts/launch-ssh-tmux.sh" --repo "$PWD/repo" --workdir "$PWD/home/{host}/mt" --session mtt
    --config run.json --binary "$PWD/envbin" --env MT_PROBE=hello --connect-timeout 3 --prepare-timeout 60)
 on_host_for 60 h1 "${L[@]}" --hosts h1,h2 -- "${S[@]}" --name tm --n_device_axis 2 1 1 > launch.log 2>&1
@@ -53,6 +56,36 @@ check "ssh-tmux: --env reaches the ranks on both hosts" bash -c "cat env.h1.* en
 out=$(python3 "$SRC/tests/hosts/compare.py" runs/tm/metrics.jsonl runs/one/metrics.jsonl) &&
   ok "ssh-tmux: the run over h1,h2 = one process ($out)" ||
   { bad "ssh-tmux: the run" "$out"; on_host h1 tmux capture-pane -p -t mtt:0 | tail -20; }
+
+# --max-restarts: on the first attempt only, the rank on h2 stops before step
+# 4 (after the checkpoint of step 2) and is killed -9 there; the typed loop
+# on h1 restarts mpirun, which resumes from step 2 and reaches step 6.
+"$BIN" train --config tiny.json "${S[@]}" --training_steps 6 --checkpoint_steps 2 --name one6 > one6.log 2>&1 ||
+  bad "one process, 6 steps" "$(tail one6.log)"
+cat > once <<WRAP
+#!/bin/sh
+if [ "\$OMPI_COMM_WORLD_RANK" = 1 ] && mkdir "$PWD/stalled-once" 2>/dev/null; then
+  export MESHTRAIN_TEST_STALL_AT_STEP=4 MESHTRAIN_TEST_STALL_RANKS=1
+fi
+exec "$BIN" "\$@"
+WRAP
+chmod +x once
+on_host_for 60 h1 "${L[@]}" --session mtr --binary "$PWD/once" --max-restarts 1 --hosts h1,h2 -- "${S[@]}" \
+  --training_steps 6 --checkpoint_steps 2 --name tr --n_device_axis 2 1 1 > restart.log 2>&1 ||
+  bad "ssh-tmux --max-restarts: launch" "$(tail restart.log)"
+for _ in $(seq 600); do
+  grep -q "stalls before step 4" home/h1/mt/runs/launch-logs/mtr/attempt-0/1/rank.1/stderr 2>/dev/null && break
+  sleep 0.1
+done
+kill -9 "$(rank_pid h2)"
+for _ in $(seq 900); do ls runs/tr/checkpoints/step_00000006 > /dev/null 2>&1 && break; sleep 0.2; done
+pane=$(on_host h1 tmux capture-pane -p -J -S - -t mtr:0 2>/dev/null)
+check "ssh-tmux --max-restarts: the run reaches step 6 after a kill -9 on h2" test -d runs/tr/checkpoints/step_00000006
+check "ssh-tmux --max-restarts: the restart is logged with its step" \
+  grep -q "attempt 0 failed with mpirun exit [0-9]* after step 3" <<<"$pane"
+grep -q "restart 1 of 1" <<<"$pane" || tail -20 <<<"$pane"
+out=$(python3 "$SRC/tests/hosts/compare.py" runs/tr/metrics.jsonl runs/one6/metrics.jsonl) &&
+  ok "ssh-tmux --max-restarts: = one uninterrupted process ($out)" || bad "ssh-tmux --max-restarts: losses" "$out"
 
 # One host that does not answer: the launch fails naming it, and h1's session
 # (which would wait for it) is stopped.

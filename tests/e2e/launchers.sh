@@ -154,6 +154,12 @@ for h in node-a node-b; do
   if out="$(bash -n "$STUB_LOG.$h.typed" 2>&1)"; then ok "ssh-tmux: typed lines on $h parse"; else bad "ssh-tmux: typed lines on $h" "$out"; fi
 done
 expect_has "ssh-tmux: argument quoting survives" "$(cat "$STUB_LOG.node-a.typed")" "--name 'it'\\\\''s'"
+rm -f "$STUB_LOG"*
+out="$(PATH="$WORK/bin:$PATH" bash "$SSH" --hosts node-a,node-b "${ssh_args[@]}" --max-restarts 2 -- --fresh 2>&1)"
+if out="$(bash -n "$STUB_LOG.node-a.typed" 2>&1)"; then ok "ssh-tmux --max-restarts: the typed loop parses"; else bad "ssh-tmux --max-restarts: typed loop" "$out"; fi
+expect_has "ssh-tmux --max-restarts: restarts resume (no --fresh), log cause and step, stop early" \
+  "$(cat "$STUB_LOG.node-a.typed")" 'attempt-\$a' '--config configs/tiny.json --fresh :' \
+  'else mpirun .* --config configs/tiny.json :' 'restart \$a of 2' 'like the one before it, with no newer checkpoint'
 out="$(PATH="$WORK/bin:$PATH" bash "$SSH" --hosts node-a,broken "${ssh_args[@]}" 2>&1)"
 rc=$?
 if ((rc != 0)) && grep -q 'ssh to broken failed' <<<"$out"; then
