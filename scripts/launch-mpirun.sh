@@ -1,35 +1,55 @@
 #!/usr/bin/env bash
 # Starts one meshtrain training run over the hosts of an MPI hostfile: one
-# process per device, N per host, all started by a single mpirun.
+# process per device, N per host, all started by a single mpirun; with
+# --max-restarts, a failed job is started again and resumes from its newest
+# checkpoint.
 set -euo pipefail
 
 usage() {
   cat <<'USAGE'
 Usage: scripts/launch-mpirun.sh --hostfile FILE --ranks-per-host N --config FILE
-                                [--binary PATH] [--log-dir DIR] [--dry-run]
+                                [--binary PATH] [--log-dir DIR] [--env K=V ...]
+                                [--connect-timeout S] [--max-restarts N] [--dry-run]
                                 [-- extra meshtrain train arguments]
 
 Builds and runs (or with --dry-run only prints) the mpirun command that starts
 `meshtrain train` with hosts x ranks-per-host processes, N on each host.
 
   --hostfile FILE       one host per line (OpenMPI syntax; "slots=" and "#"
-                        comments are allowed, slots are set by --ranks-per-host)
+                        comments are allowed; the slots are --ranks-per-host,
+                        whatever the file says)
   --ranks-per-host N    processes per host, normally its number of GPUs
   --config FILE         the run's JSON config (same path on every host)
   --binary PATH         meshtrain binary (default: <repo>/build/meshtrain)
-  --log-dir DIR         per-rank stdout/stderr go to DIR/1/rank.K/
-                        (default: runs/launch-logs/<date-time>)
+  --log-dir DIR         per-rank stdout/stderr go to DIR/1/rank.K/, mpirun's
+                        own output to DIR/mpirun.log (with restarts:
+                        DIR/attempt-K/...) (default: runs/launch-logs/<date-time>)
+  --env K=V             set K=V for every rank on every host (repeatable)
+  --connect-timeout S   seconds an ssh connection to a host may take (default
+                        10); a connected host silent for 3 x 5 s is dropped
+  --max-restarts N      when the job fails, start it again up to N times; each
+                        attempt resumes from the newest checkpoint of the run
+                        (a --fresh is dropped after the first). Stops early
+                        when an attempt fails at the same step as the one
+                        before with no newer checkpoint (default 0)
   --dry-run             print the command, run nothing
   -h, --help            this text
   -- ARGS               passed to `meshtrain train`, e.g.
                         -- --n_device_axis 4 2 2 --set lr.max_lr=3e-4
+
+Before starting, every host other than this one is checked over ssh (bounded
+by --connect-timeout): reachable, with the binary and the config at their
+paths; the first host that is not is named and nothing starts.
+
+The run dir (output_dir/name) must be on storage every host sees at the same
+path (meshtrain checks this at start-up): pass -- --output_dir /shared/runs.
 
 Environment: NCCL_DEBUG (default WARN) and OMP_NUM_THREADS (default 1) are
 exported to every rank, NCCL_SOCKET_IFNAME too when it is set.
 
 Example:
   scripts/launch-mpirun.sh --hostfile hosts.txt --ranks-per-host 8 \
-      --config configs/moe1b.json -- --n_device_axis 8 2 1
+      --config configs/moe1b.json --max-restarts 3 -- --n_device_axis 8 2 1
 USAGE
 }
 
@@ -38,6 +58,7 @@ die() {
   echo "Run 'scripts/launch-mpirun.sh --help' for usage." >&2
   exit 2
 }
+say() { echo "launch-mpirun.sh: $*" >&2; }
 
 need_value() {
   [ "$2" -ge 2 ] || die "$1 needs a value"
@@ -45,7 +66,8 @@ need_value() {
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 hostfile="" ranks_per_host="" config="" binary="$ROOT/build/meshtrain" log_dir="" dry_run=0
-extra=()
+connect_timeout=10 max_restarts=0
+envs=() extra=()
 while (($#)); do
   case "$1" in
     --hostfile) need_value "$1" $#; hostfile="$2"; shift 2 ;;
@@ -53,6 +75,9 @@ while (($#)); do
     --config) need_value "$1" $#; config="$2"; shift 2 ;;
     --binary) need_value "$1" $#; binary="$2"; shift 2 ;;
     --log-dir) need_value "$1" $#; log_dir="$2"; shift 2 ;;
+    --env) need_value "$1" $#; envs+=("$2"); shift 2 ;;
+    --connect-timeout) need_value "$1" $#; connect_timeout="$2"; shift 2 ;;
+    --max-restarts) need_value "$1" $#; max_restarts="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h | --help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -66,6 +91,11 @@ done
 [ -f "$hostfile" ] || die "--hostfile '$hostfile' does not exist"
 [ -f "$config" ] || die "--config '$config' does not exist"
 [[ "$ranks_per_host" =~ ^[1-9][0-9]*$ ]] || die "--ranks-per-host must be a positive integer, got '$ranks_per_host'"
+[[ "$connect_timeout" =~ ^[1-9][0-9]*$ ]] || die "--connect-timeout must be a positive integer, got '$connect_timeout'"
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer, got '$max_restarts'"
+for kv in "${envs[@]}"; do
+  [[ "$kv" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE, got '$kv'"
+done
 
 # Unique host names, in file order, without comments or slot counts.
 mapfile -t hosts < <(sed -e 's/#.*//' "$hostfile" | awk 'NF { print $1 }' | awk '!seen[$0]++')
@@ -73,20 +103,151 @@ mapfile -t hosts < <(sed -e 's/#.*//' "$hostfile" | awk 'NF { print $1 }' | awk 
 np=$((${#hosts[@]} * ranks_per_host))
 [ -n "$log_dir" ] || log_dir="$ROOT/runs/launch-logs/$(date +%Y%m%d-%H%M%S)"
 
-cmd=(mpirun -np "$np" --hostfile "$hostfile" --map-by "ppr:${ranks_per_host}:node" --bind-to none)
+# ssh without prompts, bounded connects, and keep-alives: a host that drops
+# packets fails in --connect-timeout s, one that vanishes mid-run in ~15 s.
+ssh_opts=(-o BatchMode=yes -o "ConnectTimeout=$connect_timeout" -o ServerAliveInterval=5 -o ServerAliveCountMax=3)
+# --host h:N gives every host N slots whatever the hostfile says.
+spec=""
+for h in "${hosts[@]}"; do spec+="${spec:+,}$h:$ranks_per_host"; done
+cmd=(mpirun -np "$np" --host "$spec" --map-by "ppr:${ranks_per_host}:node" --bind-to none)
 # OpenMPI refuses root unless asked; containers often run as root.
 [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
+cmd+=(--mca plm_rsh_args "${ssh_opts[*]}")
 cmd+=(-x "NCCL_DEBUG=${NCCL_DEBUG:-WARN}" -x "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
 [ -n "${NCCL_SOCKET_IFNAME:-}" ] && cmd+=(-x "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME")
-cmd+=(--output-filename "$log_dir")
-cmd+=("$binary" train --config "$config" "${extra[@]}")
+for kv in "${envs[@]}"; do cmd+=(-x "$kv"); done
+
+# The meshtrain command of attempt K (0: the first): a restart resumes, so
+# it drops --fresh.
+train_args() {
+  local a
+  printf '%s\0' "$binary" train --config "$config"
+  for a in "${extra[@]}"; do
+    [ "$1" -gt 0 ] && [ "$a" = --fresh ] && continue
+    printf '%s\0' "$a"
+  done
+}
+attempt_dir() { if ((max_restarts)); then echo "$log_dir/attempt-$1"; else echo "$log_dir"; fi; }
 
 echo "launch-mpirun.sh: ${#hosts[@]} host(s) x $ranks_per_host rank(s) = $np processes"
-printf '%q ' "${cmd[@]}"
+mapfile -d '' -t targs < <(train_args 0)
+printf '%q ' "${cmd[@]}" --output-filename "$(attempt_dir 0)" "${targs[@]}"
 echo
 ((dry_run)) && exit 0
 
 command -v mpirun >/dev/null || die "mpirun not found on PATH (install openmpi-bin)"
 [ -x "$binary" ] || die "binary '$binary' not found; build it with scripts/build.sh meshtrain"
-mkdir -p "$log_dir"
-exec "${cmd[@]}"
+
+# Every other host, in parallel: reachable, and the binary and config there.
+is_local() {
+  [ "$1" = localhost ] || [ "$1" = 127.0.0.1 ] || [ "$1" = "$(hostname)" ] || [ "$1" = "$(hostname -s)" ] ||
+    ip -o addr show 2>/dev/null | awk '{ split($4, a, "/"); print a[1] }' | grep -qxF "$1"
+}
+preflight() {
+  local h dir pids=() names=() i bad=0 check
+  dir="$(mktemp -d)"
+  # Relative paths are taken from this directory on every host, as mpirun does.
+  check="cd $(printf '%q' "$PWD") || exit 3; test -x $(printf '%q' "$binary") || { echo 'no binary $binary'; exit 3; }"
+  check+="; test -f $(printf '%q' "$config") || { echo 'no config $config'; exit 3; }"
+  for h in "${hosts[@]}"; do
+    is_local "$h" && continue
+    # shellcheck disable=SC2029  # $check is built here on purpose, with quoted paths
+    ssh "${ssh_opts[@]}" "$h" "$check" >"$dir/$h" 2>&1 </dev/null &
+    pids+=($!) names+=("$h")
+  done
+  for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then
+      say "host ${names[$i]} is not ready (checked over ssh, connect timeout ${connect_timeout} s): $(tr '\n' ' ' <"$dir/${names[$i]}")"
+      bad=1
+    fi
+  done
+  rm -rf "$dir"
+  return $bad
+}
+preflight || { say "nothing started"; exit 1; }
+
+# What an attempt's log says: the newest checkpoint saved, the step it
+# started from, the last step trained, and the first error line.
+last_saved() { grep -ho 'saved checkpoint of step [0-9]*' "$@" 2>/dev/null | awk '{ s = $NF } END { print s + 0 }'; }
+started_at() { grep -ho 'training [0-9]* -> ' "$1" 2>/dev/null | awk '{ print $2; exit }'; }
+last_step() { grep -ho 'Step [0-9]*' "$1" 2>/dev/null | awk '{ s = $NF } END { print s + 0 }'; }
+first_error() {
+  local p line
+  for p in 'exited on signal|watchdog:|\[error\]|not ready' 'terminated|aborted|Killed|error'; do
+    line="$(grep -h -m1 -E "$p" "$1" 2>/dev/null | head -c 300)"
+    [ -n "$line" ] && { echo "$line"; return; }
+  done
+}
+
+# A stop request (SIGTERM, SIGINT, SIGUSR1 to this script) goes to mpirun as
+# SIGUSR1, which it forwards to every rank: they save and exit 0. No restart follows.
+mpi_pid="" stopping=0
+on_stop() {
+  stopping=1
+  [ -n "$mpi_pid" ] && kill -USR1 "$mpi_pid" 2>/dev/null
+  return 0
+}
+trap on_stop TERM INT USR1
+
+# What mpirun prints when it tears the job down.
+abort_pattern='job has been aborted|mpirun noticed that|ORTE has lost communication|MPI_ABORT was invoked'
+abort_grace=20 unreachable=0
+prev_step=-1 prev_saved=-1
+for ((k = 0; ; k++)); do
+  dir="$(attempt_dir "$k")"
+  mkdir -p "$dir"
+  log="$dir/mpirun.log"
+  mapfile -d '' -t targs < <(train_args "$k")
+  : >"$log"  # before tail opens it
+  "${cmd[@]}" --output-filename "$dir" "${targs[@]}" >"$log" 2>&1 &
+  mpi_pid=$!
+  tail -n +1 -f --pid="$mpi_pid" "$log" &
+  tail_pid=$!
+  # mpirun can wait forever for a host it cannot reach to confirm the end of
+  # the job (the ranks there are gone or cut off): once it says the job is
+  # aborted, it has abort_grace s to finish, then it is killed.
+  aborted_at=0 rc=""
+  while kill -0 "$mpi_pid" 2>/dev/null; do
+    sleep 1 &
+    wait $! 2>/dev/null || true  # a trapped signal ends it early
+    if ((aborted_at == 0)) && grep -qE "$abort_pattern" "$log"; then aborted_at=$SECONDS; fi
+    if ((aborted_at > 0 && SECONDS - aborted_at > abort_grace)); then
+      say "mpirun still runs ${abort_grace} s after the job was aborted (a host it cannot reach?): killing it"
+      kill -TERM "$mpi_pid" 2>/dev/null || true
+      sleep 2
+      kill -KILL "$mpi_pid" 2>/dev/null || true
+      unreachable=1
+      break
+    fi
+  done
+  set +e
+  wait "$mpi_pid"
+  rc=$?
+  wait "$tail_pid" 2>/dev/null
+  set -e
+  if ((unreachable)); then
+    ((rc == 0)) && rc=1
+    preflight || true
+    unreachable=0
+  fi
+  mpi_pid=""
+  ((rc == 0)) && exit 0
+  ((max_restarts == 0 || stopping)) && exit "$rc"
+  saved="$(last_saved "$log_dir"/attempt-*/mpirun.log)"
+  step="$(last_step "$log")"
+  cause="$(first_error "$log")"
+  say "attempt $k (started at step $(started_at "$log")) failed with mpirun exit $rc after step $step:" \
+    "${cause:-no error line in $log}"
+  if ((step == prev_step && saved == prev_saved)); then
+    say "giving up: attempt $k failed at step $step like the one before it, with no newer checkpoint"
+    exit "$rc"
+  fi
+  if ((k >= max_restarts)); then
+    say "giving up: all $max_restarts restart(s) used"
+    exit "$rc"
+  fi
+  prev_step=$step prev_saved=$saved
+  preflight || { say "restart $((k + 1)): a host is not ready; giving up"; exit 1; }
+  if ((saved > 0)); then from="step $saved (the newest checkpoint)"; else from="the newest checkpoint of the run dir (this launch saved none)"; fi
+  say "restart $((k + 1)) of $max_restarts: resuming from $from"
+done

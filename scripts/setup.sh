@@ -22,14 +22,16 @@ need_network() {  # WHAT FIX
   exit 1
 }
 # Packages the build does not need (the demo corpus, the shell lint test,
-# build caching, commit names, creating .deps/pyenv): offline, missing ones
-# are a warning. scripts/gpu-preflight.sh checks a GPU machine's build needs
-# by their files instead of package names.
-optional_pkgs=(fortunes fortunes-min shellcheck ccache git python3-venv)
+# build caching, commit names, creating .deps/pyenv, the multi-host tests):
+# offline, missing ones are a warning. scripts/gpu-preflight.sh checks a GPU
+# machine's build needs by their files instead of package names.
+# openssh-server and tmux: the multi-host tests (tests/hosts/testbed.sh) run
+# an sshd per test host inside network namespaces; none is started here.
+optional_pkgs=(fortunes fortunes-min shellcheck ccache git python3-venv openssh-server tmux)
 
 apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
-          libgtest-dev fortunes fortunes-min shellcheck
+          libgtest-dev fortunes fortunes-min shellcheck openssh-server tmux
           libpcre2-dev zlib1g-dev libzstd-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do

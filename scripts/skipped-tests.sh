@@ -19,3 +19,10 @@ if [ -n "$rows" ]; then
   echo "skipped test cases ($(wc -l <<<"$rows")), with their reasons:"
   echo "$rows"
 fi
+# Whole scripts that skipped (exit 77, ctest's "Skipped"), e.g. the multi-host
+# tests where network namespaces cannot be made: they print "SKIP: reason".
+skips=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | grep -E '^SKIP: ' | sort -u || true)
+if [ -n "$skips" ]; then
+  echo "skipped test scripts ($(wc -l <<<"$skips")), with their reasons:"
+  echo "${skips//SKIP: /  }"
+fi

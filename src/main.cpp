@@ -18,12 +18,14 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/hf/hf_dir.h"
 #include "meshtrain/hf/init_from_hf.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/launch_env.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/data/prepare.h"
@@ -31,6 +33,7 @@
 #include "meshtrain/train/bench.h"
 #include "meshtrain/train/meta_bench.h"
 #include "meshtrain/train/plan.h"
+#include "meshtrain/train/test_hooks.h"
 #include "meshtrain/train/trainer.h"
 
 namespace {
@@ -149,7 +152,45 @@ struct ConfigFlags {
   }
 };
 
-int run(int argc, char** argv, Runtime& runtime) {
+// The process's MPI world and the watchdog armed before it (main owns both,
+// so the watchdog outlives MPI_Finalize and watches it too).
+struct Started {
+  std::unique_ptr<Watchdog> watchdog;
+  std::unique_ptr<Runtime> runtime;
+};
+
+// MPI_Init waits for every rank of the job, so a rank that never starts (or
+// stops before joining) would hang the others there forever: with a config
+// (train, eval, generate) the watchdog is armed first, with the rank the
+// launcher gave this process, and names that rank by host and pid.
+Runtime& start_mpi(Started& s, const Config* cfg, const LaunchEnv& launch, int* argc, char*** argv, bool verbose) {
+  const auto arm = [&](int rank, int size) {
+    s.watchdog.reset();  // one writer per heartbeat file
+    s.watchdog = std::make_unique<Watchdog>(cfg->watchdog_seconds, rank, size,
+                                            size > 1 ? cfg->run_dir() + "/heartbeats" : "", launch.job);
+  };
+  if (cfg) {
+    arm(launch.rank, launch.size);
+    TestHooks::from_environment().before_mpi_init(launch.rank);
+    s.watchdog->beat("start-up: MPI initialisation (waits for every rank to start)");
+  }
+  try {
+    s.runtime = std::make_unique<Runtime>(argc, argv);
+  } catch (const std::exception& e) {
+    MT_FAIL("cannot initialise MPI: ", e.what());
+  }
+  Runtime& rt = *s.runtime;
+  if (rt.rank() != launch.rank || rt.size() != launch.size) {
+    // A launcher whose variables launch_env.h does not know: MPI's word counts.
+    setup_logging(rt.rank(), rt.size(), verbose);
+    if (cfg) arm(rt.rank(), rt.size());
+  }
+  if (s.watchdog) s.watchdog->beat("start-up: MPI initialised");
+  install_stop_signal_handlers();
+  return rt;
+}
+
+int run(int argc, char** argv, Started& started) {
   CLI::App app{"meshtrain: train transformer language models over a dp x pp x tp mesh"};
   app.require_subcommand(1);
   bool verbose = false;
@@ -266,18 +307,38 @@ int run(int argc, char** argv, Runtime& runtime) {
   exp->add_option("--tokenizer", hf_opts.tokenizer, "--format hf: tokenizer file (default: the run's data_dir)")
       ->check(CLI::ExistingFile);
 
+  const LaunchEnv launch = launch_from_environment();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // Usage errors: every rank parses the same argv, so every rank exits alike.
-    return runtime.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    return launch.rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
   }
-  setup_logging(runtime.rank(), runtime.size(), verbose);
-  install_stop_signal_handlers();
+  setup_logging(launch.rank, launch.size, verbose);
+
+  // train / eval / generate: the config first, so the watchdog (its
+  // watchdog_seconds, the run dir's heartbeats) is armed before MPI_Init.
+  std::optional<Config> watched;
+  if (*train) {
+    watched = train_flags.load().config;
+    if (!init_from_hf.empty()) watched = with_hf_model(*watched, init_from_hf);
+  } else if (*eval) {
+    watched = eval_flags.load().config;
+  } else if (*gen) {
+    LoadedConfig lc = gen_flags.load();
+    if (prompt_opt->count()) lc.config.inference.prompt = prompt;
+    if (max_tokens_opt->count()) lc.config.inference.max_tokens = max_tokens;
+    if (top_k_opt->count()) lc.config.inference.top_k = top_k;
+    if (temperature_opt->count()) lc.config.inference.temperature = temperature;
+    validate(lc.config);  // the flags above bypassed load_config's checks (max_tokens bound)
+    watched = lc.config;
+  }
+  Runtime& runtime = start_mpi(started, watched ? &*watched : nullptr, launch, &argc, &argv, verbose);
 
   if (*train) {
-    Config cfg = train_flags.load().config;
-    if (!init_from_hf.empty()) cfg = with_hf_model(cfg, init_from_hf);
+    const Config& cfg = *watched;
+    train_opts.watchdog = started.watchdog.get();
+    train_opts.check_shared_run_dir = true;
     Trainer trainer(cfg, runtime, train_opts);
     // A run that resumed its own checkpoint continues from it, not from the HF weights again.
     if (!init_from_hf.empty() && trainer.step() == 0) load_hf_weights(trainer.model(), trainer.mesh(), init_from_hf);
@@ -286,21 +347,17 @@ int run(int argc, char** argv, Runtime& runtime) {
     TrainOptions o;
     o.checkpoint = eval_ckpt;
     o.require_checkpoint = !eval_random;
-    Trainer trainer(eval_flags.load().config, runtime, o);
+    o.watchdog = started.watchdog.get();
+    Trainer trainer(*watched, runtime, o);
     const double v = trainer.evaluate();
     spdlog::info("step {}: val_loss {:.4f}", trainer.step(), v);
     if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
   } else if (*gen) {
-    LoadedConfig lc = gen_flags.load();
-    if (prompt_opt->count()) lc.config.inference.prompt = prompt;
-    if (max_tokens_opt->count()) lc.config.inference.max_tokens = max_tokens;
-    if (top_k_opt->count()) lc.config.inference.top_k = top_k;
-    if (temperature_opt->count()) lc.config.inference.temperature = temperature;
-    validate(lc.config);  // the flags above bypassed load_config's checks (max_tokens bound)
     TrainOptions o;
     o.checkpoint = gen_ckpt;
     o.require_checkpoint = !gen_random;
-    Trainer trainer(lc.config, runtime, o);
+    o.watchdog = started.watchdog.get();
+    Trainer trainer(*watched, runtime, o);
     const std::string text = trainer.sample();
     if (runtime.rank() == 0) std::cout << text << std::endl;
   } else if (*prepare) {
@@ -339,16 +396,14 @@ int run(int argc, char** argv, Runtime& runtime) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // MPI first: mpirun's ranks must all initialise before anything can fail.
-  std::unique_ptr<meshtrain::Runtime> runtime;
+  // Nothing touches MPI before start_mpi (in run): a usage or config error
+  // ends every rank alike before MPI_Init, and mpirun ends the job.
+  Started started;
   try {
-    runtime = std::make_unique<meshtrain::Runtime>(&argc, &argv);
-  } catch (const std::exception& e) {
-    std::cerr << "meshtrain: cannot initialise MPI: " << e.what() << std::endl;
-    return 1;
-  }
-  try {
-    return run(argc, argv, *runtime);
+    const int rc = run(argc, argv, started);
+    if (started.watchdog) started.watchdog->beat("shutting down (MPI_Finalize waits for every rank)");
+    started.runtime.reset();
+    return rc;
   } catch (const meshtrain::Stopped& e) {
     // Every rank agreed to stop (or only one process works): no abort needed.
     if (spdlog::default_logger()) spdlog::warn("{}", e.what());
@@ -356,7 +411,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     if (spdlog::default_logger()) spdlog::error("{}", e.what());
     std::cerr.flush();
-    if (runtime->size() > 1) runtime->abort(1);
+    if (started.runtime && started.runtime->size() > 1) started.runtime->abort(1);
     return 1;
   }
 }

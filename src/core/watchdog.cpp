@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "meshtrain/core/host.h"
 #include "meshtrain/core/log.h"
 
 namespace meshtrain {
@@ -33,7 +34,8 @@ std::string describe_stuck_ranks(const std::vector<RankProgress>& ranks) {
   std::vector<std::string> behind, silent;
   for (const auto& r : ranks) {
     if (!r.known) silent.push_back(std::to_string(r.rank));
-    else if (r.beats < most) behind.push_back("rank " + std::to_string(r.rank) + " (stopped in '" + r.phase + "')");
+    else if (r.beats < most) behind.push_back("rank " + std::to_string(r.rank) + " (stopped in '" + r.phase + "')" +
+                                               (r.host.empty() ? "" : " on host " + r.host + ", pid " + std::to_string(r.pid)));
   }
   const auto join = [](const std::vector<std::string>& v) {
     std::string out;
@@ -53,11 +55,13 @@ std::string describe_stuck_ranks(const std::vector<RankProgress>& ranks) {
   return out;
 }
 
-Watchdog::Watchdog(double timeout_seconds, int rank, int world_size, std::string heartbeat_dir)
+Watchdog::Watchdog(double timeout_seconds, int rank, int world_size, std::string heartbeat_dir, std::string job)
     : timeout_(timeout_seconds),
       rank_(rank),
       world_size_(world_size),
       dir_(std::move(heartbeat_dir)),
+      job_(std::move(job)),
+      host_(hostname()),
       last_(std::chrono::steady_clock::now()) {
   if (timeout_ <= 0) return;
   if (!dir_.empty()) {
@@ -95,7 +99,7 @@ void Watchdog::write_heartbeat(int64_t beats, const std::string& phase) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << beats << "\n" << phase << "\n";
+    out << beats << "\n" << phase << "\n" << host_ << "\n" << ::getpid() << "\n" << job_ << "\n";
     if (!out.good()) return;
   }
   std::error_code ec;
@@ -108,10 +112,16 @@ std::vector<RankProgress> Watchdog::read_heartbeats() const {
     RankProgress p;
     p.rank = r;
     std::ifstream in(heartbeat_file(dir_, r));
+    std::string pid, job;
     if (in >> p.beats) {
       in.ignore(1);
       std::getline(in, p.phase);
-      p.known = true;
+      std::getline(in, p.host);
+      std::getline(in, pid);
+      std::getline(in, job);
+      p.pid = std::atoll(pid.c_str());
+      // A record of an earlier launch in the same run dir says nothing of this one.
+      p.known = job_.empty() || job == job_;
     }
     all.push_back(p);
   }
@@ -133,7 +143,8 @@ void Watchdog::run() {
     const auto deadline = last_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                       std::chrono::duration<double>(timeout_));
     if (std::chrono::steady_clock::now() >= deadline) {
-      std::string msg = "watchdog: rank " + std::to_string(rank_) + " made no progress for " +
+      std::string msg = "watchdog: rank " + std::to_string(rank_) + " (host " + host_ + ", pid " +
+                        std::to_string(::getpid()) + ") made no progress for " +
                         std::to_string(static_cast<int64_t>(timeout_)) + " s in '" + phase_ + "'";
       if (!dir_.empty() && world_size_ > 1) msg += "; " + describe_stuck_ranks(read_heartbeats());
       msg += " (watchdog_seconds); aborting";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -38,7 +39,9 @@ TestHooks TestHooks::from_environment() {
     MT_CHECK(*end == '\0' && h.nan_from_ >= 0 && h.nan_to_ >= h.nan_from_, "MESHTRAIN_TEST_NAN_AT_STEP='", v,
              "' must be K or K-L (steps, K <= L)");
   }
-  h.stall_at_step_ = env_int("MESHTRAIN_TEST_STALL_AT_STEP");
+  const char* stall = std::getenv("MESHTRAIN_TEST_STALL_AT_STEP");
+  h.stall_before_init_ = stall && std::string(stall) == "init";
+  if (!h.stall_before_init_) h.stall_at_step_ = env_int("MESHTRAIN_TEST_STALL_AT_STEP");
   if (const char* ranks = std::getenv("MESHTRAIN_TEST_STALL_RANKS")) {
     std::stringstream ss(ranks);
     for (std::string r; std::getline(ss, r, ',');)
@@ -58,6 +61,17 @@ void TestHooks::before_step(int64_t step, int rank) const {
   if (step != stall_at_step_ || std::find(stall_ranks_.begin(), stall_ranks_.end(), rank) == stall_ranks_.end())
     return;
   spdlog::warn("test hook: rank {} stalls before step {}", rank, step);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+void TestHooks::before_mpi_init(int rank) const {
+  if (!stall_before_init_ || std::find(stall_ranks_.begin(), stall_ranks_.end(), rank) == stall_ranks_.end()) return;
+  // Stopped, as by a debugger or a frozen node: its own watchdog thread stops
+  // too, so only the other ranks can name it.
+  spdlog::warn("test hook: rank {} stops (SIGSTOP) before MPI initialisation", rank);
+  // Its watchdog thread writes its first heartbeat (host, pid) as it starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::raise(SIGSTOP);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 

@@ -26,6 +26,7 @@
 #include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/precision.h"
+#include "meshtrain/train/shared_run_dir.h"
 
 namespace meshtrain {
 
@@ -159,8 +160,12 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   validate_world(cfg_, world->size());
   // From here on every phase is watched: a hang in NCCL init or a checkpoint
   // load ends the job like a hang in a step.
-  watchdog_ = std::make_unique<Watchdog>(cfg_.watchdog_seconds, world->rank(), world->size(),
-                                         world->size() > 1 ? cfg_.run_dir() + "/heartbeats" : "");
+  watchdog_ = opts_.watchdog;
+  if (!watchdog_) {
+    own_watchdog_ = std::make_unique<Watchdog>(cfg_.watchdog_seconds, world->rank(), world->size(),
+                                               world->size() > 1 ? cfg_.run_dir() + "/heartbeats" : "");
+    watchdog_ = own_watchdog_.get();
+  }
   watchdog_->beat("start-up: mesh and communicators");
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
 
@@ -229,6 +234,10 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   if (opts_.meta) {
     MT_CHECK(opts_.fresh && opts_.checkpoint.empty(), "the meta device loads no checkpoint");
     return;
+  }
+  if (opts_.check_shared_run_dir && world->size() > 1) {
+    watchdog_->beat("start-up: checking that every rank sees the run dir");
+    check_run_dir_shared(cfg_.run_dir(), mesh_->cpu_world());
   }
   watchdog_->beat("start-up: loading the checkpoint");
   setup_checkpointing();

@@ -74,7 +74,8 @@ expect_fail "mpirun: bad rank count" 'positive integer' bash "$MPI" --hostfile h
 out="$(env -u NCCL_SOCKET_IFNAME bash "$MPI" --hostfile hosts.txt --ranks-per-host 4 --config run.json \
   --binary "$BINARY" --log-dir "$WORK/logs" --dry-run -- --n_device_axis 2 2 2 --name two 2>&1)"
 expect_has "mpirun: dry run command" "$out" \
-  '^mpirun -np 8 ' '--hostfile hosts.txt' '--map-by ppr:4:node' '-x NCCL_DEBUG=WARN' '-x OMP_NUM_THREADS=1' \
+  '^mpirun -np 8 ' '--host node-a:4.,node-b:4 ' '--map-by ppr:4:node' '-x NCCL_DEBUG=WARN' '-x OMP_NUM_THREADS=1' \
+  "--mca plm_rsh_args -o\\\\ BatchMode=yes\\\\ -o\\\\ ConnectTimeout=10\\\\ -o\\\\ ServerAliveInterval=5" \
   "--output-filename $WORK/logs" "$BINARY train --config run.json --n_device_axis 2 2 2 --name two"
 expect_lacks "mpirun: no NCCL_SOCKET_IFNAME unless set" "$out" 'NCCL_SOCKET_IFNAME'
 if [ "$(id -u)" -eq 0 ]; then
@@ -83,6 +84,14 @@ fi
 expect_lacks "mpirun: dry run creates no log dir" "$(ls)" '^logs$'
 out="$(NCCL_SOCKET_IFNAME=eth0 bash "$MPI" --hostfile hosts.txt --ranks-per-host 1 --config run.json --dry-run 2>&1)"
 expect_has "mpirun: NCCL_SOCKET_IFNAME forwarded" "$out" '^mpirun -np 2 ' '-x NCCL_SOCKET_IFNAME=eth0'
+out="$(bash "$MPI" --hostfile hosts.txt --ranks-per-host 1 --config run.json --env A=1 --env B='x y' \
+  --connect-timeout 4 --max-restarts 2 --log-dir L --dry-run -- --fresh 2>&1)"
+expect_has "mpirun: --env, --connect-timeout, per-attempt logs" "$out" '-x A=1 -x B=x\\ y ' 'ConnectTimeout=4' \
+  '--output-filename L/attempt-0 ' 'train --config run.json --fresh $'
+expect_fail "mpirun: --env needs NAME=VALUE" "--env takes NAME=VALUE, got '1A=2'" bash "$MPI" --hostfile hosts.txt \
+  --ranks-per-host 1 --config run.json --env 1A=2
+expect_fail "mpirun: bad --max-restarts" 'max-restarts must be' bash "$MPI" --hostfile hosts.txt \
+  --ranks-per-host 1 --config run.json --max-restarts x
 
 # --- launch-ssh-tmux.sh --------------------------------------------------------
 expect_fail "ssh-tmux: missing hosts" '--hosts' bash "$SSH" --repo r --config run.json
@@ -104,9 +113,13 @@ n_mpirun="$(grep -c 'mpirun ' <<<"$out")"
 if [ "$n_mpirun" = 1 ]; then ok "ssh-tmux: exactly one mpirun"; else bad "ssh-tmux: $n_mpirun mpirun lines" "$out"; fi
 # shellcheck disable=SC2016  # $h is literal text in the typed command
 expect_has "ssh-tmux: first host runs mpirun over both" "$out" \
-  '^node-a: .*mpirun --host node-a:4,node-b:4 -np 8 ' \
-  '^node-a: .*build/meshtrain train --config configs/tiny.json --n_device_axis 2 2 2' \
-  '^node-a: .*ssh -o BatchMode=yes \$h test -e /tmp/meshtrain-ready-mtrun'
+  '^node-a: .*mpirun .* --host node-a:4 -np 4 --wdir /opt/mt /opt/mt/build/meshtrain train --config configs/tiny.json --n_device_axis 2 2 2 : --host node-b:4 -np 4 ' \
+  '^node-a: .*ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3 \$h test -e /tmp/meshtrain-ready-mtrun' \
+  "^node-a: .*plm_rsh_args '\\\\''-o BatchMode=yes -o ConnectTimeout=10"
+out2="$(bash "$SSH" --hosts node-a,node-b --repo r --config c.json --env MESHTRAIN_OFFLINE=1 --dry-run 2>&1)"
+expect_has "ssh-tmux: per-host workdirs by default, --env exported and passed to mpirun" "$out2" \
+  '^node-a: .*export MESHTRAIN_OFFLINE=1; .*git clone r ~/meshtrain/node-a' '^node-b: .*git clone r ~/meshtrain/node-b' \
+  '^node-a: .*-x MESHTRAIN_OFFLINE '
 out2="$(bash "$SSH" --hosts node-a,node-b "${ssh_args[@]}" --dry-run -- --n_device_axis 2 2 2 2>&1)"
 if [ "$out" = "$out2" ]; then ok "ssh-tmux: --hosts equals --hostfile"; else bad "ssh-tmux: --hosts differs from --hostfile" "$out2"; fi
 out="$(bash "$SSH" --hosts node-a,node-b --session mtrun --kill --dry-run 2>&1)"
@@ -141,6 +154,12 @@ for h in node-a node-b; do
   if out="$(bash -n "$STUB_LOG.$h.typed" 2>&1)"; then ok "ssh-tmux: typed lines on $h parse"; else bad "ssh-tmux: typed lines on $h" "$out"; fi
 done
 expect_has "ssh-tmux: argument quoting survives" "$(cat "$STUB_LOG.node-a.typed")" "--name 'it'\\\\''s'"
+rm -f "$STUB_LOG"*
+out="$(PATH="$WORK/bin:$PATH" bash "$SSH" --hosts node-a,node-b "${ssh_args[@]}" --max-restarts 2 -- --fresh 2>&1)"
+if out="$(bash -n "$STUB_LOG.node-a.typed" 2>&1)"; then ok "ssh-tmux --max-restarts: the typed loop parses"; else bad "ssh-tmux --max-restarts: typed loop" "$out"; fi
+expect_has "ssh-tmux --max-restarts: restarts resume (no --fresh), log cause and step, stop early" \
+  "$(cat "$STUB_LOG.node-a.typed")" 'attempt-\$a' '--config configs/tiny.json --fresh :' \
+  'else mpirun .* --config configs/tiny.json :' 'restart \$a of 2' 'like the one before it, with no newer checkpoint'
 out="$(PATH="$WORK/bin:$PATH" bash "$SSH" --hosts node-a,broken "${ssh_args[@]}" 2>&1)"
 rc=$?
 if ((rc != 0)) && grep -q 'ssh to broken failed' <<<"$out"; then
@@ -151,8 +170,10 @@ fi
 
 # --- launch-slurm.sbatch -----------------------------------------------------
 sb="$(cat "$SLURM")"
-expect_has "slurm: #SBATCH lines and auto-resume usage" "$sb" '^#SBATCH --nodes=' '^#SBATCH --ntasks-per-node=' \
-  '^#SBATCH --gpus-per-node=' '^#SBATCH --time=' '^#SBATCH --signal=B:TERM@120' 'sbatch --array=1-N%1 scripts/launch-slurm.sbatch CONFIG'
+expect_has "slurm: #SBATCH lines: requeue, appended log per job id, SIGUSR1 before the limit" "$sb" '^#SBATCH --nodes=' \
+  '^#SBATCH --ntasks-per-node=' '^#SBATCH --time=' '^#SBATCH --signal=B:USR1@120' '^#SBATCH --requeue' \
+  '^#SBATCH --open-mode=append' '^#SBATCH --output=%x-%j.out' 'sbatch --array=1-10%1 scripts/launch-slurm.sbatch CONFIG'
+expect_lacks "slurm: no GPU request by default (CPU-only clusters refuse it)" "$sb" '^#SBATCH --gpus'
 expect_fail "slurm: missing CONFIG" 'CONFIG' env MESHTRAIN_DRY_RUN=1 bash "$SLURM"
 expect_fail "slurm: missing config file" 'does not exist' env MESHTRAIN_DRY_RUN=1 bash "$SLURM" nowhere.json
 expect_fail "slurm: unknown option" "unknown argument '--x'" env MESHTRAIN_DRY_RUN=1 bash "$SLURM" --x
@@ -167,30 +188,45 @@ out="$(MESHTRAIN_DRY_RUN=1 MESHTRAIN_LAUNCHER=mpirun SLURM_JOB_NUM_NODES=2 SLURM
   SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json 2>&1)"
 expect_has "slurm: mpirun fallback" "$out" '^mpirun -np 8 --map-by ppr:4:node .*build/meshtrain train --config run.json'
 
-# SIGTERM before the time limit reaches the ranks, and the job waits for them.
-# Under the mpirun fallback it is passed on as SIGUSR1 (mpirun forwards that
-# one to its ranks; SIGTERM would make mpirun kill them).
+# A stop signal reaches the ranks as SIGUSR1 (srun and mpirun forward it;
+# SIGTERM would make them kill the ranks), the job waits for them to save and
+# requeues itself; a run that ends by itself is not requeued.
 mkdir -p "$WORK/fake"
 cat >"$WORK/fake/mpirun" <<'STUB'
 #!/usr/bin/env bash
 trap 'echo term >"$TERM_SEEN"; sleep 0.3; exit 0' TERM
 trap 'echo usr1 >"$TERM_SEEN"; sleep 0.3; exit 0' USR1
 echo started >"$TERM_SEEN.started"
+[ -n "${FINISH_AT_ONCE:-}" ] && exit 0
 while :; do sleep 0.1; done
 STUB
-chmod +x "$WORK/fake/mpirun"
+printf '#!/bin/sh\necho "scontrol $*" >>"%s"\n' "$WORK/scontrol.log" >"$WORK/fake/scontrol"
+chmod +x "$WORK/fake/mpirun" "$WORK/fake/scontrol"
 export TERM_SEEN="$WORK/term_seen"
-PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" \
-  SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1 &
-job=$!
-for _ in $(seq 50); do [ -e "$TERM_SEEN.started" ] && break; sleep 0.1; done
-kill -TERM "$job"
-wait "$job"
+for sig in TERM USR1; do
+  rm -f "$TERM_SEEN" "$TERM_SEEN.started" "$WORK/scontrol.log"
+  PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" SLURM_JOB_ID=42 \
+    SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1 &
+  job=$!
+  for _ in $(seq 50); do [ -e "$TERM_SEEN.started" ] && break; sleep 0.1; done
+  kill -"$sig" "$job"
+  wait "$job"
+  rc=$?
+  if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = usr1 ] &&
+    [ "$(cat "$WORK/scontrol.log" 2>/dev/null)" = "scontrol requeue 42" ]; then
+    ok "slurm: SIG$sig reaches the ranks as SIGUSR1, the job waits and requeues itself"
+  else
+    bad "slurm: SIG$sig (exit $rc, scontrol: $(cat "$WORK/scontrol.log" 2>/dev/null))" "$(cat "$WORK/slurm.out")"
+  fi
+done
+rm -f "$WORK/scontrol.log"
+PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" SLURM_JOB_ID=42 FINISH_AT_ONCE=1 \
+  SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1
 rc=$?
-if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = usr1 ]; then
-  ok "slurm: SIGTERM passed to mpirun as SIGUSR1 for the ranks"
+if ((rc == 0)) && [ ! -e "$WORK/scontrol.log" ] && grep -q 'done (exit 0)' "$WORK/slurm.out"; then
+  ok "slurm: a run that ends by itself is not requeued"
 else
-  bad "slurm: SIGTERM forwarding (exit $rc)" "$(cat "$WORK/slurm.out")"
+  bad "slurm: finished run (exit $rc)" "$(cat "$WORK/slurm.out")"
 fi
 
 echo "$passed passed, $failed failed"

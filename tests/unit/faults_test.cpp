@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/launch_env.h"
 #include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/core/watchdog.h"
@@ -40,6 +43,52 @@ TEST(Watchdog, SilentRanksAndNoLaggard) {
   msg = describe_stuck_ranks({{0, true, 7, "saving"}, {1, true, 7, "saving"}});
   EXPECT_NE(msg.find("no rank is behind"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'saving': 0, 1"), std::string::npos) << msg;
+}
+
+TEST(Watchdog, NamesTheHostAndPidOfTheRankBehind) {
+  const std::string msg = describe_stuck_ranks(
+      {{0, true, 2, "start-up: MPI initialisation", "h1", 10}, {1, true, 1, "start-up", "h2", 4242}});
+  EXPECT_NE(msg.find("stuck: rank 1 (stopped in 'start-up') on host h2, pid 4242"), std::string::npos) << msg;
+}
+
+// The launcher's variables, read before MPI_Init (the watchdog is armed then).
+TEST(LaunchEnv, RankSizeAndJobFromTheLauncher) {
+  const char* names[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                         "SLURM_PROCID", "SLURM_NTASKS", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                         "SLURM_JOB_ID", "SLURM_STEP_ID"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* n : names) {
+    if (const char* v = std::getenv(n)) saved.emplace_back(n, v);
+    ::unsetenv(n);
+  }
+  LaunchEnv e = launch_from_environment();
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.size, 1);
+  EXPECT_EQ(e.job, "");
+  ::setenv("SLURM_PROCID", "5", 1);
+  ::setenv("SLURM_NTASKS", "8", 1);
+  ::setenv("SLURM_JOB_ID", "77", 1);
+  ::setenv("SLURM_STEP_ID", "0", 1);
+  e = launch_from_environment();
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.size, 8);
+  EXPECT_EQ(e.job, "77.0");
+  // OpenMPI's own variables come first.
+  ::setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  ::setenv("PMIX_NAMESPACE", "prterun-x-1@1", 1);
+  e = launch_from_environment();
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.size, 4);
+  EXPECT_EQ(e.job, "prterun-x-1@1");
+  // A rank outside the world is not believed.
+  ::setenv("OMPI_COMM_WORLD_RANK", "4", 1);
+  ::unsetenv("SLURM_PROCID");
+  e = launch_from_environment();
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.size, 1);
+  for (const char* n : names) ::unsetenv(n);
+  for (const auto& [n, v] : saved) ::setenv(n.c_str(), v.c_str(), 1);
 }
 
 TEST(RunLock, SecondHolderIsRefusedNamingTheFirst) {

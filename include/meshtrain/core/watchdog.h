@@ -10,7 +10,13 @@
 // progress (a count of beats and the current phase) to
 // heartbeat_dir/rank_NNNNN whenever it changes. Every rank beats the same
 // sequence of phases, so on a timeout the ranks whose count is behind the
-// others' are the ones that stopped; the message names them and their phase.
+// others' are the ones that stopped; the message names them, their phase,
+// host and pid. A record also carries the launch it belongs to (the job id
+// mpirun or srun gives every rank), so the files of an earlier run in the same
+// run dir are never taken for this one's.
+//
+// main arms the watchdog before MPI initialisation, so a rank that never joins
+// the world (stopped, or stuck in MPI_Init) ends the job like a hung step.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -27,6 +33,8 @@ struct RankProgress {
   bool known = false;  // false: no heartbeat from it (yet)
   int64_t beats = 0;
   std::string phase;
+  std::string host;  // where it runs (empty: not recorded)
+  int64_t pid = 0;
 };
 
 // Which ranks fell behind, for the watchdog's message: "rank 3 stopped in
@@ -37,8 +45,10 @@ std::string describe_stuck_ranks(const std::vector<RankProgress>& ranks);
 class Watchdog {
  public:
   // timeout_seconds <= 0: disabled (no thread). heartbeat_dir empty: no
-  // heartbeat files (a single process needs none).
-  Watchdog(double timeout_seconds, int rank, int world_size = 1, std::string heartbeat_dir = "");
+  // heartbeat files (a single process needs none). job: the launch's id
+  // (launch_from_environment().job); records of another job are ignored.
+  Watchdog(double timeout_seconds, int rank, int world_size = 1, std::string heartbeat_dir = "",
+           std::string job = "");
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -56,6 +66,8 @@ class Watchdog {
   int rank_;
   int world_size_;
   std::string dir_;
+  std::string job_;
+  std::string host_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::string phase_ = "start-up";

@@ -4,7 +4,10 @@
 //   MESHTRAIN_TEST_NAN_AT_STEP=K[-L]    the updates logged as steps K (to L) get
 //                                       NaN gradients on every rank (nan_policy tests)
 //   MESHTRAIN_TEST_STALL_AT_STEP=K      before step K, the ranks named by
-//   MESHTRAIN_TEST_STALL_RANKS=r[,r..]  stop making progress (watchdog tests)
+//   MESHTRAIN_TEST_STALL_RANKS=r[,r..]  stop making progress (watchdog tests);
+//                                       K = init: stop (SIGSTOP) before MPI
+//                                       initialisation
+//                                       (r: the launcher's rank, launch_env.h)
 // Unset variables inject nothing.
 #include <cstdint>
 #include <vector>
@@ -21,10 +24,13 @@ class TestHooks {
   void after_backward(int64_t step, ParallelModel& pm) const;
   // Before the step that will be logged as `step`, on world rank `rank`.
   void before_step(int64_t step, int rank) const;
+  // In main, after the watchdog is armed and before MPI_Init.
+  void before_mpi_init(int rank) const;
 
  private:
   int64_t nan_from_ = -1, nan_to_ = -1;
   int64_t stall_at_step_ = -1;
+  bool stall_before_init_ = false;
   std::vector<int> stall_ranks_;
 };
 

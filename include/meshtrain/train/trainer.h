@@ -35,6 +35,13 @@ struct TrainOptions {
   // are meta tensors (shapes only) and batches are synthetic, so no data
   // folder is read; one rank, no checkpoints.
   bool meta = false;
+  // Armed by main before MPI initialisation (launch_env.h), so the start-up
+  // is watched from the first moment; the Trainer beats it. Null: the Trainer
+  // arms its own (tests, bench).
+  Watchdog* watchdog = nullptr;
+  // train: rank 0 writes a probe file into the run dir and every rank must
+  // read it (shared_run_dir.h) before any checkpoint is loaded or trained.
+  bool check_shared_run_dir = false;
 };
 
 // Step statistics reduced over the whole mesh (identical on every rank). A
@@ -136,7 +143,8 @@ class Trainer {
   Runtime& runtime_;
   bool is_rank0_ = true;
   TrainOptions opts_;
-  std::unique_ptr<Watchdog> watchdog_;  // first: it watches the start-up too
+  std::unique_ptr<Watchdog> own_watchdog_;  // first: it watches the start-up too
+  Watchdog* watchdog_ = nullptr;           // opts_.watchdog or own_watchdog_
   std::unique_ptr<Mesh> mesh_;
   ParallelModel pm_;
   std::unique_ptr<Optimizer> opt_;
