@@ -35,6 +35,9 @@ struct TrainOptions {
   // are meta tensors (shapes only) and batches are synthetic, so no data
   // folder is read; one rank, no checkpoints.
   bool meta = false;
+  // The Hugging Face directory this run's weights started from (--init-from-hf),
+  // recorded in every checkpoint so later runs take the model from it.
+  std::string init_from_hf;
 };
 
 // Step statistics reduced over the whole mesh (identical on every rank). A
@@ -127,6 +130,8 @@ class Trainer {
   Batch next_train_batch(int64_t global_batch, int64_t following);
   void warn_starved_experts(const StepStats& s);
   std::string progress_suffix() const;
+  // Where the weights come from, for messages: a checkpoint, or the untrained model.
+  std::string weights_source() const;
   StepStats reduce_stats(const RoundSums& sums, double global_tokens, int64_t seq_len);
   // Reads s and applies nan_policy to a non-finite step (throws for "stop").
   void read_step(StepStats& s);
@@ -156,6 +161,7 @@ class Trainer {
   std::vector<double> grad_norms_;
   std::chrono::steady_clock::time_point train_start_;
   int64_t train_start_step_ = -1;
+  std::string weights_from_;  // the checkpoint loaded at start-up ("" none)
   std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
 };
 
