@@ -16,11 +16,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/export_guard.h"
 #include "meshtrain/hf/hf_dir.h"
 #include "meshtrain/hf/init_from_hf.h"
 #include "meshtrain/config/load.h"
@@ -88,6 +90,46 @@ void show_progress(const PrepareProgress& p) {
                mb, static_cast<double>(p.bytes_total) / 1e6, rate, static_cast<long long>(p.documents),
                static_cast<long long>(p.tokens), rate > 0 ? left / rate : 0.0);
   std::fflush(stderr);
+}
+
+// CLI11 reports a mistyped subcommand as an unexpected argument without its
+// name: name it, and list the valid ones. "" when argv is fine so far.
+std::string unknown_subcommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* level = &app;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.empty() || arg[0] == '-') {
+      if (level != &app || arg == "--") return "";  // a subcommand's own flags: CLI11 checks them
+      continue;                                    // -v, --help
+    }
+    const auto subs = level->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return "";
+    std::string names;
+    for (auto* sub : subs) {
+      if (sub->get_name() == arg) {
+        level = sub;
+        names.clear();
+        break;
+      }
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!names.empty())
+      return "unknown " + std::string(level == &app ? "subcommand" : "'" + level->get_name() + "' subcommand") +
+             " '" + arg + "'; valid: " + names;
+  }
+  return "";
+}
+
+// A run started with --init-from-hf keeps the HF model's model_config in its
+// checkpoints: train, eval and generate with the run's own config file load
+// it from there instead of refusing it as "a different model".
+Config model_of_hf_run(Config cfg, const std::string& checkpoint, TrainOptions& o) {
+  std::string from;
+  cfg = with_checkpoint_hf_model(cfg, checkpoint, &o.init_from_hf, &from);
+  if (!from.empty())
+    spdlog::info("{} was initialised from the Hugging Face model {}: model_config comes from the checkpoint, not "
+                 "the config file", from, o.init_from_hf);
+  return cfg;
 }
 
 // Flags shared by every subcommand that takes --config (docs/ARCHITECTURE.md, "Command line").
@@ -303,11 +345,17 @@ int run(int argc, char** argv, Started& started) {
       ->check(non_empty());
   exp->add_option("--format", export_format, "safetensors (every tensor, one file) or hf (stock Llama / DeepSeek-V3)")
       ->check(CLI::IsMember({"safetensors", "hf"}));
-  exp->add_option("--max-shard-size", shard_size, "--format hf: largest weights file (e.g. 5GB, 500MB)");
-  exp->add_option("--tokenizer", hf_opts.tokenizer, "--format hf: tokenizer file (default: the run's data_dir)")
-      ->check(CLI::ExistingFile);
+  auto* shard_size_opt =
+      exp->add_option("--max-shard-size", shard_size, "--format hf: largest weights file (e.g. 5GB, 500MB)");
+  auto* hf_tok_opt =
+      exp->add_option("--tokenizer", hf_opts.tokenizer, "--format hf: tokenizer file (default: the run's data_dir)")
+          ->check(CLI::ExistingFile);
 
   const LaunchEnv launch = launch_from_environment();
+  if (const std::string why = unknown_subcommand(app, argc, argv); !why.empty()) {
+    if (launch.rank == 0) std::cerr << "meshtrain: " << why << "\nRun with --help for more information." << std::endl;
+    return static_cast<int>(CLI::ExitCodes::ExtrasError);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -336,7 +384,12 @@ int run(int argc, char** argv, Started& started) {
   Runtime& runtime = start_mpi(started, watched ? &*watched : nullptr, launch, &argc, &argv, verbose);
 
   if (*train) {
-    const Config& cfg = *watched;
+    Config cfg = *watched;
+    if (!init_from_hf.empty()) {
+      train_opts.init_from_hf = std::filesystem::absolute(init_from_hf).lexically_normal().string();
+    } else if (!train_opts.fresh) {
+      cfg = model_of_hf_run(cfg, "", train_opts);
+    }
     train_opts.watchdog = started.watchdog.get();
     train_opts.check_shared_run_dir = true;
     Trainer trainer(cfg, runtime, train_opts);
@@ -348,7 +401,7 @@ int run(int argc, char** argv, Started& started) {
     o.checkpoint = eval_ckpt;
     o.require_checkpoint = !eval_random;
     o.watchdog = started.watchdog.get();
-    Trainer trainer(*watched, runtime, o);
+    Trainer trainer(model_of_hf_run(*watched, eval_ckpt, o), runtime, o);
     const double v = trainer.evaluate();
     spdlog::info("step {}: val_loss {:.4f}", trainer.step(), v);
     if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
@@ -357,7 +410,7 @@ int run(int argc, char** argv, Started& started) {
     o.checkpoint = gen_ckpt;
     o.require_checkpoint = !gen_random;
     o.watchdog = started.watchdog.get();
-    Trainer trainer(*watched, runtime, o);
+    Trainer trainer(model_of_hf_run(*watched, gen_ckpt, o), runtime, o);
     const std::string text = trainer.sample();
     if (runtime.rank() == 0) std::cout << text << std::endl;
   } else if (*prepare) {
@@ -366,6 +419,8 @@ int run(int argc, char** argv, Started& started) {
       if (tty) prep.progress = show_progress;
       const PrepareSummary s = prepare_data(prep);
       if (tty) std::fprintf(stderr, "\n");
+      for (const auto& r : s.removed_leftovers)
+        spdlog::info("prepare-data: removed {}, the leftover of a prepare-data run that was killed", r);
       for (const auto& [file, reason] : s.skipped) spdlog::warn("prepare-data: skipped {}: {}", file, reason);
       spdlog::info("{}", to_string(s));
     }
@@ -383,11 +438,17 @@ int run(int argc, char** argv, Started& started) {
   } else if (*inspect) {
     if (runtime.rank() == 0) std::cout << inspect_checkpoint(inspect_dir);
   } else if (*exp) {
-    if (export_format == "hf") {
-      hf_opts.max_shard_bytes = parse_shard_size(shard_size);
-      if (runtime.rank() == 0) export_hf(export_dir, export_out, hf_opts);
-    } else if (runtime.rank() == 0) {
-      export_checkpoint(export_dir, export_out);
+    const bool hf = export_format == "hf";
+    // A plain export is one file with every tensor: these would be ignored.
+    for (const auto* o : {shard_size_opt, hf_tok_opt})
+      MT_CHECK(hf || o->count() == 0, "checkpoint export: ", o->get_name(), " applies to --format hf only (a plain ",
+               "export is one safetensors file of every tensor); drop it or add --format hf");
+    if (hf) hf_opts.max_shard_bytes = parse_shard_size(shard_size);
+    if (runtime.rank() == 0) {
+      for (const auto& r : remove_export_leftovers(export_out, hf))
+        spdlog::info("removed {}, the leftover of an export that was killed", r);
+      if (hf) export_hf(export_dir, export_out, hf_opts);
+      else export_checkpoint(export_dir, export_out);
     }
   }
   return 0;
@@ -409,7 +470,12 @@ int main(int argc, char** argv) {
     if (spdlog::default_logger()) spdlog::warn("{}", e.what());
     return 128 + e.signal_number();
   } catch (const std::exception& e) {
-    if (spdlog::default_logger()) spdlog::error("{}", e.what());
+    // libtorch appends its C++ stack trace to its messages (also when a
+    // message of ours wraps one): the reader needs the first line, not frames.
+    std::string msg = e.what();
+    if (const auto at = msg.find("\nException raised from "); at != std::string::npos) msg.resize(at);
+    if (spdlog::default_logger()) spdlog::error("{}", msg);
+    else std::cerr << "meshtrain: " << msg << std::endl;
     std::cerr.flush();
     if (started.runtime && started.runtime->size() > 1) started.runtime->abort(1);
     return 1;

@@ -2,12 +2,14 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "architecture.h"
 #include "keys.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 #include "schema.h"
 
 namespace meshtrain {
@@ -28,6 +30,7 @@ json schema_defaults() {
 
 std::string read_file(const std::string& path) {
   MT_CHECK(std::filesystem::exists(path), "config file '", path, "' does not exist");
+  require_regular_file(path, "config file");
   std::ifstream in(path);
   MT_CHECK(in.good(), "config file '", path, "' cannot be opened for reading");
   std::ostringstream text;
@@ -48,11 +51,19 @@ class KeyTracker {
         if (!frames_.empty()) frames_.pop_back();
         advance();
         break;
-      case json::parse_event_t::key: if (!frames_.empty()) frames_.back().key = parsed.get<std::string>(); break;
+      case json::parse_event_t::key:
+        if (!frames_.empty()) {
+          frames_.back().key = parsed.get<std::string>();
+          // JSON parsers keep the last of two equal keys: the first would be dropped unseen.
+          if (!frames_.back().seen.insert(frames_.back().key).second) duplicate_ = path();
+        }
+        break;
       case json::parse_event_t::value: advance(); break;
     }
     return true;
   }
+  // The first key given twice in one object ("" none).
+  const std::string& duplicate() const { return duplicate_; }
   std::string path() const {
     std::string out;
     for (const auto& f : frames_) {
@@ -66,20 +77,25 @@ class KeyTracker {
   struct Frame {
     std::string key;
     int64_t index;  // -1: an object
+    std::set<std::string> seen = {};  // an object's keys so far
   };
   void advance() {
     if (!frames_.empty() && frames_.back().index >= 0) ++frames_.back().index;
   }
   std::vector<Frame> frames_;
+  std::string duplicate_;
 };
 
 json parse_file(const std::string& path, const std::string& text) {
   KeyTracker keys;
   try {
     // Comments are allowed: configs are hand-edited and benefit from a note.
-    return json::parse(
+    json j = json::parse(
         text, [&keys](int depth, json::parse_event_t event, json& parsed) { return keys.on_event(depth, event, parsed); },
         true, /*ignore_comments=*/true);
+    MT_CHECK(keys.duplicate().empty(), "config file '", path, "': key '", keys.duplicate(),
+             "' is given twice in the same object; only the last would count. Keep one of them");
+    return j;
   } catch (const json::parse_error& e) {
     // e.byte counts from 1 and points at the character that broke the parse.
     size_t end = std::min(e.byte == 0 ? 0 : e.byte - 1, text.size());

@@ -52,6 +52,15 @@ void plain_path(const std::string& v, const char* key) {
   }
 }
 
+// A run name becomes one folder inside output_dir: a '/', "." or ".." would
+// put the run elsewhere (--name ../../x) or make output_dir itself the run.
+void one_folder_name(const std::string& v, const char* key) {
+  plain_path(v, key);
+  MT_CHECK(v.find('/') == std::string::npos && v != "." && v != "..", key, " (--", key,
+           ") must be a single folder name inside output_dir (no '/', not '.' or '..'), got \"", v,
+           "\"; to put runs elsewhere set output_dir");
+}
+
 void validate_model(const ModelConfig& m, const DataConfig& d) {
   at_least(m.model_dimension, 1, "model_config.model_dimension");
   at_least(m.vocab_size, 1, "model_config.vocab_size");
@@ -160,6 +169,10 @@ void validate_lr(const LrConfig& l) {
   MT_CHECK(l.end_lr <= l.max_lr, "lr.end_lr (", l.end_lr, ") must be <= lr.max_lr (", l.max_lr, ")");
   at_least(l.warmup_steps, 0, "lr.warmup_steps");
   at_least(l.end_steps, 0, "lr.end_steps");
+  // end_steps is the schedule's whole length, warmup included: a longer warmup
+  // would leave the lr at max_lr forever (no decay ever starts).
+  MT_CHECK(l.warmup_steps <= l.end_steps, "lr.warmup_steps (", l.warmup_steps, ") must be <= lr.end_steps (",
+           l.end_steps, "), the schedule's total length including the warmup; otherwise the lr never decays");
   in_unit_interval(l.beta1, "lr.beta1");
   in_unit_interval(l.beta2, "lr.beta2");
   MT_CHECK(l.eps > 0, "lr.eps must be > 0, got ", l.eps);
@@ -287,7 +300,7 @@ void validate_mesh(const Config& c) {
 }
 
 void validate_run(const Config& c) {
-  plain_path(c.name, "name");
+  one_folder_name(c.name, "name");
   plain_path(c.output_dir, "output_dir");
   at_least(c.training_steps, 0, "training_steps");
   at_least(c.grad_step, 1, "grad_step");

@@ -7,6 +7,7 @@
 
 #include "byte_source.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 #include "parquet_reader.h"
 
 namespace fs = std::filesystem;
@@ -217,6 +218,7 @@ const char* format_name(InputFormat f) {
 InputPlan plan_inputs(const std::vector<std::string>& inputs) {
   MT_CHECK(!inputs.empty(), "prepare-data: no --input given");
   std::vector<fs::path> candidates;
+  std::vector<SkippedFile> special;
   for (const auto& input : inputs) {
     fs::path p(input);
     MT_CHECK(fs::exists(p), "prepare-data: --input '", input, "' does not exist");
@@ -229,10 +231,13 @@ InputPlan plan_inputs(const std::vector<std::string>& inputs) {
           continue;
         }
         if (it->is_regular_file()) found.push_back(it->path());
+        // A FIFO or a device would block or never end: listed, never read.
+        else if (!it->is_directory()) special.push_back({it->path().string(), non_regular_kind(it->path().string())});
       }
       std::sort(found.begin(), found.end());
       candidates.insert(candidates.end(), found.begin(), found.end());
     } else {
+      require_regular_file(input, "prepare-data: --input");
       candidates.push_back(p);
     }
   }
@@ -243,6 +248,10 @@ InputPlan plan_inputs(const std::vector<std::string>& inputs) {
     if (!fs::is_symlink(p)) real.insert(fs::canonical(p));
   }
   InputPlan plan;
+  for (auto& sp : special) {
+    sp.reason = (sp.reason == "missing" ? "a broken link" : sp.reason) + ", not a regular file";
+    plan.skipped.push_back(sp);
+  }
   std::set<fs::path> seen;
   for (const auto& p : candidates) {
     const fs::path target = fs::canonical(p);

@@ -6,10 +6,12 @@
 #include <string>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 
 namespace meshtrain::detail {
 
 inline nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  require_regular_file(path, what);
   std::ifstream in(path);
   MT_CHECK(in, "cannot open ", what, " ", path);
   try {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "input_files.h"
+#include "output_guard.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/data/shard_writer.h"
@@ -291,14 +292,6 @@ SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPla
   return result;
 }
 
-// output_dir may be replaced only when it is empty or an earlier prepare-data
-// result; anything else might be the user's own folder.
-void check_replaceable(const fs::path& out) {
-  if (!fs::exists(out)) return;
-  MT_CHECK(fs::is_directory(out) && (fs::is_empty(out) || fs::exists(out / "manifest.json")), "output folder ",
-           out.string(), " exists and is not an earlier prepare-data output; choose another --output");
-}
-
 }  // namespace
 
 std::string to_string(const PrepareSummary& s) {
@@ -317,8 +310,11 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
   MT_CHECK(!opt.output_dir.empty(), "prepare-data: --output is required");
   MT_CHECK((opt.vocab_size > 0) != !opt.tokenizer_file.empty(),
            "prepare-data: give exactly one of --vocab-size (train a tokenizer) and --tokenizer (a vocabulary file)");
-  MT_CHECK(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0, "prepare-data: --val-fraction must be in [0, 1), got ",
-           opt.val_fraction);
+  // Training evaluates on the val split, so a dataset without one would fail
+  // its first run: 0 is refused rather than silently raised to one document.
+  MT_CHECK(opt.val_fraction > 0.0 && opt.val_fraction < 1.0, "prepare-data: --val-fraction must be in (0, 1), got ",
+           opt.val_fraction, opt.val_fraction == 0.0 ? " (training evaluates on the validation documents; any "
+           "fraction > 0 gives at least one)" : "");
   MT_CHECK(opt.shard_tokens > 0, "prepare-data: --shard-tokens must be positive, got ", opt.shard_tokens);
   MT_CHECK(opt.workers >= 0, "prepare-data: --workers must be >= 0 (0: all cores), got ", opt.workers);
   MT_CHECK(opt.text_split == "paragraph" || opt.text_split == "line" || opt.text_split == "file",
@@ -326,7 +322,8 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
   MT_CHECK(!opt.text_key.empty(), "prepare-data: --text-key must not be empty");
   fs::path out = fs::absolute(opt.output_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
-  check_replaceable(out);
+  detail::check_prepare_output(out, opt.inputs);
+  std::vector<std::string> leftovers = detail::remove_prepare_leftovers(out);
 
   const detail::InputPlan plan = detail::plan_inputs(opt.inputs);
   if (plan.files.empty()) {
@@ -392,6 +389,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
   summary.workers = workers;
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   summary.output_dir = out.string();
+  summary.removed_leftovers = std::move(leftovers);
   return summary;
 }
 

@@ -9,6 +9,7 @@
 #include "base64.h"
 #include "bpe_tables.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 #include "meshtrain/data/tokenizer.h"
 #include "pretokenize.h"
 #include "sha256.h"
@@ -42,14 +43,35 @@ const std::vector<KnownVocabulary>& known_vocabularies() {
   return known;
 }
 
+// A file that is not a tiktoken vocabulary at all (a binary, a text, a
+// broken JSON file) is named as what it is not, with the accepted formats,
+// before its sha256 or pattern is worth mentioning.
+void check_looks_like_tiktoken(const std::string& path, const std::string& content) {
+  std::istringstream lines(content);
+  std::string line;
+  while (std::getline(lines, line) && (line.empty() || line == "\r")) {
+  }
+  std::istringstream fields(line);
+  std::string b64, extra;
+  int64_t rank = -1;
+  fields >> b64 >> rank;
+  const bool ok = fields && !(fields >> extra) && rank >= 0 && detail::base64_decode(b64).has_value();
+  MT_CHECK(ok, "tokenizer file ", path, " is not a tokenizer meshtrain reads: ",
+           content.empty() ? std::string("it is empty") : "it is not a tiktoken vocabulary (its first line is not "
+           "\"base64(token bytes) rank\") and not JSON", ". Accepted: a tiktoken file (*.tiktoken, e.g. "
+           "cl100k_base.tiktoken), a Hugging Face byte-level BPE tokenizer.json, or meshtrain's own tokenizer.json");
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::from_tiktoken(const std::string& path, const std::string& pattern) {
+  require_regular_file(path, "tiktoken file");
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in, "cannot open tiktoken file ", path);
   std::ostringstream ss;
   ss << in.rdbuf();
   const std::string content = ss.str();
+  check_looks_like_tiktoken(path, content);
   const std::string digest = detail::sha256_hex(content);
   const KnownVocabulary* known = nullptr;
   for (const auto& k : known_vocabularies()) {

@@ -143,6 +143,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 Tokenizer load_tokenizer(const std::string& path, const std::string& pattern) {
+  require_regular_file(path, "tokenizer file");
   std::ifstream in(path, std::ios::binary);
   MT_CHECK(in, "cannot open tokenizer file ", path);
   char first = 0;

@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/export_guard.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/hf/hf_model.h"
 
@@ -29,6 +32,7 @@ void write_json(const fs::path& path, const nlohmann::json& j) {
 }
 
 nlohmann::json read_json(const fs::path& path) {
+  require_regular_file(path.string(), "file");
   std::ifstream f(path);
   MT_CHECK(f.good(), "cannot read ", path.string());
   try {
@@ -80,7 +84,16 @@ int64_t parse_shard_size(const std::string& text) {
                                                 {"GB", 1000000000}};
   const auto it = scale.find(unit);
   MT_CHECK(it != scale.end(), "--max-shard-size '", text, "': unknown unit '", unit, "' (use KB, MB or GB)");
-  const int64_t n = std::stoll(text.substr(0, end)) * it->second;
+  // Digits past int64 (or a product past it) would wrap or throw std::stoll's bare "stoll".
+  int64_t n = 0;
+  for (size_t i = 0; i < end; ++i) {
+    MT_CHECK(n <= (std::numeric_limits<int64_t>::max() - 9) / 10, "--max-shard-size '", text,
+             "' is too large (at most ", std::numeric_limits<int64_t>::max(), " bytes)");
+    n = n * 10 + (text[i] - '0');
+  }
+  MT_CHECK(n <= std::numeric_limits<int64_t>::max() / it->second, "--max-shard-size '", text,
+           "' is too large (at most ", std::numeric_limits<int64_t>::max(), " bytes)");
+  n *= it->second;
   MT_CHECK(n > 0, "--max-shard-size must be > 0, got '", text, "'");
   return n;
 }
@@ -90,6 +103,10 @@ void export_hf(const std::string& ckpt_dir, const std::string& out_dir, const Hf
   const auto& state = reader.trainer_state();
   MT_CHECK(state.contains("config"), "checkpoint ", ckpt_dir, " has no config in trainer_state.json");
   const Config cfg = config_from_json(state.at("config"));
+  // Where it would write comes first: a refused --output is a user's mistake
+  // whatever the model is.
+  const std::string tok_path = opts.tokenizer.empty() ? cfg.data.data_dir + "/tokenizer.json" : opts.tokenizer;
+  check_export_output(ckpt_dir, out_dir, /*dir_output=*/true, {tok_path});
   const auto why = hf_unmappable(cfg.model);
   if (!why.empty()) {
     std::string list;
@@ -98,10 +115,6 @@ void export_hf(const std::string& ckpt_dir, const std::string& out_dir, const Hf
             "(never approximately). What does not map:", list);
   }
   MT_CHECK(opts.max_shard_bytes > 0, "max shard size must be > 0");
-  MT_CHECK(!fs::exists(out_dir) || (fs::is_directory(out_dir) && fs::is_empty(out_dir)), "--output ", out_dir,
-           " exists and is not an empty directory (choose a new one)");
-
-  const std::string tok_path = opts.tokenizer.empty() ? cfg.data.data_dir + "/tokenizer.json" : opts.tokenizer;
   MT_CHECK(fs::exists(tok_path), "tokenizer ", tok_path, " not found (the run's data_config.data_dir/tokenizer.json; "
            "pass --tokenizer FILE)");
   const Tokenizer tok = Tokenizer::load(tok_path);
@@ -169,6 +182,32 @@ Config with_hf_model(Config cfg, const std::string& dir) {
   MT_CHECK(fs::is_directory(dir), "--init-from-hf ", dir, " is not a directory");
   cfg.model = model_config_from_hf(read_json(fs::path(dir) / "config.json"), cfg.model);
   validate(cfg);
+  return cfg;
+}
+
+Config with_checkpoint_hf_model(Config cfg, const std::string& checkpoint, std::string* hf_dir, std::string* from) {
+  std::vector<std::string> dirs = checkpoint.empty() ? list_checkpoints(cfg.run_dir()) : std::vector{checkpoint};
+  for (const auto& dir : dirs) {
+    const fs::path state = fs::path(dir) / "trainer_state.json";
+    if (!fs::is_regular_file(state)) continue;  // incomplete: the resume skips it too
+    std::ifstream in(state);
+    const nlohmann::json st = nlohmann::json::parse(in, nullptr, false);
+    if (!st.is_object()) continue;
+    if (!st.contains("init_from_hf") || !st["init_from_hf"].is_string() || !st.contains("config")) return cfg;
+    const Config saved = config_from_json(st["config"]);
+    ModelConfig m = saved.model;
+    m.T = cfg.model.T;
+    m.dropout_rate = cfg.model.dropout_rate;
+    m.model_dtype = cfg.model.model_dtype;
+    m.capacity_factor = cfg.model.capacity_factor;
+    m.router_z_loss = cfg.model.router_z_loss;
+    m.init_std = cfg.model.init_std;
+    cfg.model = m;
+    validate(cfg);
+    *hf_dir = st["init_from_hf"].get<std::string>();
+    *from = dir;
+    return cfg;
+  }
   return cfg;
 }
 

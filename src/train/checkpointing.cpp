@@ -34,6 +34,7 @@ void Trainer::save_checkpoint() {
   header["consumed_samples"] = consumed_samples_;
   header["config"] = to_json(cfg_);
   header["mesh"] = {mesh_->shape().dp, mesh_->shape().pp, mesh_->shape().tp};
+  if (!opts_.init_from_hf.empty()) header["init_from_hf"] = opts_.init_from_hf;
   checkpointer_->save(step_, header);
   spdlog::info("saved checkpoint of step {} in {}/checkpoints", step_, cfg_.run_dir());
 }
@@ -65,6 +66,7 @@ void Trainer::resume() {
   };
   if (!opts_.checkpoint.empty()) {
     apply_header(checkpointer_->load(opts_.checkpoint, check));
+    weights_from_ = opts_.checkpoint;
     return;
   }
   if (opts_.fresh) {
@@ -73,6 +75,7 @@ void Trainer::resume() {
   }
   if (auto found = checkpointer_->load_newest(check)) {
     apply_header(found->second);
+    weights_from_ = found->first;
     return;
   }
   MT_CHECK(!opts_.require_checkpoint, "run ", cfg_.run_dir(), " has no checkpoint to load (train it first, pass ",

@@ -2,6 +2,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/train/generate.h"
@@ -10,6 +12,10 @@ namespace meshtrain {
 
 namespace {
 
+// Stands for "the logits were not finite" where a token id is shared, so
+// every pipeline stage learns it from the last one and all ranks throw alike.
+constexpr int32_t kNonFinite = std::numeric_limits<int32_t>::min();
+
 // Next token from logits [V]: argmax at temperature 0, else top-k sampling.
 // Ranks that do not compute logits (pipeline stages before the last) return -1
 // and learn the token from share().
@@ -17,6 +23,8 @@ int32_t sample(at::Tensor logits, const SampleOptions& o, at::Generator& gen) {
   if (!logits.defined()) return -1;
   logits = logits.to(at::kCPU, at::kFloat);
   if (o.vocab_limit > 0 && o.vocab_limit < logits.size(0)) logits = logits.narrow(0, 0, o.vocab_limit);
+  // softmax/multinomial would fail with a raw libtorch error (or argmax pick NaN).
+  if (!at::isfinite(logits).all().item<bool>()) return kNonFinite;
   if (o.temperature <= 0.0) return static_cast<int32_t>(logits.argmax().item<int64_t>());
   logits = logits / o.temperature;
   if (o.top_k > 0 && o.top_k < logits.size(0)) {
@@ -52,7 +60,11 @@ std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_
     } else {
       logits = last_logits(as_batch(seq, seq.size() - 1, device), &cache);
     }
-    seq.push_back(share(sample(logits, o, gen)));
+    const int32_t token = share(sample(logits, o, gen));
+    if (token == kNonFinite)
+      throw NonFiniteLogits("sampling: the model's logits are NaN or infinite at new token " +
+                            std::to_string(step + 1));
+    seq.push_back(token);
   }
   return {seq.begin() + static_cast<std::ptrdiff_t>(prompt_len), seq.end()};
 }

@@ -39,6 +39,7 @@ TestHooks TestHooks::from_environment() {
     MT_CHECK(*end == '\0' && h.nan_from_ >= 0 && h.nan_to_ >= h.nan_from_, "MESHTRAIN_TEST_NAN_AT_STEP='", v,
              "' must be K or K-L (steps, K <= L)");
   }
+  h.nan_weights_at_ = env_int("MESHTRAIN_TEST_NAN_WEIGHTS_AT_STEP");
   const char* stall = std::getenv("MESHTRAIN_TEST_STALL_AT_STEP");
   h.stall_before_init_ = stall && std::string(stall) == "init";
   if (!h.stall_before_init_) h.stall_at_step_ = env_int("MESHTRAIN_TEST_STALL_AT_STEP");
@@ -55,6 +56,12 @@ void TestHooks::after_backward(int64_t step, ParallelModel& pm) const {
   at::NoGradGuard ng;
   for (auto& p : pm.params)
     if (p.tensor.grad().defined()) p.tensor.grad().fill_(std::nan(""));
+}
+
+void TestHooks::after_update(int64_t step, ParallelModel& pm) const {
+  if (step != nan_weights_at_) return;
+  at::NoGradGuard ng;
+  for (auto& p : pm.params) p.tensor.fill_(std::nan(""));
 }
 
 void TestHooks::before_step(int64_t step, int rank) const {

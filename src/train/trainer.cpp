@@ -13,6 +13,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 #include "meshtrain/core/host.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/run_lock.h"
@@ -432,6 +433,10 @@ std::string Trainer::sample() {
       pm_.model->eval();
       out = generate(cfg_.model, device_, pipeline_forward(pm_, *mesh_), pipeline_share(pm_, *mesh_), prompts, so);
     }
+  } catch (const NonFiniteLogits& e) {
+    pm_.model->train();
+    throw NonFiniteLogits(std::string(e.what()) + ": the weights of " + weights_source() +
+                          " hold NaN or inf (a diverged run? evaluate it, or sample an earlier checkpoint)");
   } catch (...) {
     pm_.model->train();  // a stop throws out of the sampling loop
     throw;
@@ -440,6 +445,16 @@ std::string Trainer::sample() {
   std::string text = cfg_.inference.prompt + tokenizer_->decode_text(out.at(0));
   spdlog::info("sample: {}", text);
   return text;
+}
+
+std::string Trainer::weights_source() const {
+  if (train_start_step_ >= 0 && step_ > train_start_step_) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step_));
+    return "the model trained to step " + std::to_string(step_) + " (checkpoint " + cfg_.run_dir() +
+           "/checkpoints/" + name + ")";
+  }
+  return weights_from_.empty() ? std::string("the untrained model (--random_weights)") : "checkpoint " + weights_from_;
 }
 
 void Trainer::warn_starved_experts(const StepStats& s) {
@@ -549,6 +564,12 @@ void Trainer::open_run_dir() {
   if (is_rank0_) {
     try {
       run_lock_ = std::make_unique<RunLock>(cfg_.run_dir());
+      // Found now, not at the first save after hours of training.
+      require_writable_folder(cfg_.run_dir() + "/checkpoints", "checkpoint folder");
+      require_writable_folder(cfg_.run_dir() + "/tb", "TensorBoard folder");
+      const std::string metrics = cfg_.run_dir() + "/metrics.jsonl", kind = non_regular_kind(metrics);
+      MT_CHECK(kind.empty() || kind == "missing", "the metrics file ", metrics, " is ", kind,
+               ", not a regular file; move it away or choose another output_dir / name");
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -582,6 +603,7 @@ double Trainer::train() {
     const double lr = learning_rate(cfg_.lr, step_);
     StepStats s = train_step();
     apply_update(s, lr);
+    test_hooks_.after_update(step_ + 1, pm_);
     read_step(s);  // the step's one host read: every step is logged (metrics.jsonl)
     update_score_bias(s);
     const double norm = s.grad_norm;
@@ -623,6 +645,11 @@ double Trainer::train() {
       } catch (const Stopped& e) {
         spdlog::warn("{}: step {} is saved, exiting", e.what(), step_);
         break;
+      } catch (const NonFiniteLogits& e) {
+        // Every rank sees the same logits, so all warn alike: the sample is
+        // a report on the run, and the training itself succeeded.
+        spdlog::warn("the sample at step {} failed (training is unaffected; the checkpoint is saved): {}", step_,
+                     e.what());
       }
     }
   }

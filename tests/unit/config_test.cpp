@@ -503,6 +503,31 @@ TEST(ConfigLoad, FileErrorsNameTheFile) {
   EXPECT_EQ(load_config(commented).config.name, "c");
 }
 
+// Issue 28: settings that were silently wrong or escaped their folder.
+TEST(ConfigErrors, RunNameIsOneFolderInsideOutputDir) {
+  for (const std::string bad : {"../../x", "..", ".", "/abs/run", "a/b", "x/.."})
+    expect_refused({"name=" + bad}, {"name (--name) must be a single folder name", bad});
+  EXPECT_EQ(with({"name=ok name.v2"}).run_dir(), "runs/ok name.v2");
+  EXPECT_EQ(with({"name=..x", "output_dir=../elsewhere"}).run_dir(), "../elsewhere/..x");  // output_dir as given
+}
+
+TEST(ConfigErrors, WarmupLongerThanTheScheduleIsRefused) {
+  expect_refused({"lr.warmup_steps=50", "lr.end_steps=40"}, {"lr.warmup_steps (50)", "lr.end_steps (40)"});
+  EXPECT_EQ(with({"lr.warmup_steps=40", "lr.end_steps=40"}).lr.warmup_steps, 40);
+  EXPECT_EQ(with({"lr.warmup_steps=0", "lr.end_steps=0"}).lr.end_steps, 0);
+}
+
+TEST(ConfigLoad, DuplicateKeysAreRefusedNamingThePathAndFile) {
+  const std::string nested = write_temp("dup_nested.json", R"({"model_config": {"n_head": 4, "n_head": 2}})");
+  expect_error([&] { load_config(nested); }, {nested, "key 'model_config.n_head' is given twice"});
+  const std::string top = write_temp("dup_top.json", R"({"name": "a", "seed": 1, "name": "b"})");
+  expect_error([&] { load_config(top); }, {top, "key 'name' is given twice"});
+  // The same key in two different objects is fine.
+  const std::string apart = write_temp("dup_apart.json",
+                                       R"({"model_config": {"T": 64}, "data_config": {"T": 64}, "name": "a"})");
+  EXPECT_EQ(load_config(apart).config.name, "a");
+}
+
 TEST(ConfigLoad, CloudOutputDirMapsToLocalRuns) {
   json j = tiny_json();
   j["output_dir"] = "gs://bucket/x";

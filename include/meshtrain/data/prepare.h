@@ -30,7 +30,7 @@ struct PrepareOptions {
   int64_t vocab_size = 0;           // > 0: train a BPE tokenizer of this size ...
   std::string tokenizer_file;       // ... or use this *.tiktoken / tokenizer.json (exactly one of the two)
   std::string pattern;              // pre-tokenizer: gpt2, cl100k, o200k or a regex ("": the vocabulary's)
-  double val_fraction = 0.05;       // share of documents held out (at least one)
+  double val_fraction = 0.05;       // share of documents held out, in (0, 1) (at least one)
   int64_t shard_tokens = 10'000'000;
   uint64_t seed = 0;                // which documents go to validation
   std::string text_key = "text";    // JSON Lines / JSON / Parquet field holding the text
@@ -52,6 +52,8 @@ struct PrepareSummary {
   int workers = 0;
   double seconds = 0;
   std::string output_dir;
+  // OUT.tmp-PID folders of killed runs that this run removed (for the log).
+  std::vector<std::string> removed_leftovers;
 };
 // One line for the log: files, documents, tokens, vocabulary, time.
 std::string to_string(const PrepareSummary& s);

@@ -55,6 +55,14 @@ class HfCheckpoint {
 // validated again.
 Config with_hf_model(Config cfg, const std::string& dir);
 
+// A run started with --init-from-hf has the HF model's model_config, not its
+// config file's: its checkpoints say so ("init_from_hf" in trainer_state.json).
+// When the checkpoint a run would load (`checkpoint`, or the newest of the run
+// directory when empty) carries it, returns cfg with that checkpoint's
+// model_config (T / dropout / capacity / init / dtype kept, as with_hf_model),
+// sets *hf_dir and *from to the HF directory and the checkpoint; else returns cfg.
+Config with_checkpoint_hf_model(Config cfg, const std::string& checkpoint, std::string* hf_dir, std::string* from);
+
 // The model's parameters by meshtrain global name (full tensors, fp32) read
 // from an HF directory, for model m (from model_config_from_hf).
 std::map<std::string, at::Tensor> load_hf_model(const std::string& dir, const ModelConfig& m);

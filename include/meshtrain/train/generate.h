@@ -11,10 +11,19 @@
 #include <functional>
 #include <vector>
 
+#include "meshtrain/core/check.h"
 #include "meshtrain/model/decode_step.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
+
+// The model gave NaN or infinite logits (its weights hold NaN/inf): thrown
+// alike on every rank (the last pipeline stage shares the verdict), so callers
+// may catch it without leaving a rank behind in a collective.
+class NonFiniteLogits : public Error {
+ public:
+  using Error::Error;
+};
 
 struct SampleOptions {
   int64_t max_tokens = 32;   // new tokens per prompt

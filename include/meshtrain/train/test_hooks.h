@@ -3,6 +3,8 @@
 // training loop itself carries no test code. Read once from the environment:
 //   MESHTRAIN_TEST_NAN_AT_STEP=K[-L]    the updates logged as steps K (to L) get
 //                                       NaN gradients on every rank (nan_policy tests)
+//   MESHTRAIN_TEST_NAN_WEIGHTS_AT_STEP=K after the update of step K every parameter
+//                                       is NaN (a checkpoint with NaN weights: sampling tests)
 //   MESHTRAIN_TEST_STALL_AT_STEP=K      before step K, the ranks named by
 //   MESHTRAIN_TEST_STALL_RANKS=r[,r..]  stop making progress (watchdog tests);
 //                                       K = init: stop (SIGSTOP) before MPI
@@ -22,6 +24,8 @@ class TestHooks {
 
   // After the backward pass of the step that will be logged as `step`.
   void after_backward(int64_t step, ParallelModel& pm) const;
+  // After the update of the step logged as `step`.
+  void after_update(int64_t step, ParallelModel& pm) const;
   // Before the step that will be logged as `step`, on world rank `rank`.
   void before_step(int64_t step, int rank) const;
   // In main, after the watchdog is armed and before MPI_Init.
@@ -29,6 +33,7 @@ class TestHooks {
 
  private:
   int64_t nan_from_ = -1, nan_to_ = -1;
+  int64_t nan_weights_at_ = -1;
   int64_t stall_at_step_ = -1;
   bool stall_before_init_ = false;
   std::vector<int> stall_ranks_;

@@ -42,6 +42,9 @@ struct TrainOptions {
   // train: rank 0 writes a probe file into the run dir and every rank must
   // read it (shared_run_dir.h) before any checkpoint is loaded or trained.
   bool check_shared_run_dir = false;
+  // The Hugging Face directory this run's weights started from (--init-from-hf),
+  // recorded in every checkpoint so later runs take the model from it.
+  std::string init_from_hf;
 };
 
 // Step statistics reduced over the whole mesh (identical on every rank). A
@@ -134,6 +137,8 @@ class Trainer {
   Batch next_train_batch(int64_t global_batch, int64_t following);
   void warn_starved_experts(const StepStats& s);
   std::string progress_suffix() const;
+  // Where the weights come from, for messages: a checkpoint, or the untrained model.
+  std::string weights_source() const;
   StepStats reduce_stats(const RoundSums& sums, double global_tokens, int64_t seq_len);
   // Reads s and applies nan_policy to a non-finite step (throws for "stop").
   void read_step(StepStats& s);
@@ -164,6 +169,7 @@ class Trainer {
   std::vector<double> grad_norms_;
   std::chrono::steady_clock::time_point train_start_;
   int64_t train_start_step_ = -1;
+  std::string weights_from_;  // the checkpoint loaded at start-up ("" none)
   std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
 };
 
