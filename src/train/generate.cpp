@@ -52,7 +52,9 @@ std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_
     } else {
       logits = last_logits(as_batch(seq, seq.size() - 1, device), &cache);
     }
-    seq.push_back(share(sample(logits, o, gen)));
+    const int32_t token = share(sample(logits, o, gen));
+    if (o.stop_token >= 0 && token == o.stop_token) break;
+    seq.push_back(token);
   }
   return {seq.begin() + static_cast<std::ptrdiff_t>(prompt_len), seq.end()};
 }
