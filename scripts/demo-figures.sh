@@ -35,8 +35,18 @@ bad = [l for l in lines if "ERROR" in l or "Traceback" in l or "terminate called
 print(f"lines with ERROR or a stack trace: {len(bad)}" + "".join("\n  " + l for l in bad[:5]))
 done = next((l for l in lines if l.startswith("== done in")), None)
 print(f"times: {done[3:] if done else 'no == done line (run.sh did not finish)'}")
-samples = [l.split("sample: ", 1)[1] for l in lines if "sample: " in l]
-print(f"end-of-run sample: {samples[-1]!r}" if samples else "end-of-run sample: none")
+# A sample may span lines: it runs until the next log line or "==" line.
+starts = [i for i, l in enumerate(lines) if "sample: " in l]
+if starts:
+    i = starts[-1]
+    text = [lines[i].split("sample: ", 1)[1]]
+    for l in lines[i + 1:]:
+        if l.startswith("[") or l.startswith("=="):
+            break
+        text.append(l)
+    print(f"end-of-run sample: {chr(10).join(text)!r}")
+else:
+    print("end-of-run sample: none")
 last_test = os.path.join(root, "build", "Testing", "Temporary", "LastTest.log")
 if os.path.exists(last_test):
     text = open(last_test, errors="replace").read()

@@ -210,14 +210,16 @@ TEST(Generate, StopTokenEndsTheSample) {
   o.temperature = 1.0;
   o.seed = 3;
   const std::vector<std::vector<int32_t>> prompts{{3}, {5, 6}};
-  const auto full = generate(m, prompts, o);
   for (size_t p = 0; p < prompts.size(); ++p) {
-    ASSERT_EQ(full[p].size(), 40u);
+    // One prompt per call: a batch of prompts draws from one generator in turn.
+    o.stop_token = -1;
+    const auto full = generate(m, {prompts[p]}, o)[0];
+    ASSERT_EQ(full.size(), 40u);
     // Stop at the token drawn 6th: the sample is what came before its first draw.
-    o.stop_token = full[p][5];
-    const auto first = std::find(full[p].begin(), full[p].end(), o.stop_token) - full[p].begin();
+    o.stop_token = full[5];
+    const auto first = std::find(full.begin(), full.end(), o.stop_token) - full.begin();
     const auto stopped = generate(m, {prompts[p]}, o);
-    EXPECT_EQ(stopped[0], std::vector<int32_t>(full[p].begin(), full[p].begin() + first)) << "prompt " << p;
+    EXPECT_EQ(stopped[0], std::vector<int32_t>(full.begin(), full.begin() + first)) << "prompt " << p;
     SampleOptions g;  // greedy stops too
     g.max_tokens = 40;
     g.temperature = 0;
