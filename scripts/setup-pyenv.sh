@@ -2,7 +2,8 @@
 # The Python environment that tests compare meshtrain against (git-ignored,
 # .deps/pyenv): PyTorch 2.11 with its CUDA dependencies (import torch needs
 # them even on a CPU machine), transformers, tokenizers, tiktoken, safetensors.
-# Created once; later calls check and print nothing. MESHTRAIN_OFFLINE=1 never
+# Created once (one line while it installs, one when ready); later calls check
+# and print nothing. MESHTRAIN_OFFLINE=1 never
 # touches the network: it fails if something is missing.
 # Prints the venv's python path on stdout (last line).
 set -euo pipefail
@@ -23,8 +24,17 @@ if ! have_all; then
     echo "setup-pyenv: $VENV lacks some of: ${mods[*]} and MESHTRAIN_OFFLINE is set" >&2
     exit 1
   fi
-  echo "setup-pyenv: installing ${pkgs[*]} into .deps/pyenv (once, ~5 GB)" >&2
-  [ -x "$PY" ] || python3 -m venv "$VENV"
-  "$PY" -m pip install -q --disable-pip-version-check "${pkgs[@]}" >&2
+  # pip's own lines (root warnings, progress) go to a log, shown on failure.
+  LOG="$ROOT/.deps/pyenv-setup.log"
+  mkdir -p "$ROOT/.deps"
+  echo "setup-pyenv: installing ${pkgs[*]} into .deps/pyenv (once, ~5 GB, several minutes)" >&2
+  if ! { [ -x "$PY" ] || python3 -m venv "$VENV"; } >> "$LOG" 2>&1 ||
+     ! "$PY" -m pip install -q --disable-pip-version-check "${pkgs[@]}" >> "$LOG" 2>&1; then
+    tail -n 20 "$LOG" | sed 's/^/  | /' >&2
+    echo "setup-pyenv: the install failed; its whole output is in $LOG" >&2
+    exit 1
+  fi
+  echo "setup-pyenv: installed in $SECONDS s" >> "$LOG"  # scripts/demo-figures.sh reads it
+  echo "setup-pyenv: ready (.deps/pyenv, $SECONDS s)" >&2
 fi
 echo "$PY"

@@ -2,7 +2,9 @@
 # Installs everything meshtrain needs on a fresh Debian 12 machine, idempotently:
 # apt packages (compiler, OpenMPI, nlohmann-json, spdlog, CLI11, GoogleTest,
 # ccache, the fortunes corpus, PCRE2/zlib/zstd for prepare-data) and libtorch 2.11.0 from PyPI into .deps/venv
-# (git-ignored). Prints nothing when everything is already there.
+# (git-ignored). Prints nothing when everything is already there; otherwise one
+# line per install and a last "setup: ready" line. What apt-get and pip print
+# goes to .deps/setup.log, shown only when they fail.
 # Env: MESHTRAIN_TORCH_PREFIX=<dir with TorchConfig.cmake> uses an existing
 # PyTorch (GPU machines: python3 -c 'import torch;print(torch.utils.cmake_prefix_path)').
 # The network is touched only to install something missing, and never when
@@ -20,6 +22,19 @@ need_network() {  # WHAT FIX
   [ -z "$OFFLINE" ] && return 0
   echo "setup: $1 is missing and $OFFLINE (no network access): $2" >&2
   exit 1
+}
+LOG="$DEPS/setup.log"
+installed=""  # what this call installed, for the ready line
+# Runs an install with its output in $LOG; on failure shows the end of it.
+quietly() {
+  mkdir -p "$DEPS"
+  echo "== $(date '+%F %T') $*" >> "$LOG"
+  if ! "$@" >> "$LOG" 2>&1; then
+    echo "setup: this failed: $*" >&2
+    tail -n 20 "$LOG" | sed 's/^/  | /' >&2
+    echo "setup: the whole output is in $LOG" >&2
+    exit 1
+  fi
 }
 # Packages the build does not need (the demo corpus, the shell lint test,
 # build caching, commit names, creating .deps/pyenv, the multi-host tests):
@@ -49,10 +64,11 @@ if ((${#missing[@]})) && [ -n "$OFFLINE" ]; then
   missing=()
 fi
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
+  echo "setup: installing Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  quietly $SUDO apt-get update -qq
+  quietly $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  installed+="${installed:+, }${#missing[@]} Debian packages"
 fi
 
 mkdir -p "$DEPS"
@@ -70,32 +86,33 @@ PY="$DEPS/venv/bin/python"
 site() { "$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 if [ ! -x "$PY" ]; then
   need_network "the libtorch venv $DEPS/venv" "run scripts/setup.sh once online, or set MESHTRAIN_TORCH_PREFIX"
-  python3 -m venv "$DEPS/venv"
+  quietly python3 -m venv "$DEPS/venv"
 fi
 SITE="$(site)"
+# Every wheel is pinned and installed with --no-deps: the CPU build links
+# libtorch_cpu only, which needs just the CUDA runtime and CUPTI libraries at
+# load time, not torch's other dependencies (cuDNN, NCCL, triton, sympy, ...).
+# Without --no-deps, pip would pull those in (GBs) or, after a --no-deps torch,
+# print an "ERROR: pip's dependency resolver ..." line per missing one on
+# every later install, although nothing is wrong.
+wheels=()
 if [ ! -f "$SITE/torch/share/cmake/Torch/TorchConfig.cmake" ] ||
    ! grep -q "__version__ = '$TORCH_VERSION" "$SITE/torch/version.py" 2>/dev/null; then
-  need_network "torch==$TORCH_VERSION in $DEPS/venv" "run scripts/setup.sh once online, or set MESHTRAIN_TORCH_PREFIX"
-  echo "setup: installing torch==$TORCH_VERSION (libtorch) into .deps/venv"
-  # --no-deps: the CPU build links libtorch_cpu only, which needs just the CUDA
-  # runtime and CUPTI libraries at load time (below), not cuDNN/NCCL/triton.
-  "$PY" -m pip install -q --disable-pip-version-check --no-deps "torch==$TORCH_VERSION"
+  wheels+=("torch==$TORCH_VERSION")
 fi
-if [ ! -e "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || [ ! -e "$SITE/nvidia/cu13/lib/libcupti.so.13" ]; then
-  need_network "the CUDA runtime + CUPTI wheels (nvidia/cu13/lib) in $DEPS/venv" "run scripts/setup.sh once online"
-  echo "setup: installing the CUDA runtime + CUPTI wheels that libtorch_cpu loads"
-  "$PY" -m pip install -q --disable-pip-version-check "cuda-toolkit[cudart,cupti]==13.0.2"
-fi
+[ -e "$SITE/nvidia/cu13/lib/libcudart.so.13" ] || wheels+=(nvidia-cuda-runtime==13.0.96)
+[ -e "$SITE/nvidia/cu13/lib/libcupti.so.13" ] || wheels+=(nvidia-cuda-cupti==13.0.85)
 # Python's safetensors: the checkpoint test checks that exported files load there.
-if ! "$PY" -c "import safetensors" 2>/dev/null; then
-  need_network "the safetensors Python package in $DEPS/venv" "run scripts/setup.sh once online"
-  echo "setup: installing safetensors (Python) for the export test"
-  "$PY" -m pip install -q --disable-pip-version-check safetensors
-fi
+"$PY" -c "import safetensors" 2>/dev/null || wheels+=(safetensors==0.8.0)
 # pyarrow: its wheel carries Arrow/Parquet C++ (headers + libs) that
 # prepare-data links for .parquet inputs (cmake/Dependencies.cmake).
-if ! "$PY" -c "import pyarrow" 2>/dev/null; then
-  echo "setup: installing pyarrow (Arrow/Parquet C++ for prepare-data)"
-  "$PY" -m pip install -q --disable-pip-version-check pyarrow
+"$PY" -c "import pyarrow" 2>/dev/null || wheels+=(pyarrow==26.0.1)
+if ((${#wheels[@]})); then
+  need_network "${wheels[*]} in $DEPS/venv" "run scripts/setup.sh once online, or set MESHTRAIN_TORCH_PREFIX"
+  size=""; [[ " ${wheels[*]}" == *" torch=="* ]] && size=" (~1 GB download, a few minutes)"
+  echo "setup: installing ${wheels[*]} into .deps/venv$size"
+  quietly "$PY" -m pip install -q --disable-pip-version-check --no-deps "${wheels[@]}"
+  installed+="${installed:+, }${#wheels[@]} Python wheels"
 fi
 echo "$SITE/torch/share/cmake" > "$DEPS/torch_prefix"
+[ -z "$installed" ] || echo "setup: ready (installed $installed; their output: $LOG)"

@@ -242,7 +242,13 @@ int run(int argc, char** argv, Started& started) {
   TrainOptions train_opts;
   auto* train = app.add_subcommand("train", "train (resumes from the newest checkpoint of the run dir)");
   train_flags.add_to(train);
-  train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
+  auto* fresh_opt = train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
+  // Resuming from further back: newer checkpoints of the run are set aside
+  // (*.superseded) at its first save, and metrics.jsonl drops the rows after it.
+  train->add_option("--checkpoint", train_opts.checkpoint,
+                    "resume from this checkpoint dir (a step_XXXXXXXX folder) instead of the newest")
+      ->check(CLI::ExistingDirectory)
+      ->excludes(fresh_opt);
   std::string init_from_hf;
   train->add_option("--init-from-hf", init_from_hf,
                     "start from a Hugging Face Llama / DeepSeek-V3 directory (model_config from its config.json)")
@@ -296,6 +302,8 @@ int run(int argc, char** argv, Started& started) {
       ->check(integer_at_least(0));
   prepare->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard (default 10000000)")
       ->check(integer_at_least(1));
+  bool prep_verbose = false;
+  prepare->add_flag("-v,--verbose", prep_verbose, "list every skipped input (default: one line per reason)");
 
   ConfigFlags plan_flags, bench_flags;
   double device_gib = 0;
@@ -421,7 +429,12 @@ int run(int argc, char** argv, Started& started) {
       if (tty) std::fprintf(stderr, "\n");
       for (const auto& r : s.removed_leftovers)
         spdlog::info("prepare-data: removed {}, the leftover of a prepare-data run that was killed", r);
-      for (const auto& [file, reason] : s.skipped) spdlog::warn("prepare-data: skipped {}: {}", file, reason);
+      // A folder of a few real inputs among many index files or links would
+      // bury the result under one line each: per reason by default.
+      if (prep_verbose || verbose)
+        for (const auto& [file, reason] : s.skipped) spdlog::info("prepare-data: skipped {}: {}", file, reason);
+      else
+        for (const auto& line : skipped_summary(s)) spdlog::info("{}", line);
       spdlog::info("{}", to_string(s));
     }
   } else if (*plan) {

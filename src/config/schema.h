@@ -91,6 +91,7 @@ void visit_fields(C& c, V&& v) {
   v("inference_config", "max_tokens", i.max_tokens);
   v("inference_config", "use_cache", i.use_cache);
   v("inference_config", "n_devices", i.n_devices);
+  v("inference_config", "stop_at_eot", i.stop_at_eot);
 
   auto& w = c.seq_len_warmup;
   v("seq_len_warmup", "min_difficulty", w.min_difficulty);

@@ -305,6 +305,26 @@ std::string to_string(const PrepareSummary& s) {
   return os.str();
 }
 
+std::vector<std::string> skipped_summary(const PrepareSummary& s) {
+  // Reasons in the order first seen; a duplicate's reason names its original,
+  // which would make every duplicate a reason of its own.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  for (const auto& [file, reason] : s.skipped) {
+    const std::string key =
+        reason.rfind("duplicate of ", 0) == 0 ? "duplicate of another input (the same file, or a link to it)" : reason;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    it->second.push_back(file);
+  }
+  const std::string manifest = (fs::path(s.output_dir) / "manifest.json").string();
+  std::vector<std::string> lines;
+  for (const auto& [reason, files] : groups)
+    lines.push_back("prepare-data: skipped " + std::to_string(files.size()) + (files.size() == 1 ? " input" : " inputs") +
+                    ": " + reason + " (e.g. " + fs::path(files.front()).filename().string() + "; all listed in " +
+                    manifest + ", -v prints them)");
+  return lines;
+}
+
 PrepareSummary prepare_data(const PrepareOptions& opt) {
   const auto start = Clock::now();
   MT_CHECK(!opt.output_dir.empty(), "prepare-data: --output is required");

@@ -16,7 +16,10 @@ namespace meshtrain {
 namespace {
 
 // Event fields.
-constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5;
+constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5, kSessionLog = 7;
+// SessionLog fields and its status enum.
+constexpr uint32_t kSessionStatus = 1;
+constexpr int64_t kSessionStart = 1;
 // Summary / Summary.Value fields.
 constexpr uint32_t kSummaryValue = 1, kValueTag = 1, kSimpleValue = 2;
 
@@ -68,6 +71,14 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
   proto::put_bytes(summary, kSummaryValue, v);
   std::string e = event_header(step);
   proto::put_bytes(e, kSummary, summary);
+  write_record(e);
+}
+
+void TensorBoardWriter::add_session_start(int64_t step) {
+  std::string log;
+  proto::put_int64(log, kSessionStatus, kSessionStart);
+  std::string e = event_header(step);
+  proto::put_bytes(e, kSessionLog, log);
   write_record(e);
 }
 

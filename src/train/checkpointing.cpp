@@ -3,6 +3,9 @@
 // samples consumed, config, mesh), and which checkpoint a run starts from.
 #include <torch/torch.h>
 
+#include <filesystem>
+
+#include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/config/resume.h"
 #include "meshtrain/core/check.h"
@@ -11,6 +14,24 @@
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
+
+namespace {
+
+// --checkpoint names one step_XXXXXXXX folder; a run dir or its checkpoints/
+// folder is a common slip, answered with the folders it holds.
+void check_checkpoint_dir(const std::string& dir, const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(fs::path(dir) / "manifest.json")) return;
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "run/checkpoints/"
+  std::vector<std::string> inside = list_checkpoints(p.string());
+  if (inside.empty() && p.has_parent_path()) inside = list_checkpoints(p.parent_path().string());  // DIR = run/checkpoints
+  std::string hint = "a checkpoint is a step_XXXXXXXX folder, e.g. in " + checkpoints_root(run_dir);
+  if (!inside.empty()) hint = "did you mean " + inside.front() + " (the newest there)?";
+  MT_FAIL("--checkpoint ", dir, " is not a checkpoint (it has no manifest.json); ", hint);
+}
+
+}  // namespace
 
 void Trainer::setup_checkpointing() {
   checkpointer_ = std::make_unique<Checkpointer>(cfg_.run_dir(), mesh_->cpu_world(), cfg_.max_to_keep);
@@ -65,6 +86,7 @@ void Trainer::resume() {
     check_resumed_config(dir, st);
   };
   if (!opts_.checkpoint.empty()) {
+    check_checkpoint_dir(opts_.checkpoint, cfg_.run_dir());
     apply_header(checkpointer_->load(opts_.checkpoint, check));
     weights_from_ = opts_.checkpoint;
     return;

@@ -64,6 +64,7 @@ std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_
     if (token == kNonFinite)
       throw NonFiniteLogits("sampling: the model's logits are NaN or infinite at new token " +
                             std::to_string(step + 1));
+    if (o.stop_token >= 0 && token == o.stop_token) break;
     seq.push_back(token);
   }
   return {seq.begin() + static_cast<std::ptrdiff_t>(prompt_len), seq.end()};

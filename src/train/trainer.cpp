@@ -417,6 +417,7 @@ std::string Trainer::sample() {
   so.use_cache = cfg_.inference.use_cache;
   so.seed = cfg_.seed + static_cast<uint64_t>(step_);
   so.vocab_limit = tokenizer_->vocab_size();
+  if (cfg_.inference.stop_at_eot) so.stop_token = tokenizer_->eot();
   so.check_stop = [this] {
     watchdog_->beat("sampling");
     stop_point("sampling");
@@ -442,9 +443,8 @@ std::string Trainer::sample() {
     throw;
   }
   pm_.model->train();
-  std::string text = cfg_.inference.prompt + tokenizer_->decode_text(out.at(0));
-  spdlog::info("sample: {}", text);
-  return text;
+  // The caller shows it: train() in its log, `generate` once on stdout.
+  return cfg_.inference.prompt + tokenizer_->decode_text(out.at(0));
 }
 
 std::string Trainer::weights_source() const {
@@ -578,7 +578,10 @@ void Trainer::open_run_dir() {
   mesh_->cpu_world().all_reduce(failed, ReduceOp::Max);
   MT_CHECK(failed.item<int64_t>() == 0, is_rank0_ ? error : "rank 0 could not lock the run dir " + cfg_.run_dir());
   // Only after the lock: opening repairs metrics.jsonl, which must not race another run.
-  metrics_ = std::make_unique<MetricsLogger>(cfg_.run_dir(), is_rank0_);
+  // One row per step: rows an earlier attempt logged after the step resumed
+  // from are dropped, and --fresh sets the old file aside.
+  metrics_ = std::make_unique<MetricsLogger>(cfg_.run_dir(), is_rank0_, /*tensorboard=*/true,
+                                             MetricsStart{step_, opts_.fresh});
 }
 
 double Trainer::train() {
@@ -641,7 +644,8 @@ double Trainer::train() {
     if (boundary && (cfg_.sample_every == 0 ? step_ == total : step_ % cfg_.sample_every == 0)) {
       watchdog.beat("sampling at step " + std::to_string(step_));
       try {
-        sample();
+        const std::string text = sample();
+        if (!text.empty()) spdlog::info("sample: {}", text);
       } catch (const Stopped& e) {
         spdlog::warn("{}: step {} is saved, exiting", e.what(), step_);
         break;

@@ -34,7 +34,8 @@ stop_with() {  # SIG LOG WAIT_FOR CMD...
 prompt() { python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 10 else 1)" "$took"; }
 
 # generate: 60000 tokens would take many minutes on this model.
-stop_with INT gen.log "model:" "$BIN" generate "${T[@]}" --name base --max_tokens 60000
+stop_with INT gen.log "model:" "$BIN" generate "${T[@]}" --name base --max_tokens 60000 \
+  --set inference_config.stop_at_eot=false
 check "generate + SIGINT: rc 130 ($rc)" test $rc -eq 130
 check "generate + SIGINT: says why" grep -q "stopped by SIGINT during sampling" gen.log
 prompt && ok "generate + SIGINT: prompt (${took} s)" || bad "generate + SIGINT: took ${took} s"
@@ -63,7 +64,7 @@ prompt && ok "bench + SIGINT: prompt (${took} s)" || bad "bench + SIGINT: took $
 
 # The end-of-run sample: the checkpoint is saved first, the sample is dropped, exit 0.
 stop_with TERM sample.log "saved checkpoint of step 3" "$BIN" train "${T[@]}" --name sample --training_steps 3 \
-  --fresh --set inference_config.max_tokens=60000
+  --fresh --set inference_config.max_tokens=60000 --set inference_config.stop_at_eot=false
 check "end-of-run sample + SIGTERM: exit 0 ($rc)" test $rc -eq 0
 check "end-of-run sample + SIGTERM: says the sample was stopped" grep -q "stopped by SIGTERM during sampling" sample.log
 prompt && ok "end-of-run sample + SIGTERM: prompt (${took} s)" || bad "end-of-run sample: took ${took} s"

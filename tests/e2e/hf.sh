@@ -48,8 +48,9 @@ export_and_compare() {  # NAME CLASS SETS...
   val=$(metric "runs/$name/metrics.jsonl" val_loss | tail -1)
   out=$("$BIN" eval --config base.json --name "$name" "$@" 2>/dev/null | sed -n 's/^val_loss //p')
   check "$name: meshtrain eval agrees ($out)" python3 -c "import sys; sys.exit(0 if abs($out - $val) < 1e-4 else 1)"
+  # All 12 tokens, as hf_check.py's greedy loop: no stop at end-of-text.
   "$BIN" generate --config base.json --name "$name" "$@" --prompt "The computer" --max_tokens 12 --temperature 0 \
-    2>/dev/null > "gen_$name.txt"
+    --set inference_config.stop_at_eot=false 2>/dev/null > "gen_$name.txt"
   out=$("$BIN" checkpoint export "runs/$name/checkpoints/step_00000006" --format hf --output "hf_$name" 2>&1)
   check "$name: export --format hf" test $? -eq 0 -a -f "hf_$name/config.json" -a -f "hf_$name/tokenizer.json" \
     -a -f "hf_$name/generation_config.json" -a -f "hf_$name/model.safetensors"

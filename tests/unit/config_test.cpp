@@ -291,6 +291,13 @@ TEST(ConfigErrors, WrongTypesNameKeyExpectedAndFound) {
   j["inference_config"]["use_cache"] = 1;
   expect_error([&] { config_from_json(j); }, {"inference_config.use_cache", "boolean", "number"});
   j = tiny_json();
+  j["inference_config"]["stop_at_eot"] = "no";
+  expect_error([&] { config_from_json(j); }, {"inference_config.stop_at_eot", "boolean", "string"});
+  j = tiny_json();
+  EXPECT_TRUE(config_from_json(j).inference.stop_at_eot);  // samples end at end-of-text by default
+  j["inference_config"]["stop_at_eot"] = false;
+  EXPECT_FALSE(config_from_json(j).inference.stop_at_eot);
+  j = tiny_json();
   j["name"] = 7;
   expect_error([&] { config_from_json(j); }, {"'name'", "string", "number"});
   j = tiny_json();

@@ -193,6 +193,97 @@ TEST(MetricsLogger, OneObjectPerLineAndAppendsOnReopen) {
   fs::remove_all(run);
 }
 
+std::vector<int64_t> steps_of(const fs::path& file, const std::string& key) {
+  std::vector<int64_t> out;
+  for (const auto& l : lines_of(file)) {
+    const auto r = json::parse(l);
+    if (r.contains(key)) out.push_back(r["step"].get<int64_t>());
+  }
+  return out;
+}
+
+// A run that logged steps 1-6 (val_loss at 4) and died resumes from its
+// checkpoint of step 4: steps 5-6 are trained again, and must not be there twice.
+TEST(MetricsLogger, ResumeDropsTheRowsAfterItsStep) {
+  const fs::path run = scratch("run_resume");
+  {
+    meshtrain::MetricsLogger m(run.string(), true, true, {0, false});
+    for (int s = 1; s <= 6; ++s) {
+      m.log({{"step", s}, {"loss", 10.0 - s}});
+      if (s == 4) m.log({{"step", s}, {"val_loss", 7.5}});
+    }
+  }
+  {
+    meshtrain::MetricsLogger m(run.string(), true, true, {4, false});
+    for (int s = 5; s <= 8; ++s) m.log({{"step", s}, {"loss", 20.0 - s}});
+  }
+  EXPECT_EQ(steps_of(run / "metrics.jsonl", "loss"), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(steps_of(run / "metrics.jsonl", "val_loss"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(json::parse(lines_of(run / "metrics.jsonl").back())["loss"], 12.0);
+  EXPECT_FALSE(fs::exists(run / "metrics.jsonl.tmp"));
+  // TensorBoard as it shows the folder: the resumed file's START drops the
+  // first file's steps 5 and 6, so each step has one loss, the newer one.
+  std::vector<int64_t> tb_steps;
+  for (const auto& sc : meshtrain::read_tensorboard_dir((run / "tb").string()))
+    if (sc.tag == "loss") {
+      tb_steps.push_back(sc.step);
+      EXPECT_FLOAT_EQ(sc.value, static_cast<float>((sc.step <= 4 ? 10.0 : 20.0) - sc.step)) << "step " << sc.step;
+    }
+  EXPECT_EQ(tb_steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  fs::remove_all(run);
+}
+
+// Resuming from further back (train --checkpoint) drops every later row too.
+TEST(MetricsLogger, ResumeFromFurtherBackDropsTheLaterHistory) {
+  const fs::path run = scratch("run_back");
+  {
+    meshtrain::MetricsLogger m(run.string(), true, false);
+    for (int s = 1; s <= 12; ++s) m.log({{"step", s}, {"loss", 1.0}});
+  }
+  { meshtrain::MetricsLogger m(run.string(), true, false, {8, false}); }
+  EXPECT_EQ(steps_of(run / "metrics.jsonl", "loss"), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  fs::remove_all(run);
+}
+
+// --fresh: a new history in a new file; the old one is kept beside it.
+TEST(MetricsLogger, FreshSetsTheOldFilesAside) {
+  const fs::path run = scratch("run_fresh");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    meshtrain::MetricsLogger m(run.string(), true, true, {0, attempt > 0});
+    for (int s = 1; s <= 3 + attempt; ++s) m.log({{"step", s}, {"loss", 1.0 * attempt}});
+  }
+  EXPECT_EQ(steps_of(run / "metrics.jsonl", "loss"), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(steps_of(run / "metrics.jsonl.superseded", "loss"), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(steps_of(run / "metrics.jsonl.superseded.1", "loss"), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(fs::is_directory(run / "tb.superseded"));
+  EXPECT_TRUE(fs::is_directory(run / "tb.superseded.1"));
+  std::vector<int64_t> tb_steps;
+  for (const auto& sc : meshtrain::read_tensorboard_dir((run / "tb").string())) tb_steps.push_back(sc.step);
+  EXPECT_EQ(tb_steps, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  fs::remove_all(run);
+}
+
+// TensorBoard's rule, on hand-made files: the first START is the run's start,
+// a later one discards what came before from its step on.
+TEST(TensorBoardDir, LaterSessionStartsPurgeFromTheirStep) {
+  const fs::path dir = scratch("tb_purge");
+  fs::create_directories(dir);
+  {
+    meshtrain::TensorBoardWriter w((dir / "a").string());
+    w.add_session_start(1);
+    for (int s = 1; s <= 5; ++s) w.add_scalar("loss", s, s);
+    w.add_session_start(3);  // a restart from step 2 in the same file
+    w.add_scalar("loss", 30, 3);
+  }
+  const auto files = files_in(dir / "a");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(meshtrain::read_tensorboard_session_starts(files[0].string()), (std::vector<int64_t>{1, 3}));
+  std::vector<std::pair<int64_t, float>> seen;
+  for (const auto& sc : meshtrain::read_tensorboard_dir((dir / "a").string())) seen.emplace_back(sc.step, sc.value);
+  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, float>>{{1, 1.f}, {2, 2.f}, {3, 30.f}}));
+  fs::remove_all(dir);
+}
+
 TEST(MetricsLogger, WithoutTensorBoardWritesOnlyJsonl) {
   const fs::path run = scratch("run_notb");
   meshtrain::MetricsLogger m(run.string(), true, /*tensorboard=*/false);

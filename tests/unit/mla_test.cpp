@@ -199,6 +199,37 @@ TEST(Generate, VocabLimitKeepsSamplesInsideTheTokenizer) {
   EXPECT_LT(max_id(generate(m, prompts, o)), limit);
 }
 
+// A sample ends where the stop token (the tokenizer's end-of-text) is drawn,
+// without it: the same draws as without the stop, cut there.
+TEST(Generate, StopTokenEndsTheSample) {
+  const auto cfg = tiny("mla");
+  LayerFactory f;
+  Transformer m(cfg, f);
+  SampleOptions o;
+  o.max_tokens = 40;
+  o.temperature = 1.0;
+  o.seed = 3;
+  const std::vector<std::vector<int32_t>> prompts{{3}, {5, 6}};
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    // One prompt per call: a batch of prompts draws from one generator in turn.
+    o.stop_token = -1;
+    const auto full = generate(m, {prompts[p]}, o)[0];
+    ASSERT_EQ(full.size(), 40u);
+    // Stop at the token drawn 6th: the sample is what came before its first draw.
+    o.stop_token = full[5];
+    const auto first = std::find(full.begin(), full.end(), o.stop_token) - full.begin();
+    const auto stopped = generate(m, {prompts[p]}, o);
+    EXPECT_EQ(stopped[0], std::vector<int32_t>(full.begin(), full.begin() + first)) << "prompt " << p;
+    SampleOptions g;  // greedy stops too
+    g.max_tokens = 40;
+    g.temperature = 0;
+    const auto greedy = generate(m, {prompts[p]}, g)[0];
+    g.stop_token = greedy[2];
+    const auto g_first = std::find(greedy.begin(), greedy.end(), g.stop_token) - greedy.begin();
+    EXPECT_EQ(generate(m, {prompts[p]}, g)[0], std::vector<int32_t>(greedy.begin(), greedy.begin() + g_first));
+  }
+}
+
 // MLA's attention on GPUs pads v to the q/k head size (hd + dhR) so flash
 // kernels apply, and keeps v's hd output columns: the same outputs and
 // gradients as attention over the unpadded v (which CPU kernels take), for

@@ -131,6 +131,9 @@ struct InferenceConfig {
   double temperature = 1.0;
   int64_t max_tokens = 32;
   bool use_cache = true;
+  // A sample ends at the tokenizer's end-of-text token, as a document does in
+  // the training data; false keeps sampling max_tokens into the next "document".
+  bool stop_at_eot = true;
   int64_t n_devices = 1;
 };
 

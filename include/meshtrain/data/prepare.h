@@ -57,6 +57,11 @@ struct PrepareSummary {
 };
 // One line for the log: files, documents, tokens, vocabulary, time.
 std::string to_string(const PrepareSummary& s);
+// The skipped inputs in one line per reason: how many, one example, and where
+// the full list is (output_dir/manifest.json). Duplicates (the same file
+// reached twice, or a link to a file already read) are one reason whatever
+// file they duplicate. Empty when nothing was skipped.
+std::vector<std::string> skipped_summary(const PrepareSummary& s);
 
 // Returns what it did rather than logging it: spdlog's fmt clashes with the
 // fmt bundled in libtorch's include folder, so data/ does not include spdlog.

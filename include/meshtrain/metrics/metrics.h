@@ -13,11 +13,26 @@
 
 namespace meshtrain {
 
+// Where a run starts, so that metrics.jsonl keeps one row per step: the rows
+// an earlier attempt logged after the checkpoint a run resumes from are
+// trained (and logged) again, and a run started over is another history.
+struct MetricsStart {
+  // >= 0: the run continues from this step; rows with a larger step are
+  // dropped (the file is rewritten beside it and renamed over it). -1: keep all.
+  int64_t step = -1;
+  // The run starts over (--fresh): an existing metrics.jsonl is renamed
+  // metrics.jsonl.superseded (.1, .2, ... when taken) and a new one begun.
+  bool fresh = false;
+};
+
 class MetricsLogger {
  public:
   // Every rank constructs one; only the rank passing enabled=true (rank 0)
-  // touches the disk, so callers need no rank checks around log().
-  MetricsLogger(const std::string& run_dir, bool enabled, bool tensorboard = true);
+  // touches the disk, so callers need no rank checks around log(). With
+  // TensorBoard, a SessionLog START event at step start.step + 1 opens the new
+  // event file: TensorBoard then drops the older files' events from that step
+  // on (its purge of orphaned data after a restart).
+  MetricsLogger(const std::string& run_dir, bool enabled, bool tensorboard = true, MetricsStart start = {});
 
   // Appends `row` (a JSON object with an integer "step") as one line, flushed
   // so a crash loses nothing already logged; each number in it other than

@@ -25,6 +25,10 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   void add_scalar(const std::string& tag, double value, int64_t step);
+  // SessionLog{status: START} at `step`: TensorBoard ignores the first one it
+  // reads in a run directory and, at every later one, discards the events it
+  // read before with a step >= `step` (a restarted run replaces them).
+  void add_session_start(int64_t step);
   void flush();
   const std::string& path() const { return path_; }
 
@@ -49,5 +53,14 @@ std::vector<std::string> read_tfrecords(const std::string& file);
 
 // The scalar summaries of an event file, in file order.
 std::vector<TbScalar> read_tensorboard_scalars(const std::string& file);
+
+// The steps of an event file's SessionLog START events, in file order.
+std::vector<int64_t> read_tensorboard_session_starts(const std::string& file);
+
+// The scalars of every event file in `dir` as TensorBoard shows them: files in
+// name (= creation time) order, and at each SessionLog START after the first,
+// what was read before with a step >= the START's step dropped
+// (tensorboard/backend/event_processing: _CheckForRestartAndMaybePurge).
+std::vector<TbScalar> read_tensorboard_dir(const std::string& dir);
 
 }  // namespace meshtrain

@@ -35,12 +35,17 @@ struct SampleOptions {
   // past the tokenizer's (GPT-2: 50304 for 50257 tokens, a multiple of 64);
   // the padding ids decode to nothing.
   int64_t vocab_limit = 0;
+  // >= 0: a prompt's sample ends when this token is drawn (the tokenizer's
+  // end-of-text); the token itself is not returned. Every rank draws the same
+  // token (share()), so every rank stops at the same step.
+  int32_t stop_token = -1;
   // Called before each new token; throws to stop early (a signal, see
   // core/stop_signal.h). Every rank must call it alike: it may be collective.
   std::function<void()> check_stop;
 };
 
-// Returns, per prompt, only the generated tokens (max_tokens of them). Prompts
+// Returns, per prompt, only the generated tokens (max_tokens of them, fewer
+// when stop_token ends it). Prompts
 // must be non-empty and may have different lengths. Runs in eval mode under
 // NoGradGuard; the model's training flag is restored afterwards.
 std::vector<std::vector<int32_t>> generate(Transformer& model, const std::vector<std::vector<int32_t>>& prompts,

@@ -84,7 +84,8 @@ class Trainer {
   double train();
   // Mean validation loss over eval_steps batches (identical on every rank).
   double evaluate();
-  // Samples inference_config.prompt (rank 0 prints it); returns the text.
+  // Samples inference_config.prompt (ending at end-of-text unless
+  // inference_config.stop_at_eot is false); returns prompt + sample, prints nothing.
   std::string sample();
 
   int64_t step() const { return step_; }
