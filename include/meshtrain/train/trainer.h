@@ -35,6 +35,9 @@ struct TrainOptions {
   // are meta tensors (shapes only) and batches are synthetic, so no data
   // folder is read; one rank, no checkpoints.
   bool meta = false;
+  // A test seam: every backward pass runs on a thread other than the
+  // forward's, as CUDA's autograd engine runs it (RoundSpec::backward_thread).
+  bool backward_thread = false;
 };
 
 // Step statistics reduced over the whole mesh (identical on every rank). A
