@@ -3,7 +3,6 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
-#include "meshtrain/model/matmul_dtype.h"
 
 namespace meshtrain {
 
@@ -67,11 +66,12 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   // three, so checkpoints and tp shards keep their layout.
   at::Tensor q, k, v;
   if (cfg_.kv_heads() == cfg_.n_head) {
-    // Cast before concatenating: the casts of the weights are cached per step.
+    // Cast before concatenating: the casts of the weights are cached per round.
+    MixedPrecision& mp = *factory_->precision();
     const at::Tensor w =
-        at::cat({matmul_operand(wq_->weight()), matmul_operand(wk_->weight()), matmul_operand(wv_->weight())}, 0);
+        at::cat({mp.operand(wq_->weight()), mp.operand(wk_->weight()), mp.operand(wv_->weight())}, 0);
     const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
-    const at::Tensor qkv = mp_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
+    const at::Tensor qkv = mp.linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
     const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
     // q and k rotated together by one kernel; v stays a slice of qkv, and the
     // backward writes d(qkv) directly (ops/fused.h).

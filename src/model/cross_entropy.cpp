@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/check.h"
-#include "meshtrain/model/matmul_dtype.h"
+#include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/ops/fused.h"
 
 namespace meshtrain {
@@ -19,11 +19,12 @@ using torch::autograd::variable_list;
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& t,
-                            int64_t chunk) {
+                            int64_t chunk, int64_t precision) {
     const int64_t N = h.size(0), V = w.size(0);
     const bool grad = h.requires_grad() || w.requires_grad();
-    // The cast weight is the one every other use of w this step shares.
-    const at::Tensor hc = matmul_operand(h), wc = matmul_operand(w);
+    // The cast weight is the one every other use of w this round shares.
+    auto* p = reinterpret_cast<MixedPrecision*>(precision);
+    const at::Tensor hc = p ? p->operand(h) : h, wc = p ? p->operand(w) : w;
     at::Tensor losses = at::empty({N}, h.options().dtype(at::kFloat));
     // Training keeps every row's gradient for the backward; evaluation
     // reuses one chunk's buffer.
@@ -48,7 +49,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const at::Tensor g = grads[0].unsqueeze(1).to(d.scalar_type());  // [N, 1] per-token upstream gradient
     const at::Tensor dh = (at::mm(d, w) * g).to(ctx->saved_data["h_dtype"].toScalarType());
     const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType());
-    return {dh, dw, at::Tensor(), at::Tensor()};
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -59,16 +60,19 @@ at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType
   const bool mixed = a.scalar_type() != param_dtype && param_dtype == at::kFloat &&
                      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf);
   if (mixed && (a.is_cuda() || a.is_meta())) return at::mm(a.t(), b, at::kFloat);
+  // bf16 -> fp32 is exact, so this is the same sum of products in fp32.
+  if (mixed) return at::mm(a.t().to(at::kFloat), b.to(at::kFloat));
   return at::mm(a.t(), b).to(param_dtype);
 }
 
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t chunk_rows) {
+                                 int64_t chunk_rows, MixedPrecision* precision) {
   MT_ASSERT(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1), "cross-entropy: h ", h.sizes(),
             " and weight ", weight.sizes(), " do not match");
   MT_ASSERT(targets.numel() == h.size(0), "cross-entropy: ", targets.numel(), " targets for ", h.size(0), " rows");
   if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t{128} << 20) / std::max<int64_t>(1, weight.size(0)));
-  return ChunkedCrossEntropy::apply(h, weight, targets.reshape({-1}).to(at::kLong), chunk_rows);
+  return ChunkedCrossEntropy::apply(h, weight, targets.reshape({-1}).to(at::kLong), chunk_rows,
+                                    reinterpret_cast<int64_t>(precision));
 }
 
 }  // namespace meshtrain

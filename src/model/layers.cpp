@@ -4,7 +4,6 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/layers.h"
-#include "meshtrain/model/matmul_dtype.h"
 
 namespace meshtrain {
 
@@ -19,28 +18,35 @@ uint64_t splitmix64(uint64_t x) {
 
 class PlainEmbedding : public Embedding {
  public:
-  explicit PlainEmbedding(at::Tensor w) : weight_(register_parameter("weight", std::move(w))) {}
-  // In the matmul dtype: the residual stream is bf16 under mixed precision
+  PlainEmbedding(at::Tensor w, std::shared_ptr<MixedPrecision> p)
+      : weight_(register_parameter("weight", std::move(w))), precision_(std::move(p)) {}
+  // In the compute dtype: the residual stream is bf16 under mixed precision
   // (the cast is the one the tied head makes anyway).
-  at::Tensor forward(const at::Tensor& tokens) override { return at::embedding(matmul_operand(weight_), tokens); }
+  at::Tensor forward(const at::Tensor& tokens) override {
+    return at::embedding(precision_->operand(weight_), tokens);
+  }
   at::Tensor weight() const override { return weight_; }
 
  private:
   at::Tensor weight_;
+  std::shared_ptr<MixedPrecision> precision_;
 };
 
 // Either owns its weight or reads the tied embedding's at every call, so the
 // two stay one tensor (one gradient) without registering it twice.
 class PlainHead : public LMHead {
  public:
-  explicit PlainHead(at::Tensor w) : weight_(register_parameter("weight", std::move(w))) {}
-  explicit PlainHead(std::shared_ptr<Embedding> tied) : tied_(std::move(tied)) {}
+  PlainHead(at::Tensor w, std::shared_ptr<MixedPrecision> p)
+      : weight_(register_parameter("weight", std::move(w))), precision_(std::move(p)) {}
+  PlainHead(std::shared_ptr<Embedding> tied, std::shared_ptr<MixedPrecision> p)
+      : tied_(std::move(tied)), precision_(std::move(p)) {}
 
-  at::Tensor logits(const at::Tensor& h) override { return mp_linear(h, weight()); }
+  at::Tensor logits(const at::Tensor& h) override { return precision_->linear(h, weight()); }
 
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets) override {
     // Chunked: never the whole batch's fp32 logits (model/cross_entropy.h).
-    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), weight(), targets).view(targets.sizes());
+    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), weight(), targets, 0, precision_.get())
+        .view(targets.sizes());
   }
 
  private:
@@ -48,6 +54,7 @@ class PlainHead : public LMHead {
 
   at::Tensor weight_;
   std::shared_ptr<Embedding> tied_;
+  std::shared_ptr<MixedPrecision> precision_;
 };
 
 }  // namespace
@@ -66,14 +73,16 @@ at::Tensor init_normal(uint64_t seed, const std::string& name, at::IntArrayRef g
   return at::normal(0.0, std, global_shape, gen, at::TensorOptions().dtype(at::kFloat));
 }
 
-PlainLinear::PlainLinear(at::Tensor w, at::Tensor b) : weight_(register_parameter("weight", std::move(w))) {
+PlainLinear::PlainLinear(at::Tensor w, at::Tensor b, std::shared_ptr<MixedPrecision> precision)
+    : weight_(register_parameter("weight", std::move(w))),
+      precision_(precision ? std::move(precision) : std::make_shared<MixedPrecision>()) {
   if (b.defined()) bias_ = register_parameter("bias", std::move(b));
 }
 
-at::Tensor PlainLinear::forward(const at::Tensor& x) { return mp_linear(x, weight_, bias_); }
+at::Tensor PlainLinear::forward(const at::Tensor& x) { return precision_->linear(x, weight_, bias_); }
 
 at::Tensor PlainLinear::forward_residual(const at::Tensor& x, const at::Tensor& residual) {
-  const at::Tensor xc = matmul_operand(x), wc = matmul_operand(weight_);
+  const at::Tensor xc = precision_->operand(x), wc = precision_->operand(weight_);
   // addmm wants the residual in the GEMM's dtype and shape; otherwise add.
   if (bias_.defined() || residual.scalar_type() != xc.scalar_type() || !residual.is_contiguous() ||
       residual.dim() < 1 || residual.size(-1) != wc.size(0))
@@ -131,14 +140,14 @@ std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in
   record_layout(name + ".weight", {{out, in}, 0, name + ".weight"});
   if (bias) record_layout(name + ".bias", {{out}, 0, name + ".bias"});
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
-                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor());
+                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
 }
 
 std::shared_ptr<Linear> LayerFactory::row(const std::string& name, int64_t in, int64_t out, double std, bool bias) {
   record_layout(name + ".weight", {{out, in}, 1, name + ".weight"});
   if (bias) record_layout(name + ".bias", {{out}, -1, name + ".bias"});
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
-                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor());
+                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
 }
 
 std::shared_ptr<Linear> LayerFactory::replicated(const std::string& name, int64_t in, int64_t out, double std,
@@ -146,19 +155,19 @@ std::shared_ptr<Linear> LayerFactory::replicated(const std::string& name, int64_
   record_layout(name + ".weight", {{out, in}, -1, name + ".weight"});
   if (bias) record_layout(name + ".bias", {{out}, -1, name + ".bias"});
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
-                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor());
+                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
 }
 
 std::shared_ptr<Embedding> LayerFactory::embedding(const std::string& name, int64_t vocab, int64_t d, double std) {
   record_layout(name + ".weight", {{vocab, d}, 0, name + ".weight"});
-  return std::make_shared<PlainEmbedding>(draw(name + ".weight", {vocab, d}, std));
+  return std::make_shared<PlainEmbedding>(draw(name + ".weight", {vocab, d}, std), precision());
 }
 
 std::shared_ptr<LMHead> LayerFactory::head(const std::string& name, int64_t d, int64_t vocab, double std,
                                            std::shared_ptr<Embedding> tied) {
-  if (tied) return std::make_shared<PlainHead>(std::move(tied));
+  if (tied) return std::make_shared<PlainHead>(std::move(tied), precision());
   record_layout(name + ".weight", {{vocab, d}, 0, name + ".weight"});
-  return std::make_shared<PlainHead>(draw(name + ".weight", {vocab, d}, std));
+  return std::make_shared<PlainHead>(draw(name + ".weight", {vocab, d}, std), precision());
 }
 
 at::Tensor LayerFactory::param(const std::string& name, std::vector<int64_t> global_shape, int64_t split_dim,

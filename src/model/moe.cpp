@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "meshtrain/core/check.h"
-#include "meshtrain/model/matmul_dtype.h"
+#include "meshtrain/model/mixed_precision.h"
 
 namespace meshtrain {
 
@@ -51,7 +51,7 @@ Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool trai
   const int64_t N = B * T;
 
   Routing r;
-  // fp32 even under bf16 autocast: top-k on rounded scores flips choices
+  // fp32 even under bf16 mixed precision: top-k on rounded scores flips choices
   // between otherwise identical runs, and the aux loss needs accurate P.
   r.logits = router_logits.to(at::kFloat).reshape({N, E});
   r.probs = cfg.router_score == "softmax" ? at::softmax(r.logits, -1) : at::sigmoid(r.logits);
@@ -172,14 +172,15 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor buf = at::zeros({E * S + 1, d}, xflat.options()).index_copy(0, row, xflat.index_select(0, token));
   // Dispatch: this rank's experts get every sender's slots ([E_local, ep * S, d]).
   const at::Tensor xin = dispatcher_->dispatch_slots(buf.narrow(0, 0, E * S).view({E, S, d}));
+  MixedPrecision& mp = *factory_->precision();
   const at::Tensor gate_in =
-      w_gate_.defined() ? at::bmm(matmul_operand(xin), matmul_operand(w_gate_).transpose(1, 2)) : at::Tensor();
-  at::Tensor pre = at::bmm(matmul_operand(xin), matmul_operand(w_in_).transpose(1, 2));  // [E_local, ep*S, h]
+      w_gate_.defined() ? at::bmm(mp.operand(xin), mp.operand(w_gate_).transpose(1, 2)) : at::Tensor();
+  at::Tensor pre = at::bmm(mp.operand(xin), mp.operand(w_in_).transpose(1, 2));  // [E_local, ep*S, h]
   // Empty slots get the bias too; nothing reads their outputs.
   if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
   const at::Tensor hid = hidden_activation(pre, gate_in);
   const at::Tensor out =
-      dispatcher_->combine_slots(at::bmm(hid, matmul_operand(w_out_).transpose(1, 2)));  // [E, S, d]
+      dispatcher_->combine_slots(at::bmm(hid, mp.operand(w_out_).transpose(1, 2)));  // [E, S, d]
   const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them (exact: the combine is linear); dropped assignments read zeros.
@@ -227,9 +228,10 @@ at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts
   // One grouped GEMM per projection (at::_grouped_mm: group g is rows
   // offs[g-1]..offs[g] times expert g's matrix), not a loop of small GEMMs.
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
-  const at::Tensor x = matmul_operand(rows);
+  MixedPrecision& mp = *factory_->precision();
+  const at::Tensor x = mp.operand(rows);
   auto gmm = [&](const at::Tensor& a, const at::Tensor& w) {
-    return at::_grouped_mm(a, matmul_operand(w).transpose(1, 2), offs);
+    return at::_grouped_mm(a, mp.operand(w).transpose(1, 2), offs);
   };
   at::Tensor pre = gmm(x, w_in_);
   if (b_in_.defined()) pre = pre + b_in_.index_select(0, row_expert).to(pre.scalar_type());
@@ -247,14 +249,11 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   // and every tp rank makes the same decisions.
   const at::Tensor xr = factory_->gather_sequence(x);
   const int64_t B = xr.size(0), T = xr.size(1), N = B * T;
-  at::Tensor logits;
-  {
-    // The router matmul runs in fp32 even under bf16 mixed precision:
-    // bf16-rounded scores flip near-ties in top-k, so meshes whose reductions
-    // round differently would send tokens to different experts.
-    MatmulDtypeGuard fp32(std::nullopt);
-    logits = router_->forward(xr.to(at::kFloat));
-  }
+  // The router matmul runs in fp32 even under bf16 mixed precision (the
+  // fp32 master weight, no cast): bf16-rounded scores flip near-ties in
+  // top-k, so meshes whose reductions round differently would send tokens to
+  // different experts. The router is a replicated plain linear layer.
+  const at::Tensor logits = at::linear(xr.to(at::kFloat), router_->weight(), router_->bias());
   const Routing r = route(logits, cfg_, is_training(), score_bias_);
 
   // Expert region, hidden units split over tp. Assumption: enter_tp yields the

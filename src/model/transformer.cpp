@@ -48,7 +48,7 @@ std::vector<int64_t> StageRange::layers() const {
 }
 
 Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRange range)
-    : cfg_(cfg), range_(std::move(range)), dropout_(factory.dropout_rng()) {
+    : cfg_(cfg), range_(std::move(range)), dropout_(factory.dropout_rng()), precision_(factory.precision()) {
   const int64_t L = cfg.n_layers();
   if (range_.end_layer < 0) range_.end_layer = L;
   for (const LayerSpan& c : range_.chunks())

@@ -143,7 +143,17 @@ void Fsdp::release(Unit& u) {
 
 void Fsdp::before_layer(size_t block) {
   MT_ASSERT(block + 1 < units_.size(), "FSDP: block ", block, " outside this stage's ", units_.size() - 1);
-  gather(units_[block + 1]);
+  Unit& u = units_[block + 1];
+  gather(u);
+  // The layer's bf16 weight casts are made anew inside this forward. A cast
+  // cached by an earlier microbatch of the round is an autograd node older
+  // than everything of this microbatch: the engine, which runs the newest
+  // ready node first, would accumulate this layer's weight gradients only
+  // after the previous layer's output hook reduce-scattered and freed them
+  // (see fsdp.h), and they were lost (issue 27: zero_stage 2/3 with several
+  // microbatches in bf16, grad norm 11% low).
+  for (Flat& f : u.flats)
+    for (size_t i : f.params) pm_.model->precision().forget(pm_.params[i].tensor);
 }
 
 at::Tensor Fsdp::after_layer(size_t block, at::Tensor out) {

@@ -1,8 +1,11 @@
 #include "meshtrain/parallel/microbatch.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 #include "meshtrain/core/check.h"
 
@@ -58,6 +61,25 @@ void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, i
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses) {
   sums.ce_sum = plus(sums.ce_sum, token_losses.detach().sum().to(at::kDouble));
   sums.tokens += static_cast<double>(token_losses.numel());
+}
+
+void run_backward(const RoundSpec& spec, const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads) {
+  if (!spec.backward_thread) {
+    torch::autograd::backward(roots, grads);
+    return;
+  }
+  const at::ThreadLocalState state;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      at::ThreadLocalStateGuard guard(state);
+      torch::autograd::backward(roots, grads);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec) {

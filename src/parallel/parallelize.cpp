@@ -67,6 +67,8 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
            mesh.shape().tp);
   pm.factory = meta ? std::make_unique<MetaLayerFactory>() : make_layer_factory(cfg, mesh);
   pm.factory->set_seed(cfg.seed);
+  // One precision policy on every device (model/mixed_precision.h).
+  pm.factory->set_precision(std::make_shared<MixedPrecision>(PrecisionPolicy::from_model_dtype(cfg.model.model_dtype)));
   // Expert parallelism: MoE layers keep their share of the experts and reach
   // the others through the ep group.
   MT_CHECK(mesh.shape().ep == cfg.device.expert_parallel, "the mesh has expert_parallel ", mesh.shape().ep,

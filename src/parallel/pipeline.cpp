@@ -22,7 +22,7 @@ RoundSums run_single_stage(ParallelModel& pm, const Config& cfg, const at::Tenso
     accumulate_losses(sums, losses);
     accumulate_aux(sums, aux, mb.inputs.size(0));
     if (spec.backward && spec.final_round && pm.grad_buckets && &mb == &mbs.back()) pm.grad_buckets->arm(0);
-    if (spec.backward) stage_loss(losses, aux, mb.inputs.size(0), spec).backward();
+    if (spec.backward) run_backward(spec, {stage_loss(losses, aux, mb.inputs.size(0), spec)}, {});
     sums.peak_live_microbatches = std::max<int64_t>(sums.peak_live_microbatches, 1);
   }
   return sums;

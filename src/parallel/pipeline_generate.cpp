@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "meshtrain/core/check.h"
+
 namespace meshtrain {
 
 ForwardFn pipeline_forward(ParallelModel& pm, Mesh& mesh) {
@@ -18,12 +20,16 @@ ForwardFn pipeline_forward(ParallelModel& pm, Mesh& mesh) {
       } else {
         // Every stage knows the context length (the tokens are shared), so the
         // shape of the incoming hidden state is known up front.
+        // In the policy's activation dtype, as the sender's hidden state is
+        // (a buffer of another size would mismatch the message).
         h = at::empty({context.size(0), context.size(1), model.config().model_dimension},
-                      pm.params.front().tensor.options());
+                      pm.params.front().tensor.options().dtype(model.precision().activation_dtype()));
         mesh.pp().recv(h, (stage + pp - 1) % pp);
       }
       h = model.forward_chunk(c, h, nullptr, cache);
       if (stage == pp - 1 && c == chunks - 1) break;
+      MT_ASSERT(h.scalar_type() == model.precision().activation_dtype(), "pipeline stage ", stage, " produced ",
+                h.scalar_type(), " activations but the policy sends ", model.precision().activation_dtype());
       mesh.pp().send(h.contiguous(), (stage + 1) % pp);
       h = at::Tensor();
     }

@@ -7,7 +7,6 @@
 
 #include <torch/torch.h>
 
-
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/parallel/grad_buckets.h"
@@ -43,8 +42,10 @@ class StageRunner {
       first_moe_.push_back(moe);
       for (int64_t i = c.first; i < c.end; ++i) moe += is_moe_layer(pm.model->config(), i) ? 1 : 0;
     }
+    // Activations travel in the policy's dtype (bf16 under mixed precision),
+    // never the fp32 master weights'.
     const at::Tensor p = pm.model->parameters().at(0);
-    options_ = p.options().requires_grad(false);
+    options_ = p.options().dtype(pm.model->precision().activation_dtype()).requires_grad(false);
     // Under sequence parallelism each tp rank carries its sequence shard
     // between stages, as it does between layers.
     const int64_t tp = mesh.shape().tp;
@@ -164,7 +165,7 @@ class StageRunner {
 
   void backward(InFlight& s, int64_t chunk) {
     if (last_virtual(chunk)) {
-      s.loss.backward();
+      run_backward(spec_, {s.loss}, {});
     } else {
       // Two roots: the activation gradient from downstream, and this stage's
       // own MoE aux loss, which no later stage sees.
@@ -173,7 +174,7 @@ class StageRunner {
         roots.push_back(s.aux);
         grads.push_back(at::ones_like(s.aux));
       }
-      torch::autograd::backward(roots, grads);
+      run_backward(spec_, roots, grads);
     }
     s.output = s.loss = s.aux = s.grad = at::Tensor();
     --live_;

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
-#include "meshtrain/model/matmul_dtype.h"
 #include "meshtrain/parallel/mappings.h"
 #include "vocab_parallel.h"
 
@@ -19,7 +18,9 @@ class ColumnParallelLinear : public Linear {
       : weight_(register_parameter("weight", std::move(w))), factory_(factory) {
     if (b.defined()) bias_ = register_parameter("bias", std::move(b));
   }
-  at::Tensor forward(const at::Tensor& x) override { return mp_linear(input(x), weight_, bias_); }
+  at::Tensor forward(const at::Tensor& x) override {
+    return factory_->precision()->linear(input(x), weight_, bias_);
+  }
   at::Tensor input(const at::Tensor& x) override { return factory_->enter_tp(x); }
   const at::Tensor& weight() const override { return weight_; }
   at::Tensor bias() const override { return bias_; }
@@ -40,7 +41,7 @@ class RowParallelLinear : public Linear {
     if (b.defined()) bias_ = register_parameter("bias", std::move(b));
   }
   at::Tensor forward(const at::Tensor& x) override {
-    at::Tensor y = factory_->exit_tp(mp_linear(x, weight_));
+    at::Tensor y = factory_->exit_tp(factory_->precision()->linear(x, weight_));
     return bias_.defined() ? y + bias_.to(y.scalar_type()) : y;
   }
   // Not fusable: the output leaves the tp region.
@@ -94,7 +95,8 @@ class TensorParallelFactory : public LayerFactory {
     const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, -1, w});
     if (bias) record_layout(b, {{out}, -1, b});
-    return std::make_shared<PlainLinear>(draw(w, {out, in}, std), bias ? draw(b, {out}, 0.0) : at::Tensor());
+    return std::make_shared<PlainLinear>(draw(w, {out, in}, std), bias ? draw(b, {out}, 0.0) : at::Tensor(),
+                                         precision());
   }
 
   // The layout's global shape is the padded vocabulary, so checkpoint shards

@@ -5,7 +5,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/cross_entropy.h"
-#include "meshtrain/model/matmul_dtype.h"
+#include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/parallel/mappings.h"
 
@@ -21,10 +21,12 @@ namespace {
 class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
-                            const at::Tensor& targets, int64_t comm, int64_t start, int64_t real) {
+                            const at::Tensor& targets, int64_t comm, int64_t start, int64_t real,
+                            int64_t precision) {
     auto& tp = *reinterpret_cast<Communicator*>(comm);
+    auto& mp = *reinterpret_cast<MixedPrecision*>(precision);
     const bool grad = h.requires_grad() || w.requires_grad();
-    const at::Tensor hc = matmul_operand(h), wc = matmul_operand(w);
+    const at::Tensor hc = mp.operand(h), wc = mp.operand(w);
     at::Tensor z = at::mm(hc, wc.t());  // [N, local]
     // Targets in other shards become -1: no picked logit, no one-hot here.
     const at::Tensor local_target =
@@ -57,7 +59,7 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     // region sums the parts.
     const at::Tensor dh = (at::mm(d, w) * g).to(ctx->saved_data["h_dtype"].toScalarType());
     const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType());
-    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -72,7 +74,8 @@ class VocabParallelEmbedding : public Embedding {
     const at::Tensor outside = (tokens < r_.start) | (tokens >= r_.start + r_.local);
     const at::Tensor local = (tokens - r_.start).masked_fill(outside, 0);
     // In the matmul dtype, as the single-device embedding (model/layers.cpp).
-    const at::Tensor out = at::embedding(matmul_operand(weight_), local).masked_fill(outside.unsqueeze(-1), 0.0);
+    const at::Tensor out =
+        at::embedding(factory_->precision()->operand(weight_), local).masked_fill(outside.unsqueeze(-1), 0.0);
     return factory_->exit_tp(out);
   }
   at::Tensor weight() const override { return weight_; }
@@ -97,7 +100,7 @@ class VocabParallelHead : public LMHead {
     MT_CHECK(x.numel() / x.size(-1) == t.numel(), "head: ", t.numel(), " targets for hidden states of shape ",
              h.sizes(), " (after the tp entry: ", x.sizes(), ")");
     return vocab_parallel_cross_entropy(x.reshape({t.numel(), x.size(-1)}), tied_ ? tied_->weight() : weight_, t,
-                                        *tp_, r_)
+                                        *tp_, r_, *factory_->precision())
         .view(targets.sizes());
   }
 
@@ -107,7 +110,7 @@ class VocabParallelHead : public LMHead {
 
  private:
   at::Tensor local_logits(const at::Tensor& h) {
-    return mp_linear(factory_->enter_tp(h), tied_ ? tied_->weight() : weight_);
+    return factory_->precision()->linear(factory_->enter_tp(h), tied_ ? tied_->weight() : weight_);
   }
 
   at::Tensor weight_;
@@ -138,13 +141,13 @@ at::Tensor vocab_shard(uint64_t seed, const std::string& name, int64_t d, double
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& h, const at::Tensor& weight_local, const at::Tensor& targets,
-                                        Communicator& tp, const VocabRange& r) {
+                                        Communicator& tp, const VocabRange& r, MixedPrecision& precision) {
   MT_ASSERT(h.dim() == 2 && weight_local.dim() == 2 && weight_local.size(0) == r.local &&
                 h.size(1) == weight_local.size(1),
             "vocab-parallel CE wants h [N, d] and this rank's [", r.local, ", d] weight, got ", h.sizes(), " and ",
             weight_local.sizes());
   return VocabParallelCrossEntropy::apply(h, weight_local, targets.to(at::kLong), reinterpret_cast<int64_t>(&tp),
-                                          r.start, r.real);
+                                          r.start, r.real, reinterpret_cast<int64_t>(&precision));
 }
 
 std::shared_ptr<Embedding> make_vocab_parallel_embedding(at::Tensor weight_local, VocabRange r, LayerFactory* factory) {

@@ -32,8 +32,9 @@ at::Tensor vocab_shard(uint64_t seed, const std::string& name, int64_t d, double
 // the row max, the sum of exponentials and the target logit are all-reduced
 // over N floats each. h [N, d] is already inside the tp region. Backward:
 // this rank's part of dh (summed by the region entry) and its weight rows.
+// The GEMMs take their operands in `precision`'s compute dtype.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& h, const at::Tensor& weight_local, const at::Tensor& targets,
-                                        Communicator& tp, const VocabRange& r);
+                                        Communicator& tp, const VocabRange& r, MixedPrecision& precision);
 
 // factory: the TP factory whose exit_tp (all-reduce, or reduce-scatter along
 // the sequence) finishes the lookup; must outlive the layer.

@@ -167,12 +167,12 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   plan.active_params = pc.active;
   plan.embedding_params = pc.embedding;
 
-  const bool bf16 = device == PlanDevice::Cuda && m.model_dtype == "bfloat16";
-  plan.precision = device == PlanDevice::Cpu
-                       ? "CPU fp32: weights 4 + grads 4 + Adam moments 8 = 16 B/param"
-                       : bf16 ? "CUDA bf16 autocast, fp32 master weights: weights 4 + grads 4 + moments 8 = 16 "
-                                "B/param (+2 transient bf16 copies)"
-                              : "CUDA fp32: weights 4 + grads 4 + Adam moments 8 = 16 B/param";
+  // The policy is the same on every device (model/mixed_precision.h).
+  const PrecisionPolicy policy = PrecisionPolicy::from_model_dtype(m.model_dtype);
+  const bool bf16 = policy.mixed();
+  plan.precision = policy.describe() + (bf16 ? "; weights 4 + grads 4 + Adam moments 8 = 16 B/param (+2 transient "
+                                               "bf16 copies)"
+                                             : "; weights 4 + grads 4 + Adam moments 8 = 16 B/param");
   const double e = bf16 ? 2.0 : 4.0;  // bytes per activation element
   const double mask = device == PlanDevice::Cuda ? 1.0 : e;  // CPU dropout keeps a float mask
   plan.activation_bytes_per_element = e;

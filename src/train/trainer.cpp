@@ -26,7 +26,6 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/train/generate.h"
-#include "meshtrain/train/precision.h"
 #include "meshtrain/train/shared_run_dir.h"
 
 namespace meshtrain {
@@ -229,6 +228,7 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
     stage_layers += (stage_layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";
   spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers {}", shape.dp, shape.pp, shape.tp,
                device_.str(), mesh_->backend(), stage_layers);
+  spdlog::info("precision: {}", pm_.model->precision().policy().describe());
   if (cfg_.zero_stage > 0 && cfg_.zero_stage_on(shape.dp) == 0)
     spdlog::info("zero_stage {}: nothing to shard with dp 1, runs as zero_stage 0", cfg_.zero_stage);
 
@@ -326,6 +326,7 @@ StepStats Trainer::train_step() {
   spec.ce_scale = 1.0 / global_tokens;
   spec.aux_scale = cfg_.alpha / global_seqs;
   spec.z_scale = cfg_.model.router_z_loss / global_seqs;
+  spec.backward_thread = opts_.backward_thread;
   RoundSums total;
   for (int64_t r = 0; r < cfg_.grad_step; ++r) {
     spec.final_round = r + 1 == cfg_.grad_step;  // gradients final: dp sum during backward (grad_buckets.h)
@@ -335,7 +336,7 @@ StepStats Trainer::train_step() {
     const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
     RoundSums s;
     {
-      AutocastGuard autocast(cfg_, device_);
+      CastScope casts(pm_.model->precision());  // the round's microbatches share the weights' bf16 casts
       s = run_round(pm_, *mesh_, cfg_, in.to(device_, /*non_blocking=*/true), tg.to(device_, true), spec);
     }
     total += s;
@@ -381,7 +382,7 @@ double Trainer::evaluate() {
       watchdog_->beat("evaluation batch " + std::to_string(i + 1));
       stop_point("evaluation");
       Batch b = val_loader_->next();
-      AutocastGuard autocast(cfg_, device_);
+      CastScope casts(pm_.model->precision());
       RoundSums s = run_round(pm_, *mesh_, cfg_, b.inputs.to(device_), b.targets.to(device_), spec);
       ce += sum_value(s.ce_sum);
       tokens += s.tokens;
@@ -426,7 +427,7 @@ std::string Trainer::sample() {
   if (prompt.empty()) prompt.push_back(tokenizer_->eot());
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(cfg_.inference.batch_size), prompt);
   std::vector<std::vector<int32_t>> out;
-  AutocastGuard autocast(cfg_, device_);
+  CastScope casts(pm_.model->precision());
   try {
     if (mesh_->shape().pp == 1) {
       out = generate(*pm_.model, prompts, so);

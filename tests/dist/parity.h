@@ -177,10 +177,13 @@ inline void expect_same_curve(const Curve& ref, const Curve& got, double tol, co
 }
 
 // Trains cfg.training_steps steps from scratch; the same on every rank.
-inline Curve train_losses(const Config& cfg) {
+// backward_thread: every backward pass on a thread of its own, as CUDA's
+// autograd engine runs it (TrainOptions::backward_thread).
+inline Curve train_losses(const Config& cfg, bool backward_thread = false) {
   TrainOptions o;
   o.fresh = true;
   o.quiet = true;
+  o.backward_thread = backward_thread;
   Trainer t(cfg, test_runtime(), o);
   t.train();
   return curve_of(t);
@@ -188,14 +191,16 @@ inline Curve train_losses(const Config& cfg) {
 
 // The reference: cfg on a 1x1x1 mesh, trained inside every rank on its own
 // (a sub-world of one rank), so a multi-rank test can compare any mesh with it.
-inline Curve single_process_losses(Config cfg) {
+inline Curve single_process_losses(Config cfg, bool backward_thread = false) {
   cfg.device.n_device_axis = {1, 1, 1};
+  cfg.device.expert_parallel = 1;
   cfg.name += "-ref-rank" + std::to_string(test_runtime().rank());
   auto world = test_runtime().world();
   auto self = split_communicator(*world, world->rank(), 0);
   TrainOptions o;
   o.fresh = true;
   o.quiet = true;
+  o.backward_thread = backward_thread;
   Trainer t(cfg, test_runtime(), o, self.get());
   t.train();
   return curve_of(t);

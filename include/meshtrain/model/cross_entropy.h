@@ -12,14 +12,19 @@
 
 namespace meshtrain {
 
+class MixedPrecision;
+
 // h [N, d], weight [V, d], targets [N] int64 -> per-token losses [N] fp32.
 // chunk_rows <= 0: chunks of about 128M logits (a bound on one kernel's size,
-// and on evaluation's buffer, which holds one chunk).
+// and on evaluation's buffer, which holds one chunk). The GEMMs take their
+// operands in `precision`'s compute dtype (nullptr: as they come).
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t chunk_rows = 0);
+                                 int64_t chunk_rows = 0, MixedPrecision* precision = nullptr);
 
-// dW = dy^T x for a weight of dtype param_dtype: a bf16 GEMM writes fp32
-// directly where the backend can (CUDA, meta), so no cast follows.
+// dW = dy^T x for a weight of dtype param_dtype, accumulated in fp32 when
+// dy and x are bf16/fp16 and the weight fp32: a GEMM with an fp32 output
+// where the backend has one (CUDA, meta), else (CPU) the exact fp32 upcast
+// of the operands, so every device sums the products in fp32.
 at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype);
 
 }  // namespace meshtrain

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "meshtrain/model/dropout_rng.h"
+#include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/model/token_dispatcher.h"
 #include "meshtrain/ops/fused.h"
 
@@ -103,6 +104,10 @@ class LayerFactory {
   virtual at::Device param_device() const { return at::Device(at::kCPU); }
   virtual int64_t tp_size() const { return 1; }
   virtual int64_t tp_rank() const { return 0; }
+  // The precision policy and cast cache of every layer made here and of the
+  // model (model/mixed_precision.h): fp32 unless set before the model is built.
+  const std::shared_ptr<MixedPrecision>& precision() const { return precision_; }
+  void set_precision(std::shared_ptr<MixedPrecision> p) { precision_ = std::move(p); }
 
   // bias: the layer also adds a bias name + ".bias" [out], initialised to
   // zero (model_config.linear_bias); split with the output features for
@@ -162,6 +167,7 @@ class LayerFactory {
   uint64_t seed_ = 0;
   std::map<std::string, ParamLayout> layouts_;
   std::shared_ptr<TokenDispatcher> dispatcher_ = std::make_shared<TokenDispatcher>();
+  std::shared_ptr<MixedPrecision> precision_ = std::make_shared<MixedPrecision>();
 };
 
 // Builds the model's parameters on the meta device (shapes, no storage or
@@ -174,10 +180,11 @@ class MetaLayerFactory : public LayerFactory {
   at::Tensor draw(const std::string& name, at::IntArrayRef global_shape, double std) override;
 };
 
-// y = x W^T (+ b) with W [out, in] drawn over its global shape; b optional.
+// y = x W^T (+ b) with W [out, in] drawn over its global shape; b optional;
+// the operands in `precision`'s compute dtype (nullptr: fp32, no cast).
 class PlainLinear : public Linear {
  public:
-  explicit PlainLinear(at::Tensor w, at::Tensor b = {});
+  explicit PlainLinear(at::Tensor w, at::Tensor b = {}, std::shared_ptr<MixedPrecision> precision = nullptr);
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual) override;
   const at::Tensor& weight() const override { return weight_; }
@@ -185,6 +192,7 @@ class PlainLinear : public Linear {
 
  private:
   at::Tensor weight_, bias_;
+  std::shared_ptr<MixedPrecision> precision_;
 };
 
 // x / rms(x) * weight (+ bias when `bias`: Jaxformer's RMSNorm has a beta),

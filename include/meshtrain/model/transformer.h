@@ -90,6 +90,10 @@ class Transformer : public torch::nn::Module {
 
   const ModelConfig& config() const { return cfg_; }
   const StageRange& range() const { return range_; }
+  // The precision policy and cast cache the layers compute with (the
+  // factory's, model/mixed_precision.h): activations are in its
+  // activation_dtype() between layers and pipeline stages.
+  MixedPrecision& precision() const { return *precision_; }
 
   // tokens [B, T] int64 -> h [B, T, d] (first stage only).
   at::Tensor embed(const at::Tensor& tokens);
@@ -135,6 +139,7 @@ class Transformer : public torch::nn::Module {
   std::shared_ptr<LMHead> head_;
   std::shared_ptr<LayerHooks> hooks_;
   std::shared_ptr<DropoutRng> dropout_;  // embedding dropout: on the stream
+  std::shared_ptr<MixedPrecision> precision_;
 };
 
 // Parameter counts of the full (unsharded) model for a config: total, and

@@ -44,6 +44,10 @@ struct RoundSpec {
   // The step's last accumulation round: each chunk's last backward pass arms
   // pm.grad_buckets, so the dp sum of its gradients overlaps with the rest.
   bool final_round = true;
+  // A test seam (TrainOptions::backward_thread): every backward pass runs on a
+  // thread of its own, as CUDA's autograd engine runs it on its device
+  // thread, so CPU tests see what only a forward-thread state would hide.
+  bool backward_thread = false;
 };
 
 struct Microbatch {
@@ -57,6 +61,11 @@ std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& 
 void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, int64_t first_moe_layer = 0);
 // Adds one microbatch's per-token losses (their sum and count).
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses);
+// torch::autograd::backward(roots, grads) on this thread, or, under
+// spec.backward_thread, on a new thread that inherits this one's at::
+// ThreadLocalState (grad mode, ...) as the engine's device threads do; its
+// exceptions are rethrown here.
+void run_backward(const RoundSpec& spec, const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads);
 // The scalar whose backward gives this microbatch's share of the step's gradient.
 at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec);
 

@@ -2,15 +2,15 @@
 // What a config costs before it runs: parameters (total / active), memory per
 // rank of the most loaded pipeline stage, and FLOPs per token for MFU.
 //
-// Precision model (bytes per parameter this rank holds):
-//   CPU (always fp32):            weights 4 + grads 4 + Adam moments 8 = 16
-//   CUDA, model_dtype bfloat16:   the trainer keeps fp32 weights and runs the
-//                                 matmuls under autocast, so again 4 + 4 + 8 = 16,
-//                                 plus the bf16 copies autocast makes of the
-//                                 weights during forward/backward (2, transient).
+// Precision model (bytes per parameter this rank holds), the same on every
+// device (model/mixed_precision.h):
+//   model_dtype float32:   weights 4 + grads 4 + Adam moments 8 = 16
+//   model_dtype bfloat16:  fp32 master weights, grads and moments, so again
+//                          4 + 4 + 8 = 16, plus the bf16 casts the layers make
+//                          of the weights during forward/backward (2, transient).
 //   Reference (BigScience / Megatron mixed precision): bf16 weights 2 + fp32
-//                                 master 4 + moments 8 + fp32 grads 4 = 18;
-//                                 printed beside ours for comparison only.
+//                          master 4 + moments 8 + fp32 grads 4 = 18;
+//                          printed beside ours for comparison only.
 // zero_stage 1 shards the Adam moments (and, in the reference layout, the fp32
 // master copy) over dp; under expert parallelism the routed experts' moments
 // over the dp / expert_parallel ranks that hold the same experts. zero_stage 2
@@ -25,8 +25,8 @@
 // ("Reducing Activation Recomputation in Large Transformer Models"): for
 // dropout > 0 and a 4d MLP, s*b*h*(34 + 5*a*s/h) bytes in 16-bit. We count the
 // same stored tensors in elements, generalised to this model's widths (MLP
-// hidden, MoE: k routed + shared experts, MLA projections), at 2 bytes (CUDA
-// bf16) or 4 bytes (CPU fp32) per element and 1 byte per dropout-mask element.
+// hidden, MoE: k routed + shared experts, MLA projections), at 2 bytes (bf16)
+// or 4 bytes (fp32) per element and 1 byte per dropout-mask element.
 // Tensor parallelism divides the head/hidden-split tensors by tp; sequence
 // parallelism divides everything. Attention goes through SDPA: fused kernels
 // (flash / memory-efficient) keep no s*s score matrix; the math kernel (CPU

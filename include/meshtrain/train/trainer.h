@@ -45,6 +45,9 @@ struct TrainOptions {
   // The Hugging Face directory this run's weights started from (--init-from-hf),
   // recorded in every checkpoint so later runs take the model from it.
   std::string init_from_hf;
+  // A test seam: every backward pass runs on a thread other than the
+  // forward's, as CUDA's autograd engine runs it (RoundSpec::backward_thread).
+  bool backward_thread = false;
 };
 
 // Step statistics reduced over the whole mesh (identical on every rank). A

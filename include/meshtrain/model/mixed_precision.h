@@ -1,0 +1,92 @@
+#pragma once
+// Mixed precision, spelled out in the layers (not at::autocast), the same on
+// every device (CPU, CUDA, and the meta device of `bench --device meta`).
+//
+// The policy (model_config.model_dtype "bfloat16"): the parameters, their
+// gradients and AdamW's state stay fp32 (the master weights); the layers cast
+// their matmul operands to bf16, so GEMMs, attention, the residual stream and
+// the activations sent between pipeline stages are bf16; fp32 stays where the
+// numbers need it: norm statistics, softmax / cross-entropy accumulation (the
+// fused kernels, ops/fused.h), the MoE router, weight gradients of the head
+// (accumulated in fp32), and the optimizer. "float32": no cast anywhere.
+//
+// The policy is passed, never kept per thread: the LayerFactory hands one
+// MixedPrecision to every layer it makes, and the model keeps it. CUDA's
+// autograd engine runs backward -- and with it the activation recomputation
+// of model/recompute.h -- on a thread of its own, which sees the same policy
+// and the same cast cache as the forward.
+//
+// Cast cache: inside a CastScope (one accumulation round, one evaluation
+// batch, one sample) the bf16 cast of a parameter is made once and shared by
+// the microbatches (as autocast caches within its region), so the weights
+// are cast once per round. FSDP forgets a layer's casts when it gathers the
+// layer for a forward (parallel/fsdp.cpp): its backward order relies on every
+// node of a layer being created inside that layer's forward. Outside a scope
+// nothing is cached, so a cast never outlives an optimizer update.
+#include <ATen/core/Tensor.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace meshtrain {
+
+struct PrecisionPolicy {
+  // Matmul operands and activations between layers and stages; kFloat: no cast.
+  at::ScalarType compute = at::kFloat;
+
+  // model_config.model_dtype: "float32" | "bfloat16".
+  static PrecisionPolicy from_model_dtype(const std::string& model_dtype);
+  bool mixed() const { return compute != at::kFloat; }
+  // One line for the start-up log and `plan`.
+  std::string describe() const;
+};
+
+class MixedPrecision {
+ public:
+  explicit MixedPrecision(PrecisionPolicy policy = {}) : policy_(policy) {}
+  MixedPrecision(const MixedPrecision&) = delete;
+  MixedPrecision& operator=(const MixedPrecision&) = delete;
+
+  const PrecisionPolicy& policy() const { return policy_; }
+  // The dtype of the hidden states the layers pass on (and the pipeline sends).
+  at::ScalarType activation_dtype() const { return policy_.compute; }
+
+  // t in the compute dtype when t is floating point; a parameter's cast is
+  // shared inside a CastScope while grad mode is on.
+  at::Tensor operand(const at::Tensor& t);
+  // at::linear(x, w, b) with the operands in the compute dtype (b may be undefined).
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
+  // Drops the cached cast of `param`: its next use casts it anew (FSDP).
+  void forget(const at::Tensor& param);
+  // Cached casts now (tests).
+  size_t cached() const;
+
+ private:
+  friend class CastScope;
+  void open();
+  void close();
+
+  const PrecisionPolicy policy_;
+  // Forward (main thread) and recomputation (the autograd engine's thread on
+  // CUDA) take turns on the cache; the lock makes that safe by construction.
+  mutable std::mutex mu_;
+  int depth_ = 0;
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> cache_;  // impl -> (source, cast)
+};
+
+// The lifetime of the cast cache: the casts made while the outermost scope
+// is open are shared and dropped when it closes.
+class CastScope {
+ public:
+  explicit CastScope(MixedPrecision& p) : p_(p) { p_.open(); }
+  ~CastScope() { p_.close(); }
+  CastScope(const CastScope&) = delete;
+  CastScope& operator=(const CastScope&) = delete;
+
+ private:
+  MixedPrecision& p_;
+};
+
+}  // namespace meshtrain

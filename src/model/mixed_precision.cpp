@@ -1,0 +1,63 @@
+#include "meshtrain/model/mixed_precision.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "meshtrain/core/check.h"
+
+namespace meshtrain {
+
+PrecisionPolicy PrecisionPolicy::from_model_dtype(const std::string& model_dtype) {
+  MT_CHECK(model_dtype == "float32" || model_dtype == "bfloat16",
+           "model_config.model_dtype must be \"float32\" or \"bfloat16\", got \"", model_dtype, "\"");
+  PrecisionPolicy p;
+  p.compute = model_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  return p;
+}
+
+std::string PrecisionPolicy::describe() const {
+  if (!mixed()) return "fp32 compute, fp32 weights/grads/optimizer";
+  return "bf16 compute (matmuls, attention, activations between layers and stages), fp32 master "
+         "weights/grads/optimizer, fp32 norm/softmax/cross-entropy statistics and router";
+}
+
+at::Tensor MixedPrecision::operand(const at::Tensor& t) {
+  if (!policy_.mixed() || !t.defined() || !t.is_floating_point() || t.scalar_type() == policy_.compute) return t;
+  if (!(t.is_leaf() && t.requires_grad())) return t.to(policy_.compute);
+  // A cast made without grad mode (inside a custom autograd function) has no
+  // history: cached, it would cut the gradient of a later use outside one.
+  const bool cache = at::GradMode::is_enabled();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cache_.find(t.unsafeGetTensorImpl());
+  if (it != cache_.end()) return it->second.second;
+  if (depth_ == 0 || !cache) return t.to(policy_.compute);
+  return cache_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, t.to(policy_.compute))).first->second.second;
+}
+
+at::Tensor MixedPrecision::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  if (!b.defined()) return at::linear(operand(x), operand(w));
+  return at::linear(operand(x), operand(w), operand(b));
+}
+
+void MixedPrecision::forget(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_.erase(param.unsafeGetTensorImpl());
+}
+
+size_t MixedPrecision::cached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
+void MixedPrecision::open() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++depth_;
+}
+
+void MixedPrecision::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MT_ASSERT(depth_ > 0, "CastScope closed more often than opened");
+  if (--depth_ == 0) cache_.clear();
+}
+
+}  // namespace meshtrain

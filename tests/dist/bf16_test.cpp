@@ -1,0 +1,272 @@
+// bf16 mixed precision on CPU ranks: the program a GPU runs (model_dtype
+// "bfloat16": fp32 master weights, grads and AdamW; bf16 matmuls,
+// attention and activations between layers and stages; fp32 norm/softmax
+// statistics and router), checked where every test can run it.
+//
+// The matrix: every mesh kind -- dp (gradient buckets), tp, tp + sequence
+// parallelism, pp 1F1B and interleaved, expert parallelism by capacity slots
+// and dropless, zero_stage 1/2/3 with several microbatches per rank,
+// activation recomputation full and selective, (2,2,2) -- gives the losses
+// and gradient norms of one bf16 process, dense and MoE + MLA
+// (configs/tiny.json, configs/tiny-moe-mla.json at the tests' size), and one
+// bf16 process stays within bf16 tolerance of fp32. The mesh runs marked
+// `thread` run every backward pass on a thread of its own, as CUDA's autograd
+// engine does (TrainOptions::backward_thread): recomputation, FSDP, the dp
+// buckets' hooks and the expert all-to-all's backward all run there.
+//
+// Tolerances, relative to the value compared. bf16 keeps 8 significant
+// bits: rounding to nearest moves a value by at most u = 2^-8 of itself, and
+// two roundings of one sum grouped otherwise may land on neighbouring bf16
+// values, 2u (one ulp) apart. A mesh computes exactly such sums: a tp rank's
+// partial GEMM rounded to bf16 before the all-reduce adds the other's, a GEMM
+// over a microbatch instead of the whole batch, gradients reduced over dp in
+// another order. The loss (a mean over every token) and the gradient norm (a
+// root of a sum of squares over every element) aggregate many such
+// independently rounded terms, whose roundings cancel rather than add, so
+// the two runs may differ by one ulp of the aggregate, not by one per term:
+//   mesh vs one bf16 process:  kMesh = 2u = 2^-7 (0.78%)
+// over the 3 steps compared (AdamW's first updates are about lr * sign(g) per
+// element, so a rounding that flips a tiny gradient's sign moves its weight
+// by at most 2 lr: the next steps' differences stay of the same order).
+// Measured worst (the test prints every case's): 2.1e-3 = 0.55u (tiny-
+// jaxformer on (2,2,2), zero_stage 3, recompute). What a bug does is far
+// larger: issue 27's lost FSDP gradients 11.6% (30u), a lost microbatch of
+// two 50%, a wrong dp scale 2x.
+// bf16 vs fp32: the bf16 program rounds the operands and the output of every
+// matmul, the same weights the same way each time (systematic, not
+// independent), so two ulps of the aggregate:
+//   one bf16 process vs fp32:  kFp32 = 4u = 2^-6 (1.6%); measured worst 5.6e-4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "meshtrain/model/mixed_precision.h"
+#include "meshtrain/parallel/pipeline_generate.h"
+#include "meshtrain/train/generate.h"
+#include "parity.h"
+
+using namespace meshtrain;
+
+namespace {
+
+constexpr double kU = 1.0 / 256;    // 2^-8: bf16's rounding, relative
+constexpr double kMesh = 2 * kU;
+constexpr double kFp32 = 4 * kU;
+
+const std::string kData = test::scratch_dir("bf16-data");
+
+// configs/<file>'s model (float32 there) at the tests' T and vocabulary, in bf16.
+Config from_file(Config c, const std::string& file) {
+  ModelConfig m = load_config(std::string(MT_SOURCE_DIR) + "/configs/" + file).config.model;
+  m.T = c.model.T;
+  m.vocab_size = c.model.vocab_size;
+  m.dropout_rate = 0.0;
+  m.model_dtype = "bfloat16";
+  c.model = m;
+  c.alpha = 0.01;
+  return c;
+}
+
+Config base(const std::string& name) {
+  Config c = test::tiny_config(test::synthetic_data(kData, 96), name + "-np" + std::to_string(test_runtime().size()));
+  c.training_steps = 3;
+  c.eval_steps = 0;
+  c.grad_clip_norm = 1.0;
+  c.inference.max_tokens = 0;
+  return c;
+}
+
+Config dense(const std::string& name) { return from_file(base(name), "tiny.json"); }
+Config moe(const std::string& name) { return from_file(base(name), "tiny-moe-mla.json"); }
+Config dropless(const std::string& name) {
+  Config c = moe(name);
+  c.model.capacity_factor = 0;
+  return c;
+}
+
+// Relative: |got - ref| <= tol * |ref| for every loss and gradient norm.
+void expect_within(const test::Curve& ref, const test::Curve& got, double tol, const std::string& what,
+                   double* worst = nullptr) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  ASSERT_EQ(ref.grad_norms.size(), got.grad_norms.size()) << what;
+  double w = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(ref[i], got[i], tol * std::abs(ref[i])) << what << ": loss of step " << i + 1;
+    EXPECT_NEAR(ref.grad_norms[i], got.grad_norms[i], tol * std::abs(ref.grad_norms[i]))
+        << what << ": grad norm of step " << i + 1;
+    w = std::max({w, std::abs(ref[i] - got[i]) / std::abs(ref[i]),
+                  std::abs(ref.grad_norms[i] - got.grad_norms[i]) / std::abs(ref.grad_norms[i])});
+  }
+  if (worst) *worst = w;
+}
+
+struct Case {
+  std::string name;
+  int dp = 1, pp = 1, tp = 1, ep = 1;
+  bool sp = false;
+  std::string schedule = "1f1b";
+  int zero = 0;
+  std::string recompute = "none";
+  int64_t micro = 0;     // micro_batch_size (0: the rank's whole share)
+  bool thread = false;   // backward on another thread
+  bool moe_only = false;
+};
+
+Config on(Config c, const Case& k) {
+  c = test::with_mesh(c, k.dp, k.pp, k.tp);
+  c.device.expert_parallel = k.ep;
+  c.sequence_parallel = k.sp;
+  c.pipeline_schedule = k.schedule;
+  if (k.schedule == "interleaved") c.virtual_stages = 2;
+  c.zero_stage = k.zero;
+  c.activation_checkpointing = k.recompute;
+  c.data.micro_batch_size = k.micro;
+  c.name += "-" + k.name;
+  return c;
+}
+
+// The meshes each -np runs (8 sequences per step: dp 2 and micro 2 is two
+// microbatches per rank).
+std::vector<Case> cases(int n) {
+  if (n == 2)
+    return {
+        {"dp", 2, 1, 1, 1, false, "1f1b", 0, "none", 0, true},
+        {"zero1", 2, 1, 1, 1, false, "1f1b", 1, "none", 2, false},
+        {"zero2", 2, 1, 1, 1, false, "1f1b", 2, "none", 2, true},
+        {"zero3", 2, 1, 1, 1, false, "1f1b", 3, "none", 2, true},
+        {"zero3-full", 2, 1, 1, 1, false, "1f1b", 3, "full", 2, true},
+        {"tp", 1, 1, 2, 1, false, "1f1b", 0, "none", 0, false},
+        {"tp-sp", 1, 1, 2, 1, true, "1f1b", 0, "none", 0, false},
+        {"tp-selective", 1, 1, 2, 1, false, "1f1b", 0, "selective", 0, true},
+        {"pp-1f1b", 1, 2, 1, 1, false, "1f1b", 0, "none", 2, false},
+        {"pp-interleaved", 1, 2, 1, 1, false, "interleaved", 0, "full", 2, true},
+        {"ep", 2, 1, 1, 2, false, "1f1b", 0, "none", 2, true, true},
+    };
+  if (n == 4)
+    return {
+        {"dp-tp-sp-zero3", 2, 1, 2, 1, true, "1f1b", 3, "full", 2, true},
+        {"dp-pp-zero2", 2, 2, 1, 1, false, "1f1b", 2, "none", 1, true},
+        {"ep4-zero3", 4, 1, 1, 2, false, "1f1b", 3, "selective", 1, true, true},
+    };
+  if (n == 8)
+    return {
+        {"222", 2, 2, 2, 1, false, "1f1b", 0, "none", 1, false},
+        {"222-sp-zero3-full", 2, 2, 2, 1, true, "1f1b", 3, "full", 1, true},
+    };
+  return {};
+}
+
+void expect_meshes_match_one_process(const Config& model) {
+  const int n = test_runtime().size();
+  if (cases(n).empty()) GTEST_SKIP() << "no bf16 mesh for -np " << n;
+  const test::Curve ref = test::single_process_losses(model);
+  for (const Case& k : cases(n)) {
+    if (k.moe_only && model.model.ffn != "moe") continue;
+    SCOPED_TRACE(model.model.ffn + " capacity_factor " + std::to_string(model.model.capacity_factor) + " on " +
+                 k.name);
+    double worst = 0;
+    expect_within(ref, test::train_losses(on(model, k), k.thread), kMesh, k.name, &worst);
+    if (test_runtime().rank() == 0)
+      std::printf("bf16 %s cf %.2f %-20s worst relative difference from one bf16 process %.2e (tolerance %.2e)\n",
+                  model.model.ffn.c_str(), model.model.capacity_factor, k.name.c_str(), worst, kMesh);
+  }
+}
+
+}  // namespace
+
+// CUDA's autograd engine runs backward on its device thread, and with it the
+// recomputed forward of activation checkpointing: that forward must compute
+// in bf16 as the first one did (the policy travels with the model, not with
+// the forward's thread). Same ops in the same order: bitwise equal.
+TEST(Bf16, RecomputationOnTheBackwardThread) {
+  if (test_runtime().size() != 1) GTEST_SKIP() << "one process (-np 1)";
+  for (const char* mode : {"full", "selective"}) {
+    for (Config c : {dense("recompute-thread"), moe("recompute-thread-moe")}) {
+      c.activation_checkpointing = mode;
+      c.name += std::string("-") + mode;
+      SCOPED_TRACE(c.model.ffn + " activation_checkpointing " + mode);
+      const test::Curve here = test::single_process_losses(c);
+      const test::Curve there = test::single_process_losses(c, /*backward_thread=*/true);
+      ASSERT_EQ(here.size(), there.size());
+      for (size_t i = 0; i < here.size(); ++i) {
+        EXPECT_EQ(here[i], there[i]) << "loss of step " << i + 1;
+        EXPECT_EQ(here.grad_norms[i], there.grad_norms[i]) << "grad norm of step " << i + 1;
+      }
+    }
+  }
+}
+
+// The policy is the model's: bf16 on CPU is not fp32 (the casts run), and
+// stays within bf16's tolerance of it.
+TEST(Bf16, OneProcessWithinBf16OfFp32) {
+  if (test_runtime().size() != 1) GTEST_SKIP() << "one process (-np 1)";
+  for (const Config& b : {dense("vs-fp32"), moe("vs-fp32-moe"), dropless("vs-fp32-dropless")}) {
+    Config f = b;
+    f.model.model_dtype = "float32";
+    f.name += "-fp32";
+    const test::Curve ref = test::single_process_losses(f), got = test::single_process_losses(b);
+    double worst = 0;
+    expect_within(ref, got, kFp32, b.model.ffn + " bf16 vs fp32", &worst);
+    std::printf("%s cf %.2f: one bf16 process vs fp32: worst relative difference %.2e (tolerance %.2e)\n",
+                b.model.ffn.c_str(), b.model.capacity_factor, worst, kFp32);
+    EXPECT_GT(worst, 0.0) << "bf16 computed exactly what fp32 does: the casts did not run";
+  }
+}
+
+TEST(Bf16, DenseMeshesMatchOneProcess) { expect_meshes_match_one_process(dense("dense")); }
+TEST(Bf16, MoeMlaMeshesMatchOneProcess) { expect_meshes_match_one_process(moe("moe")); }
+TEST(Bf16, DroplessMoeMeshesMatchOneProcess) { expect_meshes_match_one_process(dropless("dropless")); }
+
+// configs/tiny-jaxformer.json (Jaxformer's architecture at CPU size) in bf16
+// on (2,2,2) with zero_stage 3 and recomputation, backward on its own thread.
+TEST(Bf16, JaxformerZero3RecomputeOn222MatchesOneProcess) {
+  if (test_runtime().size() != 8) GTEST_SKIP() << "the (2,2,2) mesh needs -np 8";
+  const Config c = from_file(base("jaxformer"), "tiny-jaxformer.json");
+  Case k{"222-zero3-full", 2, 2, 2, 1, false, "1f1b", 3, "full", 1, true};
+  double worst = 0;
+  expect_within(test::single_process_losses(c), test::train_losses(on(c, k), true), kMesh, "jaxformer", &worst);
+  if (test_runtime().rank() == 0)
+    std::printf("bf16 tiny-jaxformer (2,2,2) zero_stage 3 full recompute: worst relative difference %.2e\n", worst);
+}
+
+// Sampling through a bf16 pipeline (activations sent in bf16 between the
+// stages) draws the tokens of one bf16 process: pp splits no sum.
+TEST(Bf16, PipelineGenerateMatchesOneProcess) {
+  if (test_runtime().size() != 2) GTEST_SKIP() << "pp 2 needs -np 2";
+  for (const Config& b : {dense("generate"), moe("generate-moe")}) {
+    Config c = b;
+    c.data.micro_batch_size = 2;  // the same microbatches on both: the same weights after training
+    SampleOptions so;
+    so.max_tokens = 12;
+    so.top_k = 8;
+    so.seed = 7;
+    const std::vector<std::vector<int32_t>> prompts = {{1, 5, 26}, {7, 3, 9}};
+    std::vector<std::vector<int32_t>> one, piped;
+    {
+      Config r = c;
+      r.device.n_device_axis = {1, 1, 1};
+      r.name += "-one-rank" + std::to_string(test_runtime().rank());
+      auto world = test_runtime().world();
+      auto self = split_communicator(*world, world->rank(), 0);
+      TrainOptions o;
+      o.fresh = o.quiet = true;
+      Trainer t(r, test_runtime(), o, self.get());
+      t.train();
+      CastScope casts(t.model().model->precision());
+      one = generate(*t.model().model, prompts, so);
+    }
+    Config p = test::with_mesh(c, 1, 2, 1);
+    p.name += "-pp2";
+    TrainOptions o;
+    o.fresh = o.quiet = true;
+    Trainer t(p, test_runtime(), o);
+    t.train();
+    CastScope casts(t.model().model->precision());
+    t.model().model->eval();
+    piped = generate(p.model, at::Device(at::kCPU), pipeline_forward(t.model(), t.mesh()),
+                     pipeline_share(t.model(), t.mesh()), prompts, so);
+    t.model().model->train();
+    SCOPED_TRACE(c.model.ffn);
+    EXPECT_EQ(one, piped);
+  }
+}
