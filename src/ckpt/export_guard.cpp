@@ -69,7 +69,7 @@ void check_export_output(const std::string& ckpt_dir, const std::string& out, bo
   if (!fs::exists(out, ec)) return;
   if (dir_output) {
     MT_CHECK(fs::is_directory(out, ec) && fs::is_empty(out, ec), "checkpoint export: --output ", out,
-             " exists and is not an empty folder (--format hf writes a new folder; choose a new one)");
+             " exists and is not an empty directory (--format hf writes a new folder; choose a new one)");
     return;
   }
   MT_CHECK(!fs::is_directory(out, ec), "checkpoint export: --output ", out,

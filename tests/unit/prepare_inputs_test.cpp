@@ -164,11 +164,13 @@ TEST(PrepareInputs, GzipAndZstdDecompressed) {
   TempDir dir;
   std::string jsonl;
   for (int i = 0; i < 30; ++i) jsonl += nlohmann::json({{"text", "compressed doc " + std::to_string(i)}}).dump() + "\n";
-  write_text(dir / "a.jsonl.gz", gzip(jsonl));
-  write_text(dir / "b.txt.zst", zstd(play(30, "z")));
+  // The inputs in a folder of their own: an --output inside an --input is refused.
+  fs::create_directories(dir / "in");
+  write_text(dir / "in/a.jsonl.gz", gzip(jsonl));
+  write_text(dir / "in/b.txt.zst", zstd(play(30, "z")));
   // Two gzip members back to back (pigz, cat a.gz b.gz) are one stream.
-  write_text(dir / "c.txt.gz", gzip(play(5, "c1")) + gzip(play(5, "c2")));
-  PrepareSummary s = prepare_data(options(dir, {dir.path().string()}));
+  write_text(dir / "in/c.txt.gz", gzip(play(5, "c1")) + gzip(play(5, "c2")));
+  PrepareSummary s = prepare_data(options(dir, {(dir / "in").string()}));
   EXPECT_EQ(s.files, 3);
   EXPECT_EQ(s.train_documents + s.val_documents, 70);
   auto all = documents(dir / "out", "train");
