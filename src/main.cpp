@@ -160,6 +160,8 @@ int run(int argc, char** argv, Runtime& runtime) {
   auto* train = app.add_subcommand("train", "train (resumes from the newest checkpoint of the run dir)");
   train_flags.add_to(train);
   train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
+  train->add_flag("--allow-tokenizer-change", train_opts.allow_tokenizer_change,
+                  "resume a checkpoint on data made by another tokenizer (a warning instead of the refusal)");
   std::string init_from_hf;
   train->add_option("--init-from-hf", init_from_hf,
                     "start from a Hugging Face Llama / DeepSeek-V3 directory (model_config from its config.json)")

@@ -24,6 +24,7 @@
 #include "meshtrain/data/shard_writer.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer_fingerprint.h"
 
 namespace fs = std::filesystem;
 
@@ -227,8 +228,9 @@ SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPla
   const bool uint32 = tok.vocab_size() > 65536;
   std::thread writer([&] {
     try {
-      ShardWriter train((out / "train").string(), "train", opt.shard_tokens, uint32);
-      ShardWriter val((out / "val").string(), "val", opt.shard_tokens, uint32);
+      const std::string fp = tokenizer_fingerprint(tok);  // in every shard header
+      ShardWriter train((out / "train").string(), "train", opt.shard_tokens, uint32, fp);
+      ShardWriter val((out / "val").string(), "val", opt.shard_tokens, uint32, fp);
       for (int64_t next = 0;; ++next) {
         Tokenized t;
         {
@@ -355,6 +357,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
         {"format", "meshtrain-data"},
         {"version", 2},
         {"tokenizer", "tokenizer.json"},
+        {"tokenizer_fingerprint", tokenizer_fingerprint(tok)},
         {"vocab_size", tok.vocab_size()},
         {"eot", tok.eot()},
         {"shard_version", tok.vocab_size() > 65536 ? kShardVersionU32 : kShardVersionU16},
