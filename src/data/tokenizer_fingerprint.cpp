@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/data/tokenizer.h"
+#include "hf_pattern.h"
 #include "pretokenize.h"
 #include "sha256.h"
 
@@ -26,7 +27,8 @@ void put_bytes(std::string& out, const std::string& s) {
 
 std::string tokenizer_fingerprint(const Tokenizer& tok) {
   std::string data = "meshtrain tokenizer fingerprint v1";
-  put_bytes(data, detail::resolve_pattern(tok.pattern()));
+  // As a Hugging Face round trip writes it (equivalent for meshtrain's regex engine).
+  put_bytes(data, detail::hf_canonical_pattern(detail::resolve_pattern(tok.pattern())));
   auto specials = tok.special_tokens();
   std::sort(specials.begin(), specials.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   std::vector<bool> special(static_cast<size_t>(tok.vocab_size()), false);

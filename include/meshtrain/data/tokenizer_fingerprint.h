@@ -10,7 +10,8 @@ namespace meshtrain {
 class Tokenizer;
 
 // 16 lower-case hex digits: the first 64 bits of SHA-256 over
-//   - the pre-tokenizer regex, resolved (a published name and its regex hash alike),
+//   - the pre-tokenizer regex, resolved (a published name and its regex hash alike)
+//     and in the form a Hugging Face tokenizer.json keeps (hf_pattern.h),
 //   - the bytes of every non-special id in id order ("" for unused ids),
 //   - the merges in rank order (left, right, merged ids),
 //   - the special tokens (name, id) in id order,
