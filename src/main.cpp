@@ -249,6 +249,8 @@ int run(int argc, char** argv, Started& started) {
                     "resume from this checkpoint dir (a step_XXXXXXXX folder) instead of the newest")
       ->check(CLI::ExistingDirectory)
       ->excludes(fresh_opt);
+  train->add_flag("--allow-tokenizer-change", train_opts.allow_tokenizer_change,
+                  "resume a checkpoint on data made by another tokenizer (a warning instead of the refusal)");
   std::string init_from_hf;
   train->add_option("--init-from-hf", init_from_hf,
                     "start from a Hugging Face Llama / DeepSeek-V3 directory (model_config from its config.json)")

@@ -13,6 +13,7 @@
 
 #include "json_file.h"
 #include "meshtrain/core/check.h"
+#include "hf_pattern.h"
 #include "meshtrain/data/tokenizer.h"
 #include "pretokenize.h"
 
@@ -180,6 +181,10 @@ std::string hf_pattern(const nlohmann::json& pre, const std::string& path) {
 }
 
 }  // namespace
+
+std::string detail::hf_canonical_pattern(const std::string& regex) {
+  return translate_regex(translate_regex(regex, true), false);
+}
 
 Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   const nlohmann::json j = detail::read_json_file(path, "tokenizer file");

@@ -56,7 +56,8 @@ DataLoader::DataLoader(std::vector<std::string> files, ShardFormat format, int64
   const int64_t need = global_batch * T + 1;
   int64_t largest = 0;
   for (const auto& p : paths_) {
-    sizes_.push_back(ShardReader(p, vocab_size, format_).size());
+    readers_.emplace_back(p, vocab_size, format_);
+    sizes_.push_back(readers_.back().size());
     largest = std::max(largest, sizes_.back());
   }
   MT_CHECK(largest >= need, "data in ", folder, " is too small for batch ", global_batch, " x T ", T,
@@ -89,7 +90,8 @@ DataLoader::DataLoader(std::vector<DataSource> sources, int64_t T, int64_t globa
     MT_CHECK(!src.files.empty() && src.weight > 0, "data blend: dataset ", d, " has no files or a weight <= 0");
     Part part{src.files, {}, src.format, src.weight / total};
     for (const auto& p : part.paths) {
-      part.sizes.push_back(ShardReader(p, vocab_size, src.format).size());
+      part.readers.emplace_back(p, vocab_size, src.format);
+      part.sizes.push_back(part.readers.back().size());
       MT_CHECK(part.sizes.back() >= T + 1, "shard ", p, " holds ", part.sizes.back(),
                " tokens, fewer than one sequence of T + 1 = ", T + 1);
     }
@@ -111,11 +113,6 @@ int64_t DataLoader::num_shards() const {
   auto n = static_cast<int64_t>(paths_.size());
   for (const auto& p : parts_) n += static_cast<int64_t>(p.paths.size());
   return n;
-}
-
-const ShardReader& DataLoader::shard(const std::string& path, ShardFormat format) {
-  if (!current_ || current_->path() != path) current_.emplace(path, vocab_size_, format);
-  return *current_;
 }
 
 Batch DataLoader::next_blended(int64_t global_batch) {
@@ -145,7 +142,7 @@ Batch DataLoader::next_blended(int64_t global_batch) {
     }
     const int64_t row = s - dp_rank_ * b;
     if (row >= 0 && row < b) {
-      auto tokens = shard(part.paths[static_cast<size_t>(c.shard)], part.format).read(c.position, T_ + 1);
+      auto tokens = part.readers[static_cast<size_t>(c.shard)].read(c.position, T_ + 1);
       std::copy(tokens.begin(), tokens.end(), rows.begin() + row * (T_ + 1));
     }
     c.position += T_;
@@ -170,7 +167,7 @@ Batch DataLoader::next(int64_t global_batch) {
   // Only this rank's share is read: sequences [rank*B/dp, (rank+1)*B/dp).
   const int64_t b = global_batch / dp_size_;
   const int64_t begin = cursor_.position + dp_rank_ * b * T_;
-  std::vector<int32_t> tokens = shard(paths_[static_cast<size_t>(cursor_.shard)], format_).read(begin, b * T_ + 1);
+  std::vector<int32_t> tokens = readers_[static_cast<size_t>(cursor_.shard)].read(begin, b * T_ + 1);
   cursor_.position += global_batch * T_;
   auto window = torch::from_blob(tokens.data(), {static_cast<int64_t>(tokens.size())}, torch::kInt32)
                     .to(torch::kInt64);

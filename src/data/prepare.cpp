@@ -25,6 +25,7 @@
 #include "meshtrain/data/shard_writer.h"
 #include "meshtrain/data/shards.h"
 #include "meshtrain/data/tokenizer.h"
+#include "meshtrain/data/tokenizer_fingerprint.h"
 
 namespace fs = std::filesystem;
 
@@ -228,8 +229,9 @@ SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPla
   const bool uint32 = tok.vocab_size() > 65536;
   std::thread writer([&] {
     try {
-      ShardWriter train((out / "train").string(), "train", opt.shard_tokens, uint32);
-      ShardWriter val((out / "val").string(), "val", opt.shard_tokens, uint32);
+      const std::string fp = tokenizer_fingerprint(tok);  // in every shard header
+      ShardWriter train((out / "train").string(), "train", opt.shard_tokens, uint32, fp);
+      ShardWriter val((out / "val").string(), "val", opt.shard_tokens, uint32, fp);
       for (int64_t next = 0;; ++next) {
         Tokenized t;
         {
@@ -372,6 +374,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
         {"format", "meshtrain-data"},
         {"version", 2},
         {"tokenizer", "tokenizer.json"},
+        {"tokenizer_fingerprint", tokenizer_fingerprint(tok)},
         {"vocab_size", tok.vocab_size()},
         {"eot", tok.eot()},
         {"shard_version", tok.vocab_size() > 65536 ? kShardVersionU32 : kShardVersionU16},

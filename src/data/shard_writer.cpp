@@ -9,8 +9,13 @@ namespace fs = std::filesystem;
 
 namespace meshtrain {
 
-ShardWriter::ShardWriter(std::string folder, std::string prefix, int64_t shard_tokens, bool uint32)
-    : folder_(std::move(folder)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens), uint32_(uint32) {
+ShardWriter::ShardWriter(std::string folder, std::string prefix, int64_t shard_tokens, bool uint32,
+                         std::string tokenizer_fingerprint)
+    : folder_(std::move(folder)),
+      prefix_(std::move(prefix)),
+      shard_tokens_(shard_tokens),
+      uint32_(uint32),
+      fingerprint_(std::move(tokenizer_fingerprint)) {
   MT_CHECK(shard_tokens_ > 0, "shard size must be positive, got ", shard_tokens_);
   fs::create_directories(folder_);
 }
@@ -23,7 +28,8 @@ std::string ShardWriter::name(size_t index) const {
 
 void ShardWriter::flush_shard() {
   names_.push_back(name(names_.size()));
-  write_shard((fs::path(folder_) / names_.back()).string(), buffer_, uint32_ ? kShardVersionU32 : kShardVersionU16);
+  write_shard((fs::path(folder_) / names_.back()).string(), buffer_, uint32_ ? kShardVersionU32 : kShardVersionU16,
+              fingerprint_);
   written_ += static_cast<int64_t>(buffer_.size());
   buffer_.clear();
 }

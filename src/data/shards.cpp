@@ -1,12 +1,18 @@
 #include "meshtrain/data/shards.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/data/tokenizer_fingerprint.h"
 
 namespace fs = std::filesystem;
 
@@ -47,9 +53,22 @@ std::string npy_field(const std::string& header, const std::string& key, const s
   return header.substr(b, e == std::string::npos ? std::string::npos : e - b);
 }
 
+// Closes a POSIX file descriptor on every path out of a read.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
 }  // namespace
 
-void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int version) {
+void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int version,
+                 const std::string& tokenizer_fingerprint) {
   MT_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "shard ", path, ": ",
            tokens.size(), " tokens exceed the int32 count in the llm.c header; split into more shards");
   int32_t max_token = 0;
@@ -66,6 +85,11 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
   header[0] = version == kShardVersionU16 ? kShardMagic : kShardMagicU32;
   header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
+  if (const uint64_t fp = fingerprint_bits(tokenizer_fingerprint)) {
+    header[3] = kShardFingerprintTag;
+    header[4] = static_cast<int32_t>(static_cast<uint32_t>(fp & 0xFFFFFFFFu));
+    header[5] = static_cast<int32_t>(static_cast<uint32_t>(fp >> 32));
+  }
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -86,9 +110,11 @@ ShardReader::ShardReader(std::string path, int64_t vocab_size, ShardFormat forma
     : path_(std::move(path)), vocab_size_(vocab_size) {
   std::ifstream in(path_, std::ios::binary);
   MT_CHECK(in, "cannot open shard ", path_);
-  std::error_code ec;
-  const auto file_size = static_cast<int64_t>(fs::file_size(path_, ec));
-  MT_CHECK(!ec, "cannot stat shard ", path_, ": ", ec.message());
+  struct stat st{};
+  MT_CHECK(::stat(path_.c_str(), &st) == 0, "cannot stat shard ", path_, ": ", std::strerror(errno));
+  stamp_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
+            mtime_ns(st)};
+  const auto file_size = static_cast<int64_t>(st.st_size);
   if (fs::path(path_).extension() == ".npy") {
     char pre[10];
     MT_CHECK(in.read(pre, 10) && std::memcmp(pre, "\x93NUMPY", 6) == 0, "shard ", path_,
@@ -156,6 +182,9 @@ ShardReader::ShardReader(std::string path, int64_t vocab_size, ShardFormat forma
     item_size_ = u16 ? 2 : 4;
     item_signed_ = false;
     num_tokens_ = header[2];
+    if (header[3] == kShardFingerprintTag)
+      fingerprint_ = fingerprint_string(uint64_t{static_cast<uint32_t>(header[4])} |
+                                        uint64_t{static_cast<uint32_t>(header[5])} << 32);
     data_offset_ = kHeaderBytes;
   }
   const int64_t expected = data_offset_ + num_tokens_ * item_size_;
@@ -167,12 +196,33 @@ ShardReader::ShardReader(std::string path, int64_t vocab_size, ShardFormat forma
 std::vector<int32_t> ShardReader::read(int64_t begin, int64_t count) const {
   MT_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens_, "shard ", path_, ": tokens [", begin, ", ",
            begin + count, ") are outside its ", num_tokens_, " tokens");
-  std::ifstream in(path_, std::ios::binary);
-  MT_CHECK(in, "cannot open shard ", path_);
+  // The file must still be the one whose header was read: a shard replaced
+  // under a running train (prepare-data over its data_dir) holds other
+  // tokens, perhaps of another tokenizer, at the same offsets.
+  const Fd f{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+  MT_CHECK(f.fd >= 0, "shard ", path_, " cannot be opened any more (", std::strerror(errno),
+           "): it was removed or replaced since training opened it (prepare-data run again over the data?); "
+           "stopping rather than training on other data");
+  struct stat st{};
+  MT_CHECK(::fstat(f.fd, &st) == 0, "cannot stat shard ", path_, ": ", std::strerror(errno));
+  const Stamp now{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                  static_cast<int64_t>(st.st_size), mtime_ns(st)};
+  MT_CHECK(now == stamp_, "shard ", path_, " changed on disk since training opened it (",
+           now.inode != stamp_.inode || now.device != stamp_.device ? "replaced by another file"
+                                                                    : "rewritten in place",
+           ", ", stamp_.size, " -> ", now.size, " bytes; prepare-data run again over the data?): stopping rather "
+           "than training on other tokens. Restart the run to use the new data (a checkpoint made with another "
+           "tokenizer is refused on resume)");
   std::vector<char> raw(static_cast<size_t>(count * item_size_));
-  in.seekg(data_offset_ + begin * item_size_);
-  MT_CHECK(in.read(raw.data(), static_cast<std::streamsize>(raw.size())), "shard ", path_,
-           ": short read of tokens [", begin, ", ", begin + count, ") (file changed while training?)");
+  size_t done = 0;
+  while (done < raw.size()) {
+    const ssize_t n = ::pread(f.fd, raw.data() + done, raw.size() - done,
+                              static_cast<off_t>(data_offset_ + begin * item_size_) + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    MT_CHECK(n > 0, "shard ", path_, ": short read of tokens [", begin, ", ", begin + count, ") (",
+             n < 0 ? std::strerror(errno) : "end of file", ")");
+    done += static_cast<size_t>(n);
+  }
   std::vector<int32_t> tokens(static_cast<size_t>(count));
   const int64_t limit = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int32_t>::max();
   for (int64_t i = 0; i < count; ++i) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/export_guard.h"
@@ -178,10 +179,104 @@ at::Tensor HfCheckpoint::tensor(const std::string& name) const {
   return f.get(name);
 }
 
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Older Llama checkpoints saved RoPE's inverse frequencies as buffers; they
+// follow from rope_theta and are not weights (transformers skips them too).
+bool is_rotary_buffer(const std::string& name) {
+  const std::string tail = ".rotary_emb.inv_freq";
+  return name.size() > tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// For an extra tensor under model.layers.N: the layer config.json does not declare.
+std::string undeclared_layer(const std::string& name, int64_t n_layers) {
+  const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return "";
+  const size_t end = name.find('.', prefix.size());
+  const std::string digits = name.substr(prefix.size(), end == std::string::npos ? std::string::npos : end - prefix.size());
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return "";
+  const int64_t i = std::stoll(digits);
+  if (i < n_layers) return "";
+  return " (layer " + digits + " is not declared: config.json has num_hidden_layers " + std::to_string(n_layers) + ")";
+}
+
+}  // namespace
+
+void HfCheckpoint::check_tensors(const ModelConfig& m) const {
+  const auto shapes = hf_tensor_shapes(m);
+  const std::map<std::string, std::vector<int64_t>> expected(shapes.begin(), shapes.end());
+  std::vector<std::string> problems;
+  std::set<std::string> present;
+  for (const auto& [file, f] : files_) {
+    for (const auto& name : f.names()) {
+      const std::string at = name + " (" + file + ")";
+      const auto listed = file_of_.find(name);
+      if (listed == file_of_.end() || listed->second != file) {
+        problems.push_back(at + ": not listed for this file in model.safetensors.index.json");
+        continue;
+      }
+      present.insert(name);
+      if (is_rotary_buffer(name)) continue;
+      if (name == "lm_head.weight" && m.tie_embeddings) continue;  // checked below
+      const auto it = expected.find(name);
+      if (it == expected.end()) {
+        problems.push_back(at + ": extra tensor, not part of the " + hf_model_type(m) + " model config.json describes" +
+                           undeclared_layer(name, m.n_layers()));
+        continue;
+      }
+      const at::ScalarType dtype = f.dtype(name);
+      if (!at::isFloatingType(dtype))
+        problems.push_back(at + ": dtype " + safetensors_dtype_name(dtype) +
+                           ", weights must be floating point (F32, F16, BF16, F64)");
+      if (f.shape(name) != it->second)
+        problems.push_back(at + ": shape " + shape_text(f.shape(name)) + ", config.json implies " +
+                           shape_text(it->second));
+    }
+  }
+  for (const auto& [name, file] : file_of_)
+    if (!present.count(name) && files_.count(file) && !files_.at(file).has(name))
+      problems.push_back(name + " (" + file + "): listed in model.safetensors.index.json but absent from the file");
+  for (const auto& [name, shape] : shapes)
+    if (!file_of_.count(name)) problems.push_back(name + ": missing (config.json implies it, shape " + shape_text(shape) + ")");
+  // A tied model may still store lm_head: only as a copy of the embedding.
+  if (m.tie_embeddings && file_of_.count("lm_head.weight") && present.count("lm_head.weight") &&
+      problems.empty()) {
+    const at::Tensor head = tensor("lm_head.weight"), embed = tensor("model.embed_tokens.weight");
+    if (!head.sizes().equals(embed.sizes()) || !at::equal(head.to(at::kFloat), embed.to(at::kFloat)))
+      problems.push_back("lm_head.weight (" + file_of_.at("lm_head.weight") +
+                         "): differs from model.embed_tokens.weight, but config.json ties them "
+                         "(tie_word_embeddings true), so it would be ignored");
+  }
+  // Weights in a file the index does not name would be ignored.
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string file = entry.path().filename().string();
+    if (entry.path().extension() == ".safetensors" && !files_.count(file))
+      problems.push_back(file + ": a weights file that " +
+                         (fs::exists(fs::path(dir_) / "model.safetensors.index.json") ? "model.safetensors.index.json"
+                                                                                       : "this directory's layout") +
+                         " does not name (its tensors would be ignored)");
+  }
+  if (problems.empty()) return;
+  constexpr size_t kShown = 30;
+  std::string list;
+  for (size_t i = 0; i < problems.size() && i < kShown; ++i) list += "\n  " + problems[i];
+  if (problems.size() > kShown) list += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+  MT_FAIL("Hugging Face model ", dir_, ": its tensors do not match its config.json (", problems.size(),
+          " problem(s); every tensor must be one the architecture needs, with its shape and a floating-point dtype):",
+          list);
+}
+
 Config with_hf_model(Config cfg, const std::string& dir) {
   MT_CHECK(fs::is_directory(dir), "--init-from-hf ", dir, " is not a directory");
   cfg.model = model_config_from_hf(read_json(fs::path(dir) / "config.json"), cfg.model);
   validate(cfg);
+  HfCheckpoint(dir).check_tensors(cfg.model);  // before any work, on headers only
   return cfg;
 }
 
@@ -213,6 +308,7 @@ Config with_checkpoint_hf_model(Config cfg, const std::string& checkpoint, std::
 
 std::map<std::string, at::Tensor> load_hf_model(const std::string& dir, const ModelConfig& m) {
   const HfCheckpoint hf(dir);
+  hf.check_tensors(m);
   auto tensors = from_hf_tensors(m, [&](const std::string& name) { return hf.tensor(name).to(at::kFloat); });
   return tensors;
 }

@@ -7,6 +7,7 @@
 #include "meshtrain/hf/hf_model.h"
 #include "meshtrain/model/attention.h"
 #include "meshtrain/model/moe.h"
+#include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
 
@@ -93,9 +94,9 @@ NamedTensors to_hf_tensors(const ModelConfig& m, const TensorSource& mt) {
       } else {
         // V3 always runs one shared expert: a zero down projection makes it add nothing.
         const int64_t hid = m.hidden_dim(), d = m.model_dimension;
-        put(s + "gate_proj.weight", at::zeros({hid, d}));
-        put(s + "up_proj.weight", at::zeros({hid, d}));
-        put(s + "down_proj.weight", at::zeros({d, hid}));
+        put(s + "gate_proj.weight", at::zeros({hid, d}, g.options()));  // meta when only shapes are asked
+        put(s + "up_proj.weight", at::zeros({hid, d}, g.options()));
+        put(s + "down_proj.weight", at::zeros({d, hid}, g.options()));
       }
     } else if (m.swiglu()) {
       put(p + "mlp.gate_proj.weight", mt(q + "mlp.w_gate.weight"));
@@ -114,6 +115,21 @@ NamedTensors to_hf_tensors(const ModelConfig& m, const TensorSource& mt) {
   }
   put("model.norm.weight", mt("final_norm.weight"));
   if (!m.tie_embeddings) put("lm_head.weight", mt("head.weight").narrow(0, 0, V));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_shapes(const ModelConfig& m) {
+  MetaLayerFactory meta;
+  Transformer model(m, meta);
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
+  const NamedTensors hf = to_hf_tensors(m, [&](const std::string& name) {
+    const auto it = params.find(name);
+    MT_ASSERT(it != params.end(), "hf_tensor_shapes: the model has no parameter '", name, "'");
+    return it->second;
+  });
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& [name, t] : hf) out.emplace_back(name, t.sizes().vec());
   return out;
 }
 

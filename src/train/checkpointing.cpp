@@ -56,6 +56,11 @@ void Trainer::save_checkpoint() {
   header["config"] = to_json(cfg_);
   header["mesh"] = {mesh_->shape().dp, mesh_->shape().pp, mesh_->shape().tp};
   if (!opts_.init_from_hf.empty()) header["init_from_hf"] = opts_.init_from_hf;
+  // Which tokenizer made the data these weights learned from (checked on resume).
+  if (!data_tokenizer_.fingerprint.empty()) {
+    header["tokenizer_fingerprint"] = data_tokenizer_.fingerprint;
+    header["tokenizer_data"] = data_tokenizer_.where;
+  }
   checkpointer_->save(step_, header);
   spdlog::info("saved checkpoint of step {} in {}/checkpoints", step_, cfg_.run_dir());
 }
@@ -73,6 +78,33 @@ void Trainer::check_resumed_config(const std::string& dir, const nlohmann::json&
             " in this one)");
   }
   for (const auto& line : diff.warned) spdlog::warn("resuming {} with a changed config key: {}", dir, line);
+  check_resumed_tokenizer(dir, trainer_state);
+}
+
+// The ids the checkpoint learned must mean the same tokens in the data it goes
+// on with; a checkpoint or data without a fingerprint cannot be checked.
+void Trainer::check_resumed_tokenizer(const std::string& dir, const nlohmann::json& trainer_state) const {
+  const auto saved = trainer_state.contains("tokenizer_fingerprint") && trainer_state["tokenizer_fingerprint"].is_string()
+                         ? trainer_state["tokenizer_fingerprint"].get<std::string>()
+                         : std::string();
+  const std::string& now = data_tokenizer_.fingerprint;
+  if (saved.empty() || now.empty()) {
+    if (is_rank0_ && saved.empty())
+      spdlog::info("note: checkpoint {} does not record which tokenizer made its data (saved before fingerprints): "
+                   "it cannot be checked against this run's data", dir);
+    else if (is_rank0_)
+      spdlog::info("note: this run's data has no tokenizer fingerprint: it cannot be checked against checkpoint {}'s "
+                   "(tokenizer {})", dir, saved);
+    return;
+  }
+  if (saved == now) return;
+  const std::string saved_where = trainer_state.value("tokenizer_data", std::string("?"));
+  const std::string what = detail::concat("checkpoint ", dir, " was trained on data of tokenizer ", saved, " (",
+                                          saved_where, "), but this run's data is of tokenizer ", now, " (",
+                                          data_tokenizer_.where, "): the same ids mean different tokens");
+  MT_CHECK(opts_.allow_tokenizer_change, what, ". Point data_config at data of the checkpoint's tokenizer, or pass ",
+           "train --allow-tokenizer-change to continue on the new data on purpose");
+  if (is_rank0_) spdlog::warn("{}; continuing because of --allow-tokenizer-change", what);
 }
 
 void Trainer::apply_header(const nlohmann::json& st) {

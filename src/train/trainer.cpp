@@ -142,6 +142,26 @@ std::vector<DataSource> blend_sources(const Config& cfg) {
   return sources;
 }
 
+// Every dataset the run reads with its shard files, for the tokenizer check
+// (data/data_tokenizer.h): the training data (data_dir or each blend member)
+// and the validation data (data_dir).
+std::vector<DatasetFiles> run_datasets(const Config& cfg) {
+  if (cfg.data.format == "nanogpt" && cfg.data.datasets.empty())
+    return {{cfg.data.data_dir, {nanogpt_file(cfg, "train.bin"), nanogpt_file(cfg, "val.bin")}, ShardFormat::kNanoGpt}};
+  std::vector<DatasetFiles> out;
+  if (cfg.data.datasets.empty()) {
+    DatasetFiles d{cfg.data.data_dir, list_shards(data_folder(cfg, cfg.data.train_folder_name)), ShardFormat::kLlmc};
+    for (auto& f : list_shards(data_folder(cfg, cfg.data.val_folder_name))) d.files.push_back(std::move(f));
+    out.push_back(std::move(d));
+    return out;
+  }
+  const auto sources = blend_sources(cfg);
+  for (size_t i = 0; i < sources.size(); ++i)
+    out.push_back({cfg.data.datasets[i].path, sources[i].files, sources[i].format});
+  out.push_back({cfg.data.data_dir, list_shards(data_folder(cfg, cfg.data.val_folder_name)), ShardFormat::kLlmc});
+  return out;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const Communicator* world)
@@ -182,6 +202,15 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   const int dp_rank = mesh_->coord().dp, dp = shape.dp;
   MT_CHECK(!opts_.meta || world->size() == 1, "the meta device models one rank; run it without mpirun (world ",
            world->size(), ")");
+  if (!opts_.meta) {
+    // Before any loader: a shard of another tokenizer is named, not read.
+    data_tokenizer_ = check_data_tokenizer(run_datasets(cfg_));
+    if (is_rank0_) {
+      for (const auto& note : data_tokenizer_.notes) spdlog::info("note: {}", note);
+      if (!data_tokenizer_.fingerprint.empty())
+        spdlog::info("data: tokenizer {} ({})", data_tokenizer_.fingerprint, data_tokenizer_.where);
+    }
+  }
   if (opts_.meta) {
     // Synthetic batches (next_train_batch): no data folder is read.
   } else if (!cfg_.data.datasets.empty()) {

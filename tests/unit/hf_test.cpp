@@ -5,6 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "data_test_util.h"
+#include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/hf/hf_dir.h"
 #include "meshtrain/hf/hf_model.h"
 #include "meshtrain/model/transformer.h"
@@ -155,6 +160,147 @@ TEST(HfMapping, ShardSizes) {
   EXPECT_EQ(parse_shard_size("123"), 123);
   EXPECT_THROW(parse_shard_size("5 GiB"), std::exception);
   EXPECT_THROW(parse_shard_size("GB"), std::exception);
+}
+
+// ---------------------------------------------------------------- import accounting
+// An HF directory written here (config.json + safetensors), then spoilt one
+// way at a time: every tensor of the files must be one the architecture of
+// config.json needs, with its shape and a floating-point dtype.
+
+using Tensors = std::map<std::string, at::Tensor>;
+
+Tensors hf_tensors_of(const ModelConfig& m) {
+  const auto hf = to_hf_tensors(m, from(random_params(m)));
+  return Tensors(hf.begin(), hf.end());
+}
+
+void write_hf_dir(const std::filesystem::path& dir, const ModelConfig& m, const Tensors& t) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << hf_config_json(m, 0).dump(2);
+  write_safetensors((dir / "model.safetensors").string(), NamedTensors(t.begin(), t.end()));
+}
+
+// The import's error for dir ("" when it loads).
+std::string import_error(const std::filesystem::path& dir) {
+  return test::error_of([&] {
+    const ModelConfig m = model_config_from_hf(
+        nlohmann::json::parse(std::ifstream(dir / "config.json")), ModelConfig{});
+    load_hf_model(dir.string(), m);
+  });
+}
+
+bool has(const std::string& msg, const std::string& part) { return msg.find(part) != std::string::npos; }
+
+TEST(HfImport, EveryTensorIsAccountedFor) {
+  test::TempDir dir;
+  for (const ModelConfig& m : {llama(), v3()}) {
+    const Tensors good = hf_tensors_of(m);
+    write_hf_dir(dir / "good", m, good);
+    EXPECT_EQ(import_error(dir / "good"), "");
+    const ModelConfig back = model_config_from_hf(hf_config_json(m, 0), ModelConfig{});
+    EXPECT_EQ(load_hf_model((dir / "good").string(), back).size(), random_params(m).size());
+    std::filesystem::remove_all(dir / "good");
+  }
+}
+
+TEST(HfImport, LayersBeyondConfigAreRefusedNotDropped) {
+  test::TempDir dir;
+  const ModelConfig m = llama();
+  Tensors t = hf_tensors_of(m);
+  const int64_t L = m.n_layers();
+  const std::string from_layer = "model.layers." + std::to_string(L - 1) + ".";
+  const std::string to_layer = "model.layers." + std::to_string(L) + ".";
+  Tensors extra;
+  for (const auto& [name, v] : t)
+    if (name.rfind(from_layer, 0) == 0) extra[to_layer + name.substr(from_layer.size())] = v;
+  t.insert(extra.begin(), extra.end());
+  write_hf_dir(dir / "hf", m, t);
+  const std::string msg = import_error(dir / "hf");
+  EXPECT_TRUE(has(msg, to_layer + "input_layernorm.weight (model.safetensors)") && has(msg, "not declared") &&
+              has(msg, "num_hidden_layers " + std::to_string(L)))
+      << msg;
+}
+
+TEST(HfImport, ExtraMissingShapeAndDtypeEachNameTheTensor) {
+  test::TempDir dir;
+  const ModelConfig m = llama();
+  const Tensors good = hf_tensors_of(m);
+  struct Case {
+    std::string name, expect;
+    std::function<void(Tensors&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"extra", "model.layers.0.self_attn.q_norm.weight (model.safetensors): extra tensor",
+       [](Tensors& t) { t["model.layers.0.self_attn.q_norm.weight"] = at::ones({8}); }},
+      {"missing", "model.norm.weight: missing", [](Tensors& t) { t.erase("model.norm.weight"); }},
+      {"short embedding", "model.embed_tokens.weight (model.safetensors): shape [47, 32], config.json implies [50, 32]",
+       [](Tensors& t) { t["model.embed_tokens.weight"] = t["model.embed_tokens.weight"].narrow(0, 0, 47); }},
+      {"long head", "lm_head.weight (model.safetensors): shape [64, 32]",
+       [](Tensors& t) { t["lm_head.weight"] = at::randn({64, 32}); }},
+      {"integer dtype", "model.layers.1.input_layernorm.weight (model.safetensors): dtype I32",
+       [](Tensors& t) { t["model.layers.1.input_layernorm.weight"] = at::ones({32}, at::kInt); }},
+      {"bool dtype", "model.layers.0.self_attn.k_proj.weight (model.safetensors): dtype BOOL",
+       [](Tensors& t) { t["model.layers.0.self_attn.k_proj.weight"] = t["model.layers.0.self_attn.k_proj.weight"].gt(0); }},
+  };
+  for (const auto& c : cases) {
+    Tensors t = good;
+    c.spoil(t);
+    const auto d = dir / c.name;
+    write_hf_dir(d, m, t);
+    const std::string msg = import_error(d);
+    EXPECT_TRUE(has(msg, c.expect) && has(msg, d.string())) << c.name << ": " << msg;
+  }
+  // Half-precision weights are fine.
+  Tensors half = good;
+  for (auto& [name, v] : half) v = v.to(at::kBFloat16);
+  write_hf_dir(dir / "bf16", m, half);
+  EXPECT_EQ(import_error(dir / "bf16"), "");
+}
+
+TEST(HfImport, ShardsAndTheIndexMustAgree) {
+  test::TempDir dir;
+  const ModelConfig m = llama();
+  const Tensors good = hf_tensors_of(m);
+  const auto d = dir / "hf";
+  std::filesystem::create_directories(d);
+  std::ofstream(d / "config.json") << hf_config_json(m, 0).dump(2);
+  NamedTensors first, second;
+  nlohmann::json map = nlohmann::json::object();
+  size_t i = 0;
+  for (const auto& [name, v] : good) {
+    const bool one = i++ % 2 == 0;
+    (one ? first : second).emplace_back(name, v);
+    map[name] = one ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  // A tensor in a shard that the index does not list would be ignored.
+  second.emplace_back("model.layers.0.mlp.extra.weight", at::ones({4}));
+  write_safetensors((d / "model-00001-of-00002.safetensors").string(), first);
+  write_safetensors((d / "model-00002-of-00002.safetensors").string(), second);
+  std::ofstream(d / "model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+  std::string msg = import_error(d);
+  EXPECT_TRUE(has(msg, "model.layers.0.mlp.extra.weight (model-00002-of-00002.safetensors): not listed")) << msg;
+  second.pop_back();
+  write_safetensors((d / "model-00002-of-00002.safetensors").string(), second);
+  EXPECT_EQ(import_error(d), "");
+  // So would a weights file the index does not name.
+  write_safetensors((d / "model-00003-of-00003.safetensors").string(), {{"lm_head.weight", at::ones({2})}});
+  msg = import_error(d);
+  EXPECT_TRUE(has(msg, "model-00003-of-00003.safetensors") && has(msg, "does not name")) << msg;
+}
+
+TEST(HfImport, TiedModelMayStoreTheHeadOnlyAsACopy) {
+  test::TempDir dir;
+  ModelConfig m = llama();
+  m.tie_embeddings = true;
+  Tensors t = hf_tensors_of(m);
+  ASSERT_FALSE(t.count("lm_head.weight"));
+  t["lm_head.weight"] = t.at("model.embed_tokens.weight").clone();
+  write_hf_dir(dir / "copy", m, t);
+  EXPECT_EQ(import_error(dir / "copy"), "");
+  t["lm_head.weight"] = at::randn_like(t.at("model.embed_tokens.weight"));
+  write_hf_dir(dir / "other", m, t);
+  const std::string msg = import_error(dir / "other");
+  EXPECT_TRUE(has(msg, "lm_head.weight (model.safetensors)") && has(msg, "tie_word_embeddings")) << msg;
 }
 
 }  // namespace

@@ -85,8 +85,8 @@ class DataLoader {
     std::vector<int64_t> sizes;
     ShardFormat format;
     double weight;
+    std::vector<ShardReader> readers;  // one per path, opened by the constructor
   };
-  const ShardReader& shard(const std::string& path, ShardFormat format);
   Batch next_blended(int64_t global_batch);
 
   std::vector<Part> parts_;  // blends: one per dataset
@@ -97,7 +97,10 @@ class DataLoader {
   int64_t vocab_size_;
   ShardFormat format_ = ShardFormat::kLlmc;
   Cursor cursor_;
-  std::optional<ShardReader> current_;  // the one open shard
+  // Every shard as the constructor opened it (header only; no file stays
+  // open): each read checks the file is still that one (shards.h), so data
+  // replaced under a running train is an error, never silently other tokens.
+  std::vector<ShardReader> readers_;
 };
 
 }  // namespace meshtrain

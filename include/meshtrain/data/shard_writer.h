@@ -12,8 +12,10 @@ namespace meshtrain {
 class ShardWriter {
  public:
   // uint32: llm.c's uint32 format (magic 20240801, version 7), else uint16
-  // (magic 20240520, version 1).
-  ShardWriter(std::string folder, std::string prefix, int64_t shard_tokens, bool uint32);
+  // (magic 20240520, version 1). tokenizer_fingerprint goes into every
+  // shard's header (shards.h; "" for none).
+  ShardWriter(std::string folder, std::string prefix, int64_t shard_tokens, bool uint32,
+              std::string tokenizer_fingerprint = "");
 
   void append(const std::vector<int32_t>& tokens);
   // Writes what is left. A tail shorter than half a shard is appended to the
@@ -30,6 +32,7 @@ class ShardWriter {
   std::string folder_, prefix_;
   int64_t shard_tokens_;
   bool uint32_;
+  std::string fingerprint_;
   std::vector<int32_t> buffer_;
   std::vector<std::string> names_;
   int64_t written_ = 0;

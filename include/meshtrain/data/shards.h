@@ -5,6 +5,12 @@
 // format). meshtrain's older uint32 files (magic 20240520 version 2) are still
 // read. Also read: .npy arrays of any integer dtype with shape (N,) or (N, 1),
 // and nanoGPT's headerless uint16 train.bin / val.bin (ShardFormat::kNanoGpt).
+//
+// meshtrain's own shards also carry the fingerprint of the tokenizer that
+// made them (tokenizer_fingerprint.h) in header slots llm.c leaves zero:
+// header[3] = kShardFingerprintTag, header[4..5] = the 64 bits, low word
+// first. llm.c's readers (llmc/dataloader.h, the Python loaders beside it)
+// check only header[0..2] and the file size, so they read these files as before.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,18 +22,24 @@ constexpr int32_t kShardMagicU32 = 20240801;  // uint32 (version 7)
 constexpr int kShardVersionU16 = 1;
 constexpr int kShardVersionU32 = 7;
 constexpr int64_t kShardHeaderInts = 256;
+constexpr int32_t kShardFingerprintTag = 0x4d544650;  // "MTFP" read as a number: header[4..5] hold a fingerprint
 
 // How a *.bin file is laid out: llm.c's header, or nanoGPT's raw uint16.
 enum class ShardFormat { kLlmc, kNanoGpt };
 
 // version: 1 (uint16), 7 (uint32), or 0 to pick the smallest that holds every
 // token. Written under a temporary name and renamed, so readers never see a
-// half-written shard.
-void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int version = 0);
+// half-written shard. tokenizer_fingerprint: "" or 16 hex digits, stored in the header.
+void write_shard(const std::string& path, const std::vector<int32_t>& tokens, int version = 0,
+                 const std::string& tokenizer_fingerprint = "");
 
 // One shard file opened for reading: the header is parsed and checked against
 // the file size on construction; read() fetches any token range, so a big
-// shard never has to sit in memory whole.
+// shard never has to sit in memory whole. Every read() first checks that the
+// file is still the one opened (device, inode, size, modification time): a
+// shard replaced under a running train -- prepare-data run again over its
+// data_dir -- stops it with an error naming the file instead of feeding it
+// other tokens.
 class ShardReader {
  public:
   // vocab_size > 0: read() refuses token ids >= vocab_size.
@@ -35,6 +47,9 @@ class ShardReader {
 
   const std::string& path() const { return path_; }
   int64_t size() const { return num_tokens_; }
+  // The header's tokenizer fingerprint; "" when it has none (llm.c's own
+  // files, older meshtrain shards, .npy, nanoGPT).
+  const std::string& tokenizer_fingerprint() const { return fingerprint_; }
   std::vector<int32_t> read(int64_t begin, int64_t count) const;
   std::vector<int32_t> read_all() const { return read(0, num_tokens_); }
 
@@ -45,6 +60,16 @@ class ShardReader {
   int64_t data_offset_ = 0;  // bytes before the first token
   int item_size_ = 2;        // bytes per token: 1, 2, 4 or 8 (little-endian)
   bool item_signed_ = false;
+  std::string fingerprint_;
+  // What the file was when opened (stat): read() refuses a file that changed.
+  struct Stamp {
+    uint64_t device = 0, inode = 0;
+    int64_t size = 0, mtime_ns = 0;
+    bool operator==(const Stamp& o) const {
+      return device == o.device && inode == o.inode && size == o.size && mtime_ns == o.mtime_ns;
+    }
+  };
+  Stamp stamp_;
 };
 
 std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size = 0,

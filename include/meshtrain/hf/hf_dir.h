@@ -42,6 +42,15 @@ class HfCheckpoint {
   const nlohmann::json& config() const { return config_; }
   bool has(const std::string& name) const { return file_of_.count(name) > 0; }
   at::Tensor tensor(const std::string& name) const;  // throws naming the directory when missing
+  // Accounts for every tensor of the files against model m (from its
+  // config.json): a tensor m does not have (e.g. a layer past
+  // num_hidden_layers), one m needs that is missing, a shape other than m's
+  // (HF's unpadded vocabulary rows), an integer or bool dtype, a tensor in a
+  // shard that the index does not list there, a *.safetensors file the index
+  // does not name -- each is an error naming the tensor and its file, all
+  // listed in one message. Headers only: no weights are read (except
+  // lm_head.weight of a tied model, which must equal the embedding).
+  void check_tensors(const ModelConfig& m) const;
 
  private:
   std::string dir_;

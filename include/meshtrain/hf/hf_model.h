@@ -55,6 +55,11 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const ModelConfig& bas
 
 // meshtrain tensors (by global name, vocab rows possibly padded) -> HF tensors.
 NamedTensors to_hf_tensors(const ModelConfig& m, const TensorSource& mt);
+// Every HF tensor model m implies, with its shape (HF's own, unpadded
+// vocabulary), in to_hf_tensors' order: what an import accounts the files
+// against. Computed by running to_hf_tensors on a model built on the meta
+// device, so it cannot drift from the export.
+std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_shapes(const ModelConfig& m);
 // HF tensors -> meshtrain tensors by global name (unpadded vocabulary). The
 // Llama GELU pattern (mlp_bias) is checked, not assumed.
 std::map<std::string, at::Tensor> from_hf_tensors(const ModelConfig& m, const TensorSource& hf);

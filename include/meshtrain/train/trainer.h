@@ -11,6 +11,7 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/watchdog.h"
+#include "meshtrain/data/data_tokenizer.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/prefetcher.h"
 #include "meshtrain/data/tokenizer.h"
@@ -30,6 +31,9 @@ struct TrainOptions {
   std::string checkpoint;          // load this checkpoint dir instead of the newest
   bool require_checkpoint = false; // no checkpoint to load is an error (eval, generate)
   bool load_data_cursor = true;    // restore the loaders' positions from the checkpoint
+  // Resume a checkpoint whose data was made by another tokenizer (a warning
+  // instead of the refusal; train --allow-tokenizer-change).
+  bool allow_tokenizer_change = false;
   bool quiet = false;              // no per-step console lines
   // The performance model (`bench --device meta`): parameters and activations
   // are meta tensors (shapes only) and batches are synthetic, so no data
@@ -132,6 +136,7 @@ class Trainer {
   void setup_checkpointing();
   void resume();
   void check_resumed_config(const std::string& dir, const nlohmann::json& trainer_state) const;
+  void check_resumed_tokenizer(const std::string& dir, const nlohmann::json& trainer_state) const;
   void apply_header(const nlohmann::json& trainer_state);
   // Locks the run dir (one training per run dir) and opens metrics.jsonl; train() calls it.
   void open_run_dir();
@@ -160,6 +165,7 @@ class Trainer {
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;  // over train_loader_; declared after it, destroyed before it
   std::unique_ptr<Tokenizer> tokenizer_;
+  DataTokenizer data_tokenizer_;  // which tokenizer made the data (checked at start-up, saved, checked on resume)
   std::unique_ptr<RunLock> run_lock_;      // rank 0, while training
   std::unique_ptr<MetricsLogger> metrics_;  // opened by train()
   std::unique_ptr<Checkpointer> checkpointer_;
