@@ -7,19 +7,9 @@
 
 #include <mutex>
 
+#include "meshtrain/core/splitmix.h"
+
 namespace meshtrain {
-namespace {
-
-// splitmix64's finaliser: nearby (seed, salt) pairs give unrelated seeds.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 at::Tensor with_forked_generator(const c10::Device& device, uint64_t salt, const std::function<at::Tensor()>& draw) {
   if (!device.is_cpu() && !device.is_cuda()) return draw();
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
@@ -33,7 +23,7 @@ at::Tensor with_forked_generator(const c10::Device& device, uint64_t salt, const
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
     saved = gen.get_state();
-    gen.set_current_seed(mix(base ^ mix(salt)));
+    gen.set_current_seed(splitmix64(base ^ splitmix64(salt)));
   }
   // The default stream continues where it was, also when draw throws.
   struct Restore {

@@ -2,19 +2,13 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/splitmix.h"
 #include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/layers.h"
 
 namespace meshtrain {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 class PlainEmbedding : public Embedding {
  public:
