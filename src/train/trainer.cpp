@@ -189,7 +189,9 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, TrainOptions opts, const C
   watchdog_->beat("start-up: mesh and communicators");
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, cfg_.torch_threads)));
 
-  check_gpu_per_rank(*world, cfg_, device_);
+  // Collectives are non-const only because they count their bytes; the
+  // world given to the Trainer is read-only otherwise (its counters unused).
+  check_gpu_per_rank(const_cast<Communicator&>(*world), cfg_, device_);
 
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
                   static_cast<int>(cfg_.device.tp()), static_cast<int>(cfg_.device.expert_parallel)};
