@@ -110,7 +110,7 @@ cp -r data live
   --fresh > live.log 2>&1 &
 pid=$!
 for _ in $(seq 600); do
-  [ "$(wc -l < runs/live/metrics.jsonl 2>/dev/null || echo 0)" -ge 3 ] && break
+  [ "$(cat runs/live/metrics.jsonl 2>/dev/null | wc -l)" -ge 3 ] && break
   kill -0 $pid 2>/dev/null || break
   sleep 0.2
 done

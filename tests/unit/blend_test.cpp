@@ -63,9 +63,10 @@ TEST(Blend, SequencesFollowTheWeights) {
 
 TEST(Blend, SameGlobalBatchOnAnyDp) {
   TempDir dir;
-  DataLoader whole(three_sources(dir), 8, 6, 0, 1, 40000);
-  DataLoader r0(three_sources(dir), 8, 6, 0, 3, 40000), r1(three_sources(dir), 8, 6, 1, 3, 40000),
-      r2(three_sources(dir), 8, 6, 2, 3, 40000);
+  // Written once: a loader refuses a shard rewritten after it opened it (shards.h).
+  const auto sources = three_sources(dir);
+  DataLoader whole(sources, 8, 6, 0, 1, 40000);
+  DataLoader r0(sources, 8, 6, 0, 3, 40000), r1(sources, 8, 6, 1, 3, 40000), r2(sources, 8, 6, 2, 3, 40000);
   for (int step = 0; step < 15; ++step) {
     Batch w = whole.next(), a = r0.next(), b = r1.next(), c = r2.next();
     EXPECT_TRUE(torch::equal(torch::cat({a.inputs, b.inputs, c.inputs}), w.inputs)) << step;
