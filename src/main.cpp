@@ -281,7 +281,7 @@ int run(int argc, char** argv, Started& started) {
 
   PrepareOptions prep;
   auto* prepare = app.add_subcommand("prepare-data", "text files -> tokenizer + token shards");
-  prepare->add_option("--input", prep.inputs, "text files or folders")->required();
+  prepare->add_option("--input", prep.inputs, "text files or folders")->required()->check(non_empty());
   prepare->add_option("--output", prep.output_dir, "output data dir")->required()->check(non_empty());
   auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size")
                  ->check(integer_at_least(257));
