@@ -96,6 +96,8 @@ void drop_rows_after(const std::string& path, int64_t last_step) {
 void set_aside(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;
+  // Nothing to keep: the start-up check creates tb/ before this runs.
+  if (std::filesystem::is_directory(path, ec) && std::filesystem::is_empty(path, ec)) return;
   std::string to = path + ".superseded";
   for (int i = 1; std::filesystem::exists(to, ec); ++i) to = path + ".superseded." + std::to_string(i);
   std::filesystem::rename(path, to, ec);
