@@ -1,6 +1,7 @@
 // meshtrain: the command line, and nothing else. Each subcommand parses its
 // flags, loads and validates the config, then hands over to the library:
-//   train / eval / generate -> train/trainer.h (the loop, evaluation, sampling)
+//   train                   -> train/trainer.h (the loop over a train/session.h Session)
+//   eval / generate         -> a Session, then train/evaluate.h or train/sample.h
 //   prepare-data            -> data/prepare.h (corpus -> tokenizer + shards)
 //   checkpoint ...          -> ckpt/checkpoint.h (inspect, export)
 //   plan / bench            -> train/plan.h, train/bench.h (estimates, timed steps)
@@ -36,6 +37,9 @@
 #include "meshtrain/train/meta_bench.h"
 #include "meshtrain/train/plan.h"
 #include "meshtrain/train/test_hooks.h"
+#include "meshtrain/train/evaluate.h"
+#include "meshtrain/train/sample.h"
+#include "meshtrain/train/session.h"
 #include "meshtrain/train/trainer.h"
 
 namespace {
@@ -123,7 +127,7 @@ std::string unknown_subcommand(CLI::App& app, int argc, char** argv) {
 // A run started with --init-from-hf keeps the HF model's model_config in its
 // checkpoints: train, eval and generate with the run's own config file load
 // it from there instead of refusing it as "a different model".
-Config model_of_hf_run(Config cfg, const std::string& checkpoint, TrainOptions& o) {
+Config model_of_hf_run(Config cfg, const std::string& checkpoint, SessionOptions& o) {
   std::string from;
   cfg = with_checkpoint_hf_model(cfg, checkpoint, &o.init_from_hf, &from);
   if (!from.empty())
@@ -232,134 +236,308 @@ Runtime& start_mpi(Started& s, const Config* cfg, const LaunchEnv& launch, int* 
   return rt;
 }
 
+// One subcommand: its flags, the config it trains on (watched from before
+// MPI_Init), and what it does once MPI is up.
+struct Command {
+  virtual ~Command() = default;
+  virtual void add_to(CLI::App& app) = 0;
+  // train / eval / generate: the config, loaded before MPI_Init so the
+  // watchdog (its watchdog_seconds, the run dir's heartbeats) is armed first.
+  virtual std::optional<Config> config_to_watch() { return std::nullopt; }
+  virtual void run(Runtime& runtime, Watchdog* watchdog) = 0;
+  bool chosen() const { return sub != nullptr && sub->parsed(); }
+  CLI::App* sub = nullptr;
+};
+
+struct TrainCommand : Command {
+  ConfigFlags flags;
+  SessionOptions opts;
+  std::string init_from_hf;
+  std::optional<Config> cfg;
+
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("train", "train (resumes from the newest checkpoint of the run dir)");
+    flags.add_to(sub);
+    auto* fresh = sub->add_flag("--fresh", opts.fresh, "start over, ignoring existing checkpoints");
+    // Resuming from further back: newer checkpoints of the run are set aside
+    // (*.superseded) at its first save, and metrics.jsonl drops the rows after it.
+    sub->add_option("--checkpoint", opts.checkpoint,
+                    "resume from this checkpoint dir (a step_XXXXXXXX folder) instead of the newest")
+        ->check(CLI::ExistingDirectory)
+        ->excludes(fresh);
+    sub->add_flag("--allow-tokenizer-change", opts.allow_tokenizer_change,
+                  "resume a checkpoint on data made by another tokenizer (a warning instead of the refusal)");
+    sub->add_option("--init-from-hf", init_from_hf,
+                    "start from a Hugging Face Llama / DeepSeek-V3 directory (model_config from its config.json)")
+        ->check(CLI::ExistingDirectory);
+  }
+  std::optional<Config> config_to_watch() override {
+    cfg = flags.load().config;
+    if (!init_from_hf.empty()) cfg = with_hf_model(*cfg, init_from_hf);
+    return cfg;
+  }
+  void run(Runtime& runtime, Watchdog* watchdog) override {
+    Config c = *cfg;
+    if (!init_from_hf.empty()) {
+      opts.init_from_hf = std::filesystem::absolute(init_from_hf).lexically_normal().string();
+    } else if (!opts.fresh) {
+      c = model_of_hf_run(c, "", opts);
+    }
+    opts.watchdog = watchdog;
+    opts.check_shared_run_dir = true;
+    Trainer trainer(c, runtime, opts);
+    // A run that resumed its own checkpoint continues from it, not from the HF weights again.
+    if (!init_from_hf.empty() && trainer.step() == 0) load_hf_weights(trainer.model(), trainer.mesh(), init_from_hf);
+    trainer.train();
+  }
+};
+
+// eval and generate: a checkpoint of a run (the newest by default).
+struct CheckpointUse {
+  ConfigFlags flags;
+  std::string checkpoint;
+  bool random_weights = false;
+
+  void add_to(CLI::App* sub, const std::string& untrained_use) {
+    flags.add_to(sub);
+    sub->add_option("--checkpoint", checkpoint, "checkpoint dir (default: newest of the run)")
+        ->check(CLI::ExistingDirectory);
+    sub->add_flag("--random_weights", random_weights, untrained_use + " the untrained model when the run has no checkpoint");
+  }
+  SessionOptions options(Watchdog* watchdog) const {
+    SessionOptions o;
+    o.checkpoint = checkpoint;
+    o.require_checkpoint = !random_weights;
+    o.watchdog = watchdog;
+    return o;
+  }
+};
+
+struct EvalCommand : Command {
+  CheckpointUse use;
+  std::optional<Config> cfg;
+
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("eval", "validation loss of a checkpoint");
+    use.add_to(sub, "evaluate");
+  }
+  std::optional<Config> config_to_watch() override { return cfg = use.flags.load().config; }
+  void run(Runtime& runtime, Watchdog* watchdog) override {
+    SessionOptions o = use.options(watchdog);
+    Session session(model_of_hf_run(*cfg, use.checkpoint, o), runtime, o);
+    const double v = evaluate(session);
+    spdlog::info("step {}: val_loss {:.4f}", session.progress().step, v);
+    if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
+  }
+};
+
+struct GenerateCommand : Command {
+  CheckpointUse use;
+  std::string prompt;
+  int64_t max_tokens = 0, top_k = 0;
+  double temperature = 0;
+  CLI::Option *prompt_opt = nullptr, *max_tokens_opt = nullptr, *top_k_opt = nullptr, *temperature_opt = nullptr;
+  std::optional<Config> cfg;
+
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("generate", "sample text from a checkpoint");
+    use.add_to(sub, "sample from");
+    prompt_opt = sub->add_option("--prompt", prompt, "prompt text");
+    max_tokens_opt = sub->add_option("--max_tokens", max_tokens, "tokens to sample")->check(integer_at_least(0));
+    top_k_opt = sub->add_option("--top_k", top_k, "sample among the k most likely (0: all)")->check(integer_at_least(0));
+    temperature_opt =
+        sub->add_option("--temperature", temperature, "softmax temperature (0: greedy)")->check(number_at_least(0));
+  }
+  std::optional<Config> config_to_watch() override {
+    Config c = use.flags.load().config;
+    if (prompt_opt->count()) c.inference.prompt = prompt;
+    if (max_tokens_opt->count()) c.inference.max_tokens = max_tokens;
+    if (top_k_opt->count()) c.inference.top_k = top_k;
+    if (temperature_opt->count()) c.inference.temperature = temperature;
+    validate(c);  // the flags above bypassed load_config's checks (max_tokens bound)
+    return cfg = c;
+  }
+  void run(Runtime& runtime, Watchdog* watchdog) override {
+    SessionOptions o = use.options(watchdog);
+    Session session(model_of_hf_run(*cfg, use.checkpoint, o), runtime, o);
+    const std::string text = sample(session);
+    if (runtime.rank() == 0) std::cout << text << std::endl;
+  }
+};
+
+struct PrepareCommand : Command {
+  PrepareOptions prep;
+  bool verbose = false;
+  const bool* global_verbose = nullptr;
+
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("prepare-data", "text files -> tokenizer + token shards");
+    sub->add_option("--input", prep.inputs, "text files or folders")->required()->check(non_empty());
+    sub->add_option("--output", prep.output_dir, "output data dir")->required()->check(non_empty());
+    auto* vs = sub->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size")
+                   ->check(integer_at_least(257));
+    auto* tk = sub->add_option("--tokenizer", prep.tokenizer_file,
+                               "*.tiktoken vocabulary, or tokenizer.json (meshtrain's or Hugging Face byte-level BPE)")
+                   ->check(non_empty());
+    vs->excludes(tk);
+    sub->add_option("--pattern", prep.pattern,
+                    "pre-tokenizer regex or gpt2|cl100k|o200k (default: the vocabulary's own; gpt2 when training)")
+        ->check(non_empty());
+    sub->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation (default 0.05)")
+        ->check(number_at_least(0));
+    sub->add_option("--seed", prep.seed, "seed of the train/val document split")->check(integer_at_least(0));
+    sub->add_option("--text-key", prep.text_key, "JSON Lines / JSON / Parquet field with the text (default text)")
+        ->check(non_empty());
+    sub->add_option("--text-split", prep.text_split,
+                    "plain text documents: paragraph (blank lines; fortune files at %), line or file")
+        ->check(CLI::IsMember({"paragraph", "line", "file"}));
+    sub->add_option("--workers", prep.workers, "tokenizing threads (default 0: all cores)")->check(integer_at_least(0));
+    sub->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard (default 10000000)")
+        ->check(integer_at_least(1));
+    sub->add_flag("-v,--verbose", verbose, "list every skipped input (default: one line per reason)");
+  }
+  void run(Runtime& runtime, Watchdog*) override {
+    if (runtime.rank() != 0) return;
+    const bool tty = ::isatty(STDERR_FILENO) != 0;
+    if (tty) prep.progress = show_progress;
+    const PrepareSummary s = prepare_data(prep);
+    if (tty) std::fprintf(stderr, "\n");
+    for (const auto& r : s.removed_leftovers)
+      spdlog::info("prepare-data: removed {}, the leftover of a prepare-data run that was killed", r);
+    // A folder of a few real inputs among many index files or links would
+    // bury the result under one line each: per reason by default.
+    if (verbose || (global_verbose && *global_verbose))
+      for (const auto& [file, reason] : s.skipped) spdlog::info("prepare-data: skipped {}: {}", file, reason);
+    else
+      for (const auto& line : skipped_summary(s)) spdlog::info("{}", line);
+    spdlog::info("{}", to_string(s));
+  }
+};
+
+struct PlanCommand : Command {
+  ConfigFlags flags;
+  double device_gib = 0;
+  bool json = false;
+  std::string device;
+
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("plan", "parameters (total/active), memory per rank, FLOPs per token");
+    flags.add_to(sub);
+    sub->add_option("--device-memory-gb", device_gib, "device memory in GiB: say whether the run fits")
+        ->check(number_at_least(0));
+    sub->add_option("--device", device, "plan for cpu or cuda (default: the config's device, auto: this machine)")
+        ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    sub->add_flag("--json", json, "print one JSON object instead of the report");
+  }
+  void run(Runtime& runtime, Watchdog*) override {
+    const Config cfg = flags.load().config;
+    const std::string report = plan_report(cfg, plan_device(cfg, device), device_gib, json);
+    if (runtime.rank() == 0) std::cout << report << std::endl;
+  }
+};
+
+struct BenchCommand : Command {
+  ConfigFlags flags;
+  BenchOptions opts;
+  MetaBenchOptions meta;
+  std::string device;
+
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("bench", "time training steps: tokens/s, MFU, peak memory");
+    flags.add_to(sub);
+    sub->add_option("--steps", opts.steps, "timed steps")->check(integer_at_least(1));
+    sub->add_option("--warmup", opts.warmup, "untimed warm-up steps")->check(integer_at_least(0));
+    sub->add_option("--peak-tflops", opts.peak_tflops,
+                    "device peak TFLOP/s for MFU (default: known GPUs; with --device meta: 989, an H100's dense bf16)")
+        ->check(number_at_least(0));
+    sub->add_option("--device", device,
+                    "meta: the performance model, no GPU needed. Runs one full-size step on the meta device (one "
+                    "unsharded rank, n_device_axis taken as [1,1,1]) and counts GEMM/attention FLOPs, bytes of every "
+                    "other kernel, kernels and host syncs; est_step_ms = (GEMM+attention FLOPs) / (efficiency x peak) "
+                    "+ non-GEMM bytes / bandwidth, nothing overlapped, launch latency ignored")
+        ->check(CLI::IsMember({"meta"}));
+    sub->add_option("--efficiency", meta.efficiency,
+                    "--device meta: fraction of the peak GEMMs and attention reach (default 0.6)");
+    sub->add_option("--bandwidth-tbps", meta.bandwidth_tbps,
+                    "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
+    sub->add_option("--top-ops", meta.top_ops, "--device meta: operators listed in the table (default 15)")
+        ->check(integer_at_least(0));
+  }
+  void run(Runtime& runtime, Watchdog*) override {
+    if (device == "meta") {
+      if (opts.peak_tflops > 0) meta.peak_tflops = opts.peak_tflops, meta.peak_name = "custom";
+      const MetaBenchResult r = run_meta_bench(flags.load().config, runtime, meta);
+      if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
+      return;
+    }
+    const BenchResult r = run_bench(flags.load().config, runtime, opts);
+    if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
+  }
+};
+
+struct InspectCommand : Command {
+  std::string dir;
+  void add_to(CLI::App& ckpt) override {
+    sub = ckpt.add_subcommand("inspect", "list tensors, shapes and trainer state");
+    sub->add_option("dir", dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
+  }
+  void run(Runtime& runtime, Watchdog*) override {
+    if (runtime.rank() == 0) std::cout << inspect_checkpoint(dir);
+  }
+};
+
+struct ExportCommand : Command {
+  std::string dir, out, format = "safetensors", shard_size = "5GB";
+  HfExportOptions hf_opts;
+  CLI::Option *shard_size_opt = nullptr, *tokenizer_opt = nullptr;
+
+  void add_to(CLI::App& ckpt) override {
+    sub = ckpt.add_subcommand("export", "write one unsharded safetensors file, or a Hugging Face model dir");
+    sub->add_option("dir", dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
+    sub->add_option("--output", out, "output .safetensors file (--format hf: output directory)")
+        ->required()
+        ->check(non_empty());
+    sub->add_option("--format", format, "safetensors (every tensor, one file) or hf (stock Llama / DeepSeek-V3)")
+        ->check(CLI::IsMember({"safetensors", "hf"}));
+    shard_size_opt = sub->add_option("--max-shard-size", shard_size, "--format hf: largest weights file (e.g. 5GB, 500MB)");
+    tokenizer_opt =
+        sub->add_option("--tokenizer", hf_opts.tokenizer, "--format hf: tokenizer file (default: the run's data_dir)")
+            ->check(CLI::ExistingFile);
+  }
+  void run(Runtime& runtime, Watchdog*) override {
+    const bool hf = format == "hf";
+    // A plain export is one file with every tensor: these would be ignored.
+    for (const auto* o : {shard_size_opt, tokenizer_opt})
+      MT_CHECK(hf || o->count() == 0, "checkpoint export: ", o->get_name(), " applies to --format hf only (a plain ",
+               "export is one safetensors file of every tensor); drop it or add --format hf");
+    if (hf) hf_opts.max_shard_bytes = parse_shard_size(shard_size);
+    if (runtime.rank() != 0) return;
+    for (const auto& r : remove_export_leftovers(out, hf))
+      spdlog::info("removed {}, the leftover of an export that was killed", r);
+    if (hf) export_hf(dir, out, hf_opts);
+    else export_checkpoint(dir, out);
+  }
+};
+
 int run(int argc, char** argv, Started& started) {
   CLI::App app{"meshtrain: train transformer language models over a dp x pp x tp mesh"};
   app.require_subcommand(1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
-
-  ConfigFlags train_flags, eval_flags, gen_flags;
-  TrainOptions train_opts;
-  auto* train = app.add_subcommand("train", "train (resumes from the newest checkpoint of the run dir)");
-  train_flags.add_to(train);
-  auto* fresh_opt = train->add_flag("--fresh", train_opts.fresh, "start over, ignoring existing checkpoints");
-  // Resuming from further back: newer checkpoints of the run are set aside
-  // (*.superseded) at its first save, and metrics.jsonl drops the rows after it.
-  train->add_option("--checkpoint", train_opts.checkpoint,
-                    "resume from this checkpoint dir (a step_XXXXXXXX folder) instead of the newest")
-      ->check(CLI::ExistingDirectory)
-      ->excludes(fresh_opt);
-  train->add_flag("--allow-tokenizer-change", train_opts.allow_tokenizer_change,
-                  "resume a checkpoint on data made by another tokenizer (a warning instead of the refusal)");
-  std::string init_from_hf;
-  train->add_option("--init-from-hf", init_from_hf,
-                    "start from a Hugging Face Llama / DeepSeek-V3 directory (model_config from its config.json)")
-      ->check(CLI::ExistingDirectory);
-
-  std::string eval_ckpt, gen_ckpt;
-  bool eval_random = false, gen_random = false;
-  auto* eval = app.add_subcommand("eval", "validation loss of a checkpoint");
-  eval_flags.add_to(eval);
-  eval->add_option("--checkpoint", eval_ckpt, "checkpoint dir (default: newest of the run)")
-      ->check(CLI::ExistingDirectory);
-  eval->add_flag("--random_weights", eval_random, "evaluate the untrained model when the run has no checkpoint");
-
-  std::string prompt;
-  int64_t max_tokens = 0, top_k = 0;
-  double temperature = 0;
-  auto* gen = app.add_subcommand("generate", "sample text from a checkpoint");
-  gen_flags.add_to(gen);
-  gen->add_option("--checkpoint", gen_ckpt, "checkpoint dir (default: newest of the run)")
-      ->check(CLI::ExistingDirectory);
-  gen->add_flag("--random_weights", gen_random, "sample from the untrained model when the run has no checkpoint");
-  auto* prompt_opt = gen->add_option("--prompt", prompt, "prompt text");
-  auto* max_tokens_opt = gen->add_option("--max_tokens", max_tokens, "tokens to sample")->check(integer_at_least(0));
-  auto* top_k_opt =
-      gen->add_option("--top_k", top_k, "sample among the k most likely (0: all)")->check(integer_at_least(0));
-  auto* temperature_opt =
-      gen->add_option("--temperature", temperature, "softmax temperature (0: greedy)")->check(number_at_least(0));
-
-  PrepareOptions prep;
-  auto* prepare = app.add_subcommand("prepare-data", "text files -> tokenizer + token shards");
-  prepare->add_option("--input", prep.inputs, "text files or folders")->required()->check(non_empty());
-  prepare->add_option("--output", prep.output_dir, "output data dir")->required()->check(non_empty());
-  auto* vs = prepare->add_option("--vocab-size", prep.vocab_size, "train a byte-level BPE of this size")
-                 ->check(integer_at_least(257));
-  auto* tk = prepare->add_option("--tokenizer", prep.tokenizer_file,
-                                 "*.tiktoken vocabulary, or tokenizer.json (meshtrain's or Hugging Face byte-level BPE)")
-                 ->check(non_empty());
-  vs->excludes(tk);
-  prepare->add_option("--pattern", prep.pattern,
-                      "pre-tokenizer regex or gpt2|cl100k|o200k (default: the vocabulary's own; gpt2 when training)")
-      ->check(non_empty());
-  prepare->add_option("--val-fraction", prep.val_fraction, "fraction of documents for validation (default 0.05)")
-      ->check(number_at_least(0));
-  prepare->add_option("--seed", prep.seed, "seed of the train/val document split")->check(integer_at_least(0));
-  prepare->add_option("--text-key", prep.text_key, "JSON Lines / JSON / Parquet field with the text (default text)")
-      ->check(non_empty());
-  prepare->add_option("--text-split", prep.text_split,
-                      "plain text documents: paragraph (blank lines; fortune files at %), line or file")
-      ->check(CLI::IsMember({"paragraph", "line", "file"}));
-  prepare->add_option("--workers", prep.workers, "tokenizing threads (default 0: all cores)")
-      ->check(integer_at_least(0));
-  prepare->add_option("--shard-tokens", prep.shard_tokens, "tokens per shard (default 10000000)")
-      ->check(integer_at_least(1));
-  bool prep_verbose = false;
-  prepare->add_flag("-v,--verbose", prep_verbose, "list every skipped input (default: one line per reason)");
-
-  ConfigFlags plan_flags, bench_flags;
-  double device_gib = 0;
-  bool plan_json = false;
-  std::string plan_dev;
-  auto* plan = app.add_subcommand("plan", "parameters (total/active), memory per rank, FLOPs per token");
-  plan_flags.add_to(plan);
-  plan->add_option("--device-memory-gb", device_gib, "device memory in GiB: say whether the run fits")
-      ->check(number_at_least(0));
-  plan->add_option("--device", plan_dev, "plan for cpu or cuda (default: the config's device, auto: this machine)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  plan->add_flag("--json", plan_json, "print one JSON object instead of the report");
-
-  BenchOptions bench_opts;
-  MetaBenchOptions meta_opts;
-  std::string bench_device;
-  auto* bench = app.add_subcommand("bench", "time training steps: tokens/s, MFU, peak memory");
-  bench_flags.add_to(bench);
-  bench->add_option("--steps", bench_opts.steps, "timed steps")->check(integer_at_least(1));
-  bench->add_option("--warmup", bench_opts.warmup, "untimed warm-up steps")->check(integer_at_least(0));
-  bench->add_option("--peak-tflops", bench_opts.peak_tflops,
-                    "device peak TFLOP/s for MFU (default: known GPUs; with --device meta: 989, an H100's dense bf16)")
-      ->check(number_at_least(0));
-  bench->add_option("--device", bench_device,
-                    "meta: the performance model, no GPU needed. Runs one full-size step on the meta device (one "
-                    "unsharded rank, n_device_axis taken as [1,1,1]) and counts GEMM/attention FLOPs, bytes of every "
-                    "other kernel, kernels and host syncs; est_step_ms = (GEMM+attention FLOPs) / (efficiency x peak) "
-                    "+ non-GEMM bytes / bandwidth, nothing overlapped, launch latency ignored")
-      ->check(CLI::IsMember({"meta"}));
-  bench->add_option("--efficiency", meta_opts.efficiency,
-                    "--device meta: fraction of the peak GEMMs and attention reach (default 0.6)");
-  bench->add_option("--bandwidth-tbps", meta_opts.bandwidth_tbps,
-                    "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
-  bench->add_option("--top-ops", meta_opts.top_ops, "--device meta: operators listed in the table (default 15)")
-      ->check(integer_at_least(0));
-
+  TrainCommand train;
+  EvalCommand eval;
+  GenerateCommand generate;
+  PrepareCommand prepare;
+  prepare.global_verbose = &verbose;
+  PlanCommand plan;
+  BenchCommand bench;
+  InspectCommand inspect;
+  ExportCommand exp;
+  for (Command* c : std::initializer_list<Command*>{&train, &eval, &generate, &prepare, &plan, &bench}) c->add_to(app);
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);
-  std::string inspect_dir, export_dir, export_out, export_format = "safetensors", shard_size = "5GB";
-  HfExportOptions hf_opts;
-  auto* inspect = ckpt->add_subcommand("inspect", "list tensors, shapes and trainer state");
-  inspect->add_option("dir", inspect_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
-  auto* exp = ckpt->add_subcommand("export", "write one unsharded safetensors file, or a Hugging Face model dir");
-  exp->add_option("dir", export_dir, "checkpoint dir")->required()->check(CLI::ExistingDirectory);
-  exp->add_option("--output", export_out, "output .safetensors file (--format hf: output directory)")
-      ->required()
-      ->check(non_empty());
-  exp->add_option("--format", export_format, "safetensors (every tensor, one file) or hf (stock Llama / DeepSeek-V3)")
-      ->check(CLI::IsMember({"safetensors", "hf"}));
-  auto* shard_size_opt =
-      exp->add_option("--max-shard-size", shard_size, "--format hf: largest weights file (e.g. 5GB, 500MB)");
-  auto* hf_tok_opt =
-      exp->add_option("--tokenizer", hf_opts.tokenizer, "--format hf: tokenizer file (default: the run's data_dir)")
-          ->check(CLI::ExistingFile);
+  inspect.add_to(*ckpt);
+  exp.add_to(*ckpt);
 
   const LaunchEnv launch = launch_from_environment();
   if (const std::string why = unknown_subcommand(app, argc, argv); !why.empty()) {
@@ -373,99 +551,13 @@ int run(int argc, char** argv, Started& started) {
     return launch.rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
   }
   setup_logging(launch.rank, launch.size, verbose);
-
-  // train / eval / generate: the config first, so the watchdog (its
-  // watchdog_seconds, the run dir's heartbeats) is armed before MPI_Init.
-  std::optional<Config> watched;
-  if (*train) {
-    watched = train_flags.load().config;
-    if (!init_from_hf.empty()) watched = with_hf_model(*watched, init_from_hf);
-  } else if (*eval) {
-    watched = eval_flags.load().config;
-  } else if (*gen) {
-    LoadedConfig lc = gen_flags.load();
-    if (prompt_opt->count()) lc.config.inference.prompt = prompt;
-    if (max_tokens_opt->count()) lc.config.inference.max_tokens = max_tokens;
-    if (top_k_opt->count()) lc.config.inference.top_k = top_k;
-    if (temperature_opt->count()) lc.config.inference.temperature = temperature;
-    validate(lc.config);  // the flags above bypassed load_config's checks (max_tokens bound)
-    watched = lc.config;
-  }
+  Command* chosen = nullptr;
+  for (Command* c : std::initializer_list<Command*>{&train, &eval, &generate, &prepare, &plan, &bench, &inspect, &exp})
+    if (c->chosen()) chosen = c;
+  MT_ASSERT(chosen, "no subcommand parsed");
+  const std::optional<Config> watched = chosen->config_to_watch();
   Runtime& runtime = start_mpi(started, watched ? &*watched : nullptr, launch, &argc, &argv, verbose);
-
-  if (*train) {
-    Config cfg = *watched;
-    if (!init_from_hf.empty()) {
-      train_opts.init_from_hf = std::filesystem::absolute(init_from_hf).lexically_normal().string();
-    } else if (!train_opts.fresh) {
-      cfg = model_of_hf_run(cfg, "", train_opts);
-    }
-    train_opts.watchdog = started.watchdog.get();
-    train_opts.check_shared_run_dir = true;
-    Trainer trainer(cfg, runtime, train_opts);
-    // A run that resumed its own checkpoint continues from it, not from the HF weights again.
-    if (!init_from_hf.empty() && trainer.step() == 0) load_hf_weights(trainer.model(), trainer.mesh(), init_from_hf);
-    trainer.train();
-  } else if (*eval) {
-    TrainOptions o;
-    o.checkpoint = eval_ckpt;
-    o.require_checkpoint = !eval_random;
-    o.watchdog = started.watchdog.get();
-    Trainer trainer(model_of_hf_run(*watched, eval_ckpt, o), runtime, o);
-    const double v = trainer.evaluate();
-    spdlog::info("step {}: val_loss {:.4f}", trainer.step(), v);
-    if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
-  } else if (*gen) {
-    TrainOptions o;
-    o.checkpoint = gen_ckpt;
-    o.require_checkpoint = !gen_random;
-    o.watchdog = started.watchdog.get();
-    Trainer trainer(model_of_hf_run(*watched, gen_ckpt, o), runtime, o);
-    const std::string text = trainer.sample();
-    if (runtime.rank() == 0) std::cout << text << std::endl;
-  } else if (*prepare) {
-    if (runtime.rank() == 0) {
-      const bool tty = ::isatty(STDERR_FILENO) != 0;
-      if (tty) prep.progress = show_progress;
-      const PrepareSummary s = prepare_data(prep);
-      if (tty) std::fprintf(stderr, "\n");
-      for (const auto& r : s.removed_leftovers)
-        spdlog::info("prepare-data: removed {}, the leftover of a prepare-data run that was killed", r);
-      // A folder of a few real inputs among many index files or links would
-      // bury the result under one line each: per reason by default.
-      if (prep_verbose || verbose)
-        for (const auto& [file, reason] : s.skipped) spdlog::info("prepare-data: skipped {}: {}", file, reason);
-      else
-        for (const auto& line : skipped_summary(s)) spdlog::info("{}", line);
-      spdlog::info("{}", to_string(s));
-    }
-  } else if (*plan) {
-    const Config cfg = plan_flags.load().config;
-    const std::string report = plan_report(cfg, plan_device(cfg, plan_dev), device_gib, plan_json);
-    if (runtime.rank() == 0) std::cout << report << std::endl;
-  } else if (*bench && bench_device == "meta") {
-    if (bench_opts.peak_tflops > 0) meta_opts.peak_tflops = bench_opts.peak_tflops, meta_opts.peak_name = "custom";
-    const MetaBenchResult r = run_meta_bench(bench_flags.load().config, runtime, meta_opts);
-    if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
-  } else if (*bench) {
-    const BenchResult r = run_bench(bench_flags.load().config, runtime, bench_opts);
-    if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
-  } else if (*inspect) {
-    if (runtime.rank() == 0) std::cout << inspect_checkpoint(inspect_dir);
-  } else if (*exp) {
-    const bool hf = export_format == "hf";
-    // A plain export is one file with every tensor: these would be ignored.
-    for (const auto* o : {shard_size_opt, hf_tok_opt})
-      MT_CHECK(hf || o->count() == 0, "checkpoint export: ", o->get_name(), " applies to --format hf only (a plain ",
-               "export is one safetensors file of every tensor); drop it or add --format hf");
-    if (hf) hf_opts.max_shard_bytes = parse_shard_size(shard_size);
-    if (runtime.rank() == 0) {
-      for (const auto& r : remove_export_leftovers(export_out, hf))
-        spdlog::info("removed {}, the leftover of an export that was killed", r);
-      if (hf) export_hf(export_dir, export_out, hf_opts);
-      else export_checkpoint(export_dir, export_out);
-    }
-  }
+  chosen->run(runtime, started.watchdog.get());
   return 0;
 }
 

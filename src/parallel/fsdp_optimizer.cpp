@@ -153,8 +153,7 @@ class FsdpOptimizer : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_fsdp_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
-  pm.fsdp = std::make_shared<Fsdp>(pm, mesh, static_cast<int>(cfg.zero_stage));
-  pm.model->set_layer_hooks(pm.fsdp);
+  MT_CHECK(pm.fsdp, "zero_stage ", cfg.zero_stage, ": the model has no FSDP units (parallelize() installs them)");
   return std::make_unique<FsdpOptimizer>(pm, mesh, cfg.lr);
 }
 

@@ -9,7 +9,6 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/data_parallel.h"
-#include "meshtrain/parallel/grad_buckets.h"
 #include "meshtrain/parallel/zero.h"
 
 namespace meshtrain {
@@ -93,13 +92,6 @@ std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const C
   const int64_t stage = cfg.zero_stage_on(mesh.shape().dp);
   if (stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
   if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
-  // ZeRO-1 and FSDP reduce-scatter instead; with one dp rank there is nothing
-  // to sum. Expert parallelism keeps the sum after backward: its all-to-alls
-  // in backward span dp ranks whose graphs differ (their tokens do), so a
-  // bucket could be launched before an exchange on one rank and after it on
-  // another, and each would wait for the other.
-  if (cfg.overlap_grad_reduce && mesh.shape().dp > 1 && mesh.shape().ep == 1 && !pm.params.empty())
-    pm.grad_buckets = std::make_shared<GradBuckets>(pm, mesh, static_cast<int64_t>(cfg.grad_bucket_mb * (1 << 20)));
   return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg.lr);
 }
 

@@ -19,7 +19,8 @@
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/train/plan.h"
-#include "meshtrain/train/trainer.h"
+#include "meshtrain/train/session.h"
+#include "meshtrain/train/step.h"
 #include "temp_dir.h"
 
 namespace meshtrain {
@@ -70,29 +71,28 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   Config cfg = cfg_in;
   cfg.output_dir = tmp.path();
   cfg.name = "bench";
-  // train() is never called, so nothing is ever evaluated or saved; the step
-  // count only keeps the config valid and the schedule's lr meaningful.
+  // No loop runs, so nothing is ever evaluated or saved; the step count only
+  // keeps the config valid and the schedule's lr meaningful.
   cfg.training_steps = std::max<int64_t>(cfg.training_steps, opts.warmup + opts.steps);
-  TrainOptions to;
-  to.fresh = true;
-  to.quiet = true;
-  Trainer trainer(cfg, runtime, to);
-  ParallelModel& pm = trainer.model();
+  SessionOptions so;
+  so.fresh = true;
+  Session session(cfg, runtime, so);
+  ParallelModel& pm = session.model();
   const at::Device dev = pm.params.empty() ? at::Device(at::kCPU) : pm.params.front().tensor.device();
 
   double last_loss = 0;
   int64_t step = 0;
   auto one_step = [&] {
-    trainer.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
-    StepStats s = trainer.train_step();
-    // Norm, clipping and the update exactly as train() does them (AdamW or ZeRO-1).
-    trainer.apply_update(s, learning_rate(cfg.lr, step++));
+    session.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
+    StepStats s = train_step(session);
+    // Norm, clipping and the update exactly as train() does them.
+    apply_update(session, s, learning_rate(cfg.lr, step++));
     s.read();  // as train() logs every step: one host read
     last_loss = s.loss;
   };
   for (int64_t i = 0; i < opts.warmup; ++i) one_step();
-  trainer.mesh().cpu_world().barrier();
-  trainer.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
+  session.mesh().cpu_world().barrier();
+  session.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opts.steps; ++i) one_step();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -101,10 +101,10 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   r.device = device_name(dev);
   r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
   double a2a = 0;
-  for (const auto& [op, s] : trainer.mesh().ep().seconds_by_op())
+  for (const auto& [op, s] : session.mesh().ep().seconds_by_op())
     if (op.rfind("all_to_all", 0) == 0) a2a += s;
   at::Tensor t = at::tensor({secs, r.peak_memory_bytes, a2a}, at::kDouble);
-  trainer.mesh().cpu_world().all_reduce(t, ReduceOp::Max);
+  session.mesh().cpu_world().all_reduce(t, ReduceOp::Max);
   secs = t[0].item<double>();
   r.peak_memory_bytes = t[1].item<double>();
   r.all_to_all_seconds = t[2].item<double>();

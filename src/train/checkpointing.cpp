@@ -1,4 +1,4 @@
-// The trainer's side of checkpoints: which components make up the run's state
+// The session's side of checkpoints: which components make up the run's state
 // (train/components.h), what the header of trainer_state.json holds (step,
 // samples consumed, config, mesh), and which checkpoint a run starts from.
 #include <torch/torch.h>
@@ -11,7 +11,7 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/train/components.h"
-#include "meshtrain/train/trainer.h"
+#include "meshtrain/train/session.h"
 
 namespace meshtrain {
 
@@ -33,7 +33,7 @@ void check_checkpoint_dir(const std::string& dir, const std::string& run_dir) {
 
 }  // namespace
 
-void Trainer::setup_checkpointing() {
+void Session::setup_checkpointing() {
   checkpointer_ = std::make_unique<Checkpointer>(cfg_.run_dir(), mesh_->cpu_world(), cfg_.max_to_keep);
   const int64_t vocab = cfg_.model.vocab_size;
   const auto add = [&](const std::string& name, std::unique_ptr<Stateful> c) {
@@ -42,17 +42,17 @@ void Trainer::setup_checkpointing() {
   };
   add("model", std::make_unique<ModelState>(pm_, *mesh_, vocab));
   add("optim", std::make_unique<OptimizerState>(pm_, *mesh_, vocab, *opt_));
-  add("data", std::make_unique<DataState>(*train_loader_, *val_loader_, opts_.load_data_cursor));
+  add("data", std::make_unique<DataState>(*train_loader_, *val_loader_));
   add("rng", std::make_unique<RngState>(at::detail::getDefaultCPUGenerator()));
   // On GPU, dropout draws from the device's CUDA generator: saved as well, so a
   // resume on GPU is exact (checkpoints without it keep the seeded stream).
   if (device_.is_cuda()) add("rng_cuda", std::make_unique<RngState>(at::globalContext().defaultGenerator(device_)));
 }
 
-void Trainer::save_checkpoint() {
+void Session::save_checkpoint() {
   nlohmann::json header;
-  header["step"] = step_;
-  header["consumed_samples"] = consumed_samples_;
+  header["step"] = progress_.step;
+  header["consumed_samples"] = progress_.consumed_samples;
   header["config"] = to_json(cfg_);
   header["mesh"] = {mesh_->shape().dp, mesh_->shape().pp, mesh_->shape().tp};
   if (!opts_.init_from_hf.empty()) header["init_from_hf"] = opts_.init_from_hf;
@@ -61,11 +61,11 @@ void Trainer::save_checkpoint() {
     header["tokenizer_fingerprint"] = data_tokenizer_.fingerprint;
     header["tokenizer_data"] = data_tokenizer_.where;
   }
-  checkpointer_->save(step_, header);
-  spdlog::info("saved checkpoint of step {} in {}/checkpoints", step_, cfg_.run_dir());
+  checkpointer_->save(progress_.step, header);
+  spdlog::info("saved checkpoint of step {} in {}/checkpoints", progress_.step, cfg_.run_dir());
 }
 
-void Trainer::check_resumed_config(const std::string& dir, const nlohmann::json& trainer_state) const {
+void Session::check_resumed_config(const std::string& dir, const nlohmann::json& trainer_state) const {
   MT_CHECK(trainer_state.contains("step") && trainer_state["step"].is_number_integer(), "checkpoint ", dir,
            ": trainer_state.json has no step");
   if (!trainer_state.contains("config")) return;  // written by hand or by a tool: shapes are still checked
@@ -83,7 +83,7 @@ void Trainer::check_resumed_config(const std::string& dir, const nlohmann::json&
 
 // The ids the checkpoint learned must mean the same tokens in the data it goes
 // on with; a checkpoint or data without a fingerprint cannot be checked.
-void Trainer::check_resumed_tokenizer(const std::string& dir, const nlohmann::json& trainer_state) const {
+void Session::check_resumed_tokenizer(const std::string& dir, const nlohmann::json& trainer_state) const {
   const auto saved = trainer_state.contains("tokenizer_fingerprint") && trainer_state["tokenizer_fingerprint"].is_string()
                          ? trainer_state["tokenizer_fingerprint"].get<std::string>()
                          : std::string();
@@ -107,13 +107,14 @@ void Trainer::check_resumed_tokenizer(const std::string& dir, const nlohmann::js
   if (is_rank0_) spdlog::warn("{}; continuing because of --allow-tokenizer-change", what);
 }
 
-void Trainer::apply_header(const nlohmann::json& st) {
-  step_ = st.at("step").get<int64_t>();
+void Session::apply_header(const nlohmann::json& st) {
+  progress_.step = st.at("step").get<int64_t>();
   // Older checkpoints predate the rampup: every step took the full batch.
-  consumed_samples_ = st.value("consumed_samples", step_ * cfg_.data.train_batch_size * cfg_.grad_step);
+  progress_.consumed_samples =
+      st.value("consumed_samples", progress_.step * cfg_.data.train_batch_size * cfg_.grad_step);
 }
 
-void Trainer::resume() {
+void Session::resume() {
   const Checkpointer::Check check = [this](const std::string& dir, const nlohmann::json& st) {
     check_resumed_config(dir, st);
   };

@@ -139,7 +139,6 @@ ComponentState DataState::state() const {
 }
 
 void DataState::load_state(const ComponentReader& in) {
-  if (!restore_) return;
   MT_CHECK(in.values().contains("train_cursor") && in.values().contains("val_cursor"), "checkpoint ", in.dir(),
            " is incomplete: no data loader positions");
   train_.restore(in.values().at("train_cursor").get<Cursor>());

@@ -12,7 +12,8 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/train/meta_kernels.h"
-#include "meshtrain/train/trainer.h"
+#include "meshtrain/train/session.h"
+#include "meshtrain/train/step.h"
 #include "temp_dir.h"
 
 namespace meshtrain {
@@ -28,15 +29,14 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
   cfg.name = "bench-meta";
   cfg.device.n_device_axis = {1, 1, 1};
   cfg.training_steps = std::max<int64_t>(cfg.training_steps, 2);
-  TrainOptions to;
-  to.fresh = true;
-  to.quiet = true;
-  to.meta = true;
-  Trainer trainer(cfg, runtime, to);
+  SessionOptions so;
+  so.fresh = true;
+  so.meta = true;
+  Session session(cfg, runtime, so);
 
   auto one_step = [&](int64_t step) {
-    StepStats s = trainer.train_step();
-    trainer.apply_update(s, learning_rate(cfg.lr, step));
+    StepStats s = train_step(session);
+    apply_update(session, s, learning_rate(cfg.lr, step));
     // Not read: the measured step is one that logs nothing.
   };
   one_step(0);  // warm-up: caches fill on the first step

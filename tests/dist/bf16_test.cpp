@@ -11,7 +11,7 @@
 // (configs/tiny.json, configs/tiny-moe-mla.json at the tests' size), and one
 // bf16 process stays within bf16 tolerance of fp32. The mesh runs marked
 // `thread` run every backward pass on a thread of its own, as CUDA's autograd
-// engine does (TrainOptions::backward_thread): recomputation, FSDP, the dp
+// engine does (SessionOptions::backward_thread): recomputation, FSDP, the dp
 // buckets' hooks and the expert all-to-all's backward all run there.
 //
 // Tolerances, relative to the value compared. bf16 keeps 8 significant
@@ -248,7 +248,7 @@ TEST(Bf16, PipelineGenerateMatchesOneProcess) {
       r.name += "-one-rank" + std::to_string(test_runtime().rank());
       auto world = test_runtime().world();
       auto self = split_communicator(*world, world->rank(), 0);
-      TrainOptions o;
+      SessionOptions o;
       o.fresh = o.quiet = true;
       Trainer t(r, test_runtime(), o, self.get());
       t.train();
@@ -257,7 +257,7 @@ TEST(Bf16, PipelineGenerateMatchesOneProcess) {
     }
     Config p = test::with_mesh(c, 1, 2, 1);
     p.name += "-pp2";
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = o.quiet = true;
     Trainer t(p, test_runtime(), o);
     t.train();

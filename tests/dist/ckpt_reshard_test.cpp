@@ -11,7 +11,7 @@ namespace {
 const std::string kData = test::scratch_dir("reshard-data");
 
 std::vector<double> run(const Config& cfg, bool fresh, const Communicator* world) {
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = fresh;
   o.quiet = true;
   Trainer t(cfg, test_runtime(), o, world);

@@ -121,7 +121,7 @@ TEST(CkptSave, FilesMatchZeroStage0WithoutAllGather) {
     SCOPED_TRACE(k.str());
     const Config ref = config(k, 0, "ref");
     {
-      TrainOptions o;
+      SessionOptions o;
       o.fresh = true;
       o.quiet = true;
       Trainer t(ref, test_runtime(), o);
@@ -131,7 +131,7 @@ TEST(CkptSave, FilesMatchZeroStage0WithoutAllGather) {
     for (int stage : {0, 1, 3}) {
       SCOPED_TRACE("zero_stage " + std::to_string(stage));
       const Config c = config(k, stage, "again");
-      TrainOptions o;
+      SessionOptions o;
       o.checkpoint = ref_dir.string();
       o.quiet = true;
       Trainer t(c, test_runtime(), o);
@@ -160,14 +160,14 @@ TEST(CkptSave, OnlyWritersHoldWhatTheyWrite) {
       SCOPED_TRACE(k.str() + " zero_stage " + std::to_string(stage));
       Config c = config(k, stage, "bytes");
       c.checkpoint_steps = 1000;
-      TrainOptions o;
+      SessionOptions o;
       o.fresh = true;
       o.quiet = true;
       Trainer t(c, test_runtime(), o);
       t.train();
       Mesh& mesh = t.mesh();
       ParallelModel& pm = t.model();
-      Optimizer& opt = t.optim();
+      Optimizer& opt = t.optimizer();
 
       int64_t written_params = 0, written_moments = 0;
       for (const ParamInfo& p : pm.params)

@@ -45,7 +45,7 @@ Config on_gpu(Config c, const char* collectives) {
 }
 
 test::Curve run(const Config& cfg, bool fresh, const std::string& checkpoint = "") {
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = fresh;
   o.quiet = true;
   o.checkpoint = checkpoint;
@@ -290,7 +290,7 @@ TEST(Cuda, CheckpointFromCudaLoadsOnCpuAndBack) {
   Config gpu = on_gpu(test::tiny_config(test::synthetic_data(kData, 96), "cuda-ckpt"), "auto");
   gpu.training_steps = 2;
   gpu.checkpoint_steps = 2;
-  TrainOptions fresh;
+  SessionOptions fresh;
   fresh.fresh = true;
   fresh.quiet = true;
   Trainer a(gpu, test_runtime(), fresh);
@@ -301,7 +301,7 @@ TEST(Cuda, CheckpointFromCudaLoadsOnCpuAndBack) {
 
   Config cpu = gpu;
   cpu.device.device = "cpu";
-  TrainOptions load;
+  SessionOptions load;
   load.quiet = true;
   load.checkpoint = *dir;
   Trainer b(cpu, test_runtime(), load);

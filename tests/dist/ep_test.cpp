@@ -98,7 +98,7 @@ TEST(ExpertParallelTraffic, AllToAllBytesEqualTheFormula) {
   const int n = test_runtime().size();
   for (double cf : {1.25, 0.0}) {
     Config cfg = on(moe(cf > 0 ? "ep-traffic-cap" : "ep-traffic-dropless", cf), EpMesh{n, 1, 1, n});
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = true;
     o.quiet = true;
     Trainer t(cfg, test_runtime(), o);
@@ -149,7 +149,7 @@ TEST(ExpertParallelCheckpoint, ReshardsAcrossExpertParallelSizes) {
     }
     Config second = on(c, next);
     second.name = first.name;
-    TrainOptions o;
+    SessionOptions o;
     o.quiet = true;
     Trainer t(second, test_runtime(), o);
     t.train();
@@ -164,7 +164,7 @@ TEST(ExpertParallel, BadExpertParallelNamesTheKey) {
   const int n = test_runtime().size();
   Config c = on(moe("ep-bad", 0.0), EpMesh{n, 1, 1, 1});
   c.device.expert_parallel = 3;
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   try {

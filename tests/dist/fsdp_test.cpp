@@ -101,7 +101,7 @@ TEST(Fsdp, HeldBytesMatchPlan) {
     for (int stage : {0, 2, 3}) {
       Config c = on(base, m, stage);
       c.training_steps = 2;
-      TrainOptions o;
+      SessionOptions o;
       o.fresh = true;
       o.quiet = true;
       Trainer t(c, test_runtime(), o);
@@ -144,7 +144,7 @@ TEST(Fsdp, CheckpointsReshardAcrossStages) {
     if (test_runtime().rank() == 0) std::filesystem::remove_all(a.run_dir());
     test_runtime().world()->barrier();
     {
-      TrainOptions fresh;
+      SessionOptions fresh;
       fresh.fresh = true;
       fresh.quiet = true;
       Trainer t(a, test_runtime(), fresh);
@@ -153,7 +153,7 @@ TEST(Fsdp, CheckpointsReshardAcrossStages) {
     Config b = a;
     b.zero_stage = then;
     b.training_steps = 6;
-    TrainOptions resume;
+    SessionOptions resume;
     resume.quiet = true;
     Trainer t(b, test_runtime(), resume);
     ASSERT_EQ(t.step(), 3);

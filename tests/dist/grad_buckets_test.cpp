@@ -30,7 +30,7 @@ struct Run {
 Run run(Config cfg, bool overlap) {
   cfg.overlap_grad_reduce = overlap;
   cfg.name += overlap ? "-on" : "-off";
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   // The hooks fire on the thread running backward: with overlap, on one of

@@ -44,7 +44,7 @@ void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, in
 }
 
 std::vector<double> run(const Config& cfg, bool fresh) {
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = fresh;
   o.quiet = true;
   Trainer t(cfg, test_runtime(), o);

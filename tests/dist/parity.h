@@ -178,9 +178,9 @@ inline void expect_same_curve(const Curve& ref, const Curve& got, double tol, co
 
 // Trains cfg.training_steps steps from scratch; the same on every rank.
 // backward_thread: every backward pass on a thread of its own, as CUDA's
-// autograd engine runs it (TrainOptions::backward_thread).
+// autograd engine runs it (SessionOptions::backward_thread).
 inline Curve train_losses(const Config& cfg, bool backward_thread = false) {
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   o.backward_thread = backward_thread;
@@ -197,7 +197,7 @@ inline Curve single_process_losses(Config cfg, bool backward_thread = false) {
   cfg.name += "-ref-rank" + std::to_string(test_runtime().rank());
   auto world = test_runtime().world();
   auto self = split_communicator(*world, world->rank(), 0);
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   o.backward_thread = backward_thread;

@@ -77,7 +77,7 @@ std::vector<std::vector<double>> max_vio_of(const Config& c) {
 // Trains c from scratch on one process with skewed routers; MaxVio per step and layer.
 std::vector<std::vector<double>> train_skewed(Config c) {
   std::filesystem::remove_all(c.run_dir());  // metrics.jsonl of an earlier run of the test
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   Trainer t(c, test_runtime(), o);
@@ -168,7 +168,7 @@ TEST(RouterBias, IdenticalOnEveryRank) {
     c.training_steps = 5;
     c.name += "-" + std::to_string(m.dp) + std::to_string(m.pp) + std::to_string(m.tp) + std::to_string(m.ep);
     SCOPED_TRACE(c.name);
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = true;
     o.quiet = true;
     Trainer t(c, test_runtime(), o);
@@ -199,7 +199,7 @@ TEST(RouterBias, SavedAndRestoredByCheckpoints) {
   c.checkpoint_steps = 4;
   std::map<std::string, at::Tensor> saved;
   {
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = true;
     o.quiet = true;
     Trainer t(c, test_runtime(), o);
@@ -210,7 +210,7 @@ TEST(RouterBias, SavedAndRestoredByCheckpoints) {
         saved[p.layout.global_name] = p.tensor.detach().clone();
   }
   ASSERT_EQ(saved.size(), 2u);
-  TrainOptions o;
+  SessionOptions o;
   o.quiet = true;
   Trainer resumed(c, test_runtime(), o);
   ASSERT_EQ(resumed.step(), 4);

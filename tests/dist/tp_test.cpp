@@ -364,7 +364,7 @@ TEST(TensorParallelModel, ReplicatedParametersStayIdenticalOverTp) {
     cfg = jax ? test::jaxformer(cfg) : test::moe_mla(cfg);
     cfg.sequence_parallel = sp;
     cfg.training_steps = 6;
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = true;
     o.quiet = true;
     Trainer t(test::with_mesh(cfg, 1, 1, world_size()), test_runtime(), o);
@@ -402,7 +402,7 @@ TEST(TensorParallelTraffic, EqualsTheMegatronFormula) {
     Config cfg = test::tiny_config(test::synthetic_data(kData, 96), sp ? "tp-traffic-sp" : "tp-traffic");
     cfg.sequence_parallel = sp;
     cfg = test::with_mesh(cfg, 1, 1, n);
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = true;
     o.quiet = true;
     Trainer t(cfg, test_runtime(), o);

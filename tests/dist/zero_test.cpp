@@ -74,14 +74,14 @@ TEST(Zero1, SameLossesWithTensorAndPipelineParallel) {
 
 TEST(Zero1, OptimizerStateFallsByDp) {
   const int n = test_runtime().size();
-  TrainOptions o;
+  SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   const Config cfg = test::with_mesh(config("bytes"), n, 1, 1);
   Trainer full(zero(cfg, 0), test_runtime(), o);
   Trainer sharded(zero(cfg, 1), test_runtime(), o);
   int64_t params = 0, moments = 0;
-  for (const auto& p : full.optimizer().params()) {
+  for (const auto& p : full.adamw().params()) {
     params += p.param.numel();
     moments += p.exp_avg.numel() + p.exp_avg_sq.numel();
   }
@@ -91,7 +91,7 @@ TEST(Zero1, OptimizerStateFallsByDp) {
               static_cast<long long>(moments), static_cast<long long>(per_rank), n);
   // 2 * ceil(params / dp): only the padding to a multiple of dp is extra.
   EXPECT_EQ(per_rank, 2 * ((params + n - 1) / n));
-  EXPECT_THROW(sharded.optimizer(), Error);
+  EXPECT_THROW(sharded.adamw(), Error);
 }
 
 // Checkpoints hold whole per-parameter moments: a run saved under one
@@ -111,7 +111,7 @@ TEST(Zero1, CheckpointResumesAcrossZeroStages) {
     // A previous run of this test left later checkpoints here.
     if (test_runtime().rank() == 0) std::filesystem::remove_all(a.run_dir());
     test_runtime().world()->barrier();
-    TrainOptions fresh;
+    SessionOptions fresh;
     fresh.fresh = true;
     fresh.quiet = true;
     {
@@ -122,7 +122,7 @@ TEST(Zero1, CheckpointResumesAcrossZeroStages) {
     Config b = a;
     b.zero_stage = 1 - first;
     b.training_steps = 6;
-    TrainOptions resume;
+    SessionOptions resume;
     resume.quiet = true;
     Trainer t(b, test_runtime(), resume);
     ASSERT_EQ(t.step(), 3);

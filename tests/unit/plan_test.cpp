@@ -288,18 +288,18 @@ TEST(Plan, StaticBytesMatchATinyTrainer) {
     c.model.vocab_size = 320;
     c.output_dir = (dir / "runs").string();
     c.device.device = "cpu";
-    TrainOptions o;
+    SessionOptions o;
     o.fresh = true;
     o.quiet = true;
     Trainer trainer(c, runtime, o);
     trainer.train_step();
-    trainer.optimizer().step(learning_rate(c.lr, 0));
+    trainer.adamw().step(learning_rate(c.lr, 0));
     double weights = 0, grads = 0, moments = 0;
     for (const auto& p : trainer.model().params) {
       weights += static_cast<double>(p.tensor.nbytes());
       if (p.tensor.grad().defined()) grads += static_cast<double>(p.tensor.grad().nbytes());
     }
-    for (const auto& p : trainer.optimizer().params())
+    for (const auto& p : trainer.adamw().params())
       moments += static_cast<double>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
     const StageMemory w = plan_memory(c, PlanDevice::Cpu).worst();
     std::printf("static %-16s planned %.0f B (w %.0f g %.0f o %.0f), measured %.0f B (w %.0f g %.0f o %.0f)\n",

@@ -23,7 +23,7 @@
 // Left to synchronize_gradients after backward (different groups or an extra
 // sum first): sequence-parallel norm gradients (tp sum), the tied embedding
 // across pipeline stages (pp sum), everything under expert parallelism
-// (make_optimizer says why) and under zero_stage >= 1.
+// (apply_data_parallel in parallel/apply_parallelism.cpp says why) and under zero_stage >= 1.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 

@@ -44,7 +44,7 @@ struct RoundSpec {
   // The step's last accumulation round: each chunk's last backward pass arms
   // pm.grad_buckets, so the dp sum of its gradients overlaps with the rest.
   bool final_round = true;
-  // A test seam (TrainOptions::backward_thread): every backward pass runs on a
+  // A test seam (SessionOptions::backward_thread): every backward pass runs on a
   // thread of its own, as CUDA's autograd engine runs it on its device
   // thread, so CPU tests see what only a forward-thread state would hide.
   bool backward_thread = false;

@@ -1,13 +1,14 @@
 #pragma once
-// The optimizer as the trainer sees it, whatever it shards: one interface for
-// AdamW with replicated state (zero_stage 0) and ZeRO-1 (parallel/zero.h).
-// A step, after backward and synchronize_gradients():
+// The optimizer as the training step sees it, whatever it shards: one
+// interface for AdamW with replicated state (zero_stage 0), ZeRO-1
+// (parallel/zero.h) and FSDP (zero_stage 2/3, parallel/fsdp.h).
+// A step (train/step.h), after backward and synchronize_gradients():
 //   norm = reduce_gradients()        the global gradient norm (device tensor)
 //   step(lr, found_inf, grad_scale)  the update, skipped on the device if
 //                                    found_inf, gradients divided by grad_scale
 //                                    (clipping) inside the fused update
 // Nothing here reads device memory on the host: the norm is read when the
-// step is logged (Trainer), so the GPU never waits for the host mid-step.
+// step is logged (train/step_log.h), so the GPU never waits for the host mid-step.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -63,11 +64,12 @@ class Optimizer {
   virtual ResidentBytes resident_bytes() const = 0;
 };
 
-// zero_stage 3 and 2: FSDP (parallel/fsdp.h; it installs pm.fsdp and the
-// model's layer hooks); 1: ZeroOptimizer; 0: AdamW over every parameter of this rank
-// (with overlap_grad_reduce and dp > 1 it installs pm.grad_buckets).
+// The optimizer over what parallelize() (parallel/parallelize.h) made of the
+// model; it installs nothing. zero_stage 3 and 2: AdamW over pm.fsdp's shards
+// (parallel/fsdp.h); 1: ZeroOptimizer; 0: AdamW over every parameter of this
+// rank (its gradients summed by synchronize_gradients or pm.grad_buckets).
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);
-// zero_stage 2 or 3 (parallel/fsdp_optimizer.cpp).
+// zero_stage 2 or 3, over pm.fsdp (parallel/fsdp_optimizer.cpp).
 std::unique_ptr<Optimizer> make_fsdp_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg);
 
 }  // namespace meshtrain

@@ -1,5 +1,5 @@
 #pragma once
-// Where the model and the mesh meet: builds this rank's piece of the model
+// Where the model and the mesh meet: parallelize() builds this rank's piece of the model
 // (its pipeline stage, with layers sharded over tp through the factory) and
 // lists its parameters with their global layout for the optimizer, gradient
 // synchronisation and checkpoints.
@@ -54,6 +54,19 @@ std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v = 1
 int64_t virtual_stages(const Config& cfg, int64_t pp);
 
 // meta: parameters are meta tensors, nothing drawn (the performance model; tp = 1).
+// Steps 1-3 of parallelize() below, on the CPU, without data parallelism.
 ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta = false);
+
+// The one place parallelism is applied to a model, in a fixed order (as
+// torchtitan's parallelize): 1. tp: layers built sharded through the
+// LayerFactory; 2. the pipeline: this rank's stage (or interleaved chunks);
+// 3. activation recomputation (activation_checkpointing, in the blocks);
+// 4. the device; 5. data parallelism: FSDP units and layer hooks
+// (zero_stage 2/3, pm.fsdp) or DDP gradient buckets (zero_stage 0 with
+// overlap_grad_reduce, pm.grad_buckets). ZeRO-1 needs nothing installed: its
+// optimizer (parallel/optimizer.h, make_optimizer) owns the sharded slices.
+ParallelModel parallelize(const Config& cfg, Mesh& mesh, const at::Device& device, bool meta = false);
+// Step 5 alone, on a model built by build_parallel_model and moved to its device.
+void apply_data_parallel(ParallelModel& pm, Mesh& mesh, const Config& cfg);
 
 }  // namespace meshtrain

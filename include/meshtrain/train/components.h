@@ -55,17 +55,16 @@ class OptimizerState : public Stateful {
 };
 
 // Values "train_cursor", "val_cursor": positions in the global token stream, so
-// they hold on any mesh. restore=false loads nothing (a resume that restarts the data).
+// they hold on any mesh.
 class DataState : public Stateful {
  public:
-  DataState(DataLoader& train, DataLoader& val, bool restore) : train_(train), val_(val), restore_(restore) {}
+  DataState(DataLoader& train, DataLoader& val) : train_(train), val_(val) {}
   ComponentState state() const override;
   void load_state(const ComponentReader& in) override;
 
  private:
   DataLoader& train_;
   DataLoader& val_;
-  bool restore_;
 };
 
 // Value "state": the generator's state bytes (rank 0's; every rank gets them back).

@@ -1,0 +1,40 @@
+#pragma once
+// What a training step leaves behind: one row in metrics.jsonl (and
+// TensorBoard) per step, the console's step line every log_every steps, and
+// the MoE router-collapse warning (experts that get no token step after step).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/metrics/metrics.h"
+#include "meshtrain/train/step.h"
+
+namespace meshtrain {
+
+class StepLog {
+ public:
+  // Opens run_dir/metrics.jsonl on rank 0 (rows after start.step dropped,
+  // --fresh sets the old file aside: one row per step); start_step: the step
+  // training starts from (for the ETA).
+  StepLog(const Config& cfg, bool rank0, bool quiet, MetricsStart start);
+
+  // The row of the step just taken (its number: `step`).
+  void step(int64_t step, const StepStats& s, double lr, double seconds, bool pipeline);
+  // The evaluation row of `step`.
+  void validation(int64_t step, double train_loss, double val_loss);
+
+ private:
+  void warn_starved_experts(const StepStats& s);
+  std::string progress_suffix(int64_t step) const;
+
+  const Config& cfg_;
+  bool quiet_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  std::chrono::steady_clock::time_point start_;
+  int64_t start_step_;
+  std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
+};
+
+}  // namespace meshtrain

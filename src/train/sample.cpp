@@ -1,0 +1,84 @@
+// Sampling from a session's model (see sample.h).
+#include "meshtrain/train/sample.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/log.h"
+#include "meshtrain/parallel/pipeline_generate.h"
+#include "meshtrain/train/generate.h"
+
+namespace meshtrain {
+
+namespace {
+
+// Where the weights come from, for messages: trained in this process, a
+// checkpoint, or the untrained model.
+std::string weights_source(const Session& s) {
+  const int64_t step = s.progress().step;
+  if (step > s.loaded_step()) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+    return "the model trained to step " + std::to_string(step) + " (checkpoint " + s.config().run_dir() +
+           "/checkpoints/" + name + ")";
+  }
+  return s.weights_from().empty() ? std::string("the untrained model (--random_weights)")
+                                  : "checkpoint " + s.weights_from();
+}
+
+}  // namespace
+
+std::string sample(Session& s) {
+  const Config& cfg = s.config();
+  const Tokenizer* tokenizer = s.tokenizer();
+  if (!tokenizer) {
+    spdlog::warn("no tokenizer.json in {}: skipping the sample", cfg.data.data_dir);
+    return {};
+  }
+  if (cfg.sequence_parallel && s.mesh().shape().tp > 1) {
+    spdlog::warn("sampling with sequence_parallel is not supported yet: skipping the sample");
+    return {};
+  }
+  SampleOptions so;
+  so.max_tokens = cfg.inference.max_tokens;
+  so.top_k = cfg.inference.top_k;
+  so.temperature = cfg.inference.temperature;
+  so.use_cache = cfg.inference.use_cache;
+  so.seed = cfg.seed + static_cast<uint64_t>(s.progress().step);
+  so.vocab_limit = tokenizer->vocab_size();
+  if (cfg.inference.stop_at_eot) so.stop_token = tokenizer->eot();
+  so.check_stop = [&s] {
+    s.watchdog().beat("sampling");
+    s.stop_point("sampling");
+  };
+  std::vector<int32_t> prompt = tokenizer->encode(cfg.inference.prompt);
+  if (prompt.empty()) prompt.push_back(tokenizer->eot());
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(cfg.inference.batch_size), prompt);
+  std::vector<std::vector<int32_t>> out;
+  ParallelModel& pm = s.model();
+  CastScope casts(pm.model->precision());
+  try {
+    if (s.mesh().shape().pp == 1) {
+      out = generate(*pm.model, prompts, so);
+    } else {
+      pm.model->eval();
+      out = generate(cfg.model, s.device(), pipeline_forward(pm, s.mesh()), pipeline_share(pm, s.mesh()), prompts,
+                     so);
+    }
+  } catch (const NonFiniteLogits& e) {
+    pm.model->train();
+    throw NonFiniteLogits(std::string(e.what()) + ": the weights of " + weights_source(s) +
+                          " hold NaN or inf (a diverged run? evaluate it, or sample an earlier checkpoint)");
+  } catch (...) {
+    pm.model->train();  // a stop throws out of the sampling loop
+    throw;
+  }
+  pm.model->train();
+  // The caller shows it: train() in its log, `generate` once on stdout.
+  return cfg.inference.prompt + tokenizer->decode_text(out.at(0));
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,171 @@
+// One optimizer step on a Session (see step.h).
+#include "meshtrain/train/step.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/model/moe.h"
+#include "meshtrain/optim/rampup.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/pipeline.h"
+
+namespace meshtrain {
+
+namespace {
+
+// This round's batch; following: the next round's size, read ahead.
+Batch next_train_batch(Session& s, int64_t global_batch, int64_t following) {
+  if (BatchPrefetcher* p = s.prefetcher()) return p->next(global_batch, following);
+  // Meta: token values never matter, only the shape of this rank's share.
+  const int64_t local = global_batch / s.mesh().shape().dp;
+  const at::Tensor tokens = at::zeros({local, s.config().data.T}, at::kLong);
+  return {tokens, tokens};
+}
+
+}  // namespace
+
+StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, int64_t seq_len) {
+  // ce lives on the last stage, aux on every stage; the expert counts of this
+  // stage's MoE layers go to their global rows (layers this stage does not
+  // own, or dense ones, stay zero).
+  const Config& cfg = s.config();
+  const int64_t n_layers = cfg.model.n_layers();
+  const int64_t E = cfg.model.ffn == "moe" ? cfg.model.n_experts : 0;
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(s.device());
+  auto value = [&](const at::Tensor& t) { return t.defined() ? t.reshape({1}) : at::zeros({1}, opts); };
+  StepStats st;
+  st.sums.ce = value(sums.ce_sum);
+  st.sums.aux = value(sums.aux_sum);
+  st.sums.z = value(sums.z_sum);
+  st.sums.dropped = value(sums.dropped);
+  st.sums.assigned = value(sums.assigned);
+  st.sums.expert_tokens = at::zeros({E > 0 ? n_layers : 0, E}, opts);
+  if (E > 0) {
+    // expert_tokens has one entry per MoE layer of this stage, in order; with
+    // moe_layers "last_in_block" those are not all of its layers.
+    std::vector<int64_t> moe_layers;
+    for (int64_t i : s.model().range.layers())
+      if (is_moe_layer(cfg.model, i)) moe_layers.push_back(i);
+    MT_ASSERT(sums.expert_tokens.size() <= moe_layers.size(), "expert counts for ", sums.expert_tokens.size(),
+              " layers but the stage has ", moe_layers.size(), " MoE layers");
+    for (size_t l = 0; l < sums.expert_tokens.size(); ++l)
+      if (sums.expert_tokens[l].defined()) st.sums.expert_tokens[moe_layers[l]].copy_(sums.expert_tokens[l]);
+  }
+  // One sum over dp and pp, packed: tp ranks hold the same statistics. Their
+  // communicators move device tensors (NCCL on GPU), so the statistics never
+  // leave the device, and the tp traffic stays the model's.
+  std::vector<at::Tensor> flat;
+  for (at::Tensor* f : st.sums.fields()) flat.push_back(f->flatten());
+  at::Tensor packed = at::cat(flat);
+  for (Communicator* c : {&s.mesh().dp(), &s.mesh().pp()})
+    if (c->size() > 1) c->all_reduce(packed);
+  int64_t offset = 0;
+  for (at::Tensor* f : st.sums.fields()) {
+    const int64_t n = f->numel();
+    *f = packed.narrow(0, offset, n).view(f->sizes());
+    offset += n;
+  }
+  st.tokens = global_tokens;
+  st.seq_len = seq_len;
+  return st;
+}
+
+void StepStats::read() {
+  if (read_done) return;
+  read_done = true;
+  std::vector<at::Tensor> flat;
+  for (at::Tensor* f : sums.fields()) flat.push_back(f->flatten());
+  if (grad_norm_t.defined()) flat.push_back(grad_norm_t.reshape({1}).to(at::kDouble));
+  const at::Tensor host = at::cat(flat).cpu();  // the one device-to-host read of the step
+  const double* a = host.data_ptr<double>();
+  const double ce = a[0], aux = a[1], z = a[2], dropped = a[3], assigned = a[4];
+  loss = tokens > 0 ? ce / tokens : 0.0;
+  const double sequences = seq_len > 0 ? tokens / static_cast<double>(seq_len) : 0.0;
+  aux_loss = sequences > 0 ? aux / sequences : 0.0;
+  z_loss = sequences > 0 ? z / sequences : 0.0;
+  dropped_fraction = assigned > 0 ? dropped / assigned : 0.0;
+  const int64_t n_layers = sums.expert_tokens.size(0), E = sums.expert_tokens.size(1);
+  const double* experts = a + 5;
+  expert_fraction.clear();
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const double* row = experts + l * E;
+    double total = 0;
+    for (int64_t e = 0; e < E; ++e) total += row[e];
+    if (total <= 0) continue;  // a dense layer
+    std::vector<double> f(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = row[e] / total;
+    expert_fraction.push_back(std::move(f));
+  }
+  if (grad_norm_t.defined()) grad_norm = a[host.size(0) - 1];
+}
+
+StepStats train_step(Session& s) {
+  const Config& cfg = s.config();
+  ParallelModel& pm = s.model();
+  Mesh& mesh = s.mesh();
+  RunProgress& progress = s.progress();
+  s.test_hooks().before_step(progress.step + 1, s.world_rank());
+  s.watchdog().beat("train step " + std::to_string(progress.step + 1));
+  pm.model->train();
+  for (auto& p : pm.params) p.tensor.mutable_grad() = at::Tensor();
+  // Batch-size rampup and sequence-length warmup (optim/rampup.h) set this
+  // step's shape; the loss stays the mean over the tokens actually trained on.
+  const int64_t batch = global_batch_at(cfg, progress.consumed_samples), T = seq_len_at(cfg, progress.step);
+  const double global_tokens = static_cast<double>(batch * cfg.grad_step * T);
+  const double global_seqs = static_cast<double>(batch * cfg.grad_step);
+  RoundSpec spec;
+  spec.ce_scale = 1.0 / global_tokens;
+  spec.aux_scale = cfg.alpha / global_seqs;
+  spec.z_scale = cfg.model.router_z_loss / global_seqs;
+  spec.backward_thread = s.options().backward_thread;
+  RoundSums total;
+  for (int64_t r = 0; r < cfg.grad_step; ++r) {
+    spec.final_round = r + 1 == cfg.grad_step;  // gradients final: dp sum during backward (grad_buckets.h)
+    Batch b = next_train_batch(s, batch, round_batch_at(cfg, progress.consumed_samples, r + 1));
+    // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
+    // truncation); the pipeline takes its activation shape from inputs.size(1).
+    const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
+    CastScope casts(pm.model->precision());  // the round's microbatches share the weights' bf16 casts
+    total += run_round(pm, mesh, cfg, in.to(s.device(), /*non_blocking=*/true), tg.to(s.device(), true), spec);
+  }
+  progress.consumed_samples += batch * cfg.grad_step;
+  double wait = 0;
+  if (mesh.shape().pp > 1) {
+    // The pipeline bubble as the stages see it: time blocked waiting for a
+    // neighbour, on the rank that waited most.
+    at::Tensor w = at::full({1}, total.wait_seconds, at::kDouble);
+    mesh.cpu_world().all_reduce(w, ReduceOp::Max);
+    wait = w.item<double>();
+  }
+  // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in apply_update().
+  synchronize_gradients(pm, mesh, /*dp=*/cfg.zero_stage_on(mesh.shape().dp) == 0);
+  s.test_hooks().after_backward(progress.step + 1, pm);
+  StepStats stats = reduce_stats(s, total, global_tokens, T);
+  stats.pipeline_wait_seconds = wait;
+  stats.batch_size = batch;
+  return stats;
+}
+
+void apply_update(Session& s, StepStats& st, double lr) {
+  at::NoGradGuard ng;
+  const at::Tensor norm = s.optimizer().reduce_gradients();
+  st.grad_norm_t = norm;
+  // Everything below stays on the device. A non-finite loss or norm skips
+  // the update there (found_inf); nan_policy acts when the step is read.
+  const at::Tensor ce = st.sums.ce.squeeze(0);
+  const at::Tensor found_inf = at::logical_not(at::isfinite(ce) & at::isfinite(norm)).to(at::kFloat);
+  at::Tensor grad_scale;
+  const double clip_norm = s.config().grad_clip_norm;
+  if (clip_norm > 0) {
+    // Clip only above the threshold, as min(1, c / (norm + 1e-6)) would not:
+    // the gradients are divided by (norm + 1e-6) / c inside the fused update.
+    const at::Tensor clip = at::full({}, clip_norm, norm.options());
+    grad_scale = at::where(norm > clip, (norm + 1e-6) / clip, at::ones_like(norm)).to(at::kFloat);
+  }
+  s.optimizer().step(lr, found_inf, grad_scale);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,74 @@
+// What a training step leaves behind (see step_log.h).
+#include "meshtrain/train/step_log.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/core/log.h"
+
+namespace meshtrain {
+
+StepLog::StepLog(const Config& cfg, bool rank0, bool quiet, MetricsStart start)
+    : cfg_(cfg),
+      quiet_(quiet),
+      metrics_(std::make_unique<MetricsLogger>(cfg.run_dir(), rank0, /*tensorboard=*/true, start)),
+      start_(std::chrono::steady_clock::now()),
+      start_step_(std::max<int64_t>(start.step, 0)) {}
+
+void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, bool pipeline) {
+  nlohmann::json row;
+  row["step"] = step;
+  row["loss"] = s.loss;
+  row["lr"] = lr;
+  row["grad_norm"] = s.grad_norm;
+  row["tokens_per_sec"] = seconds > 0 ? s.tokens / seconds : 0.0;
+  if (pipeline && seconds > 0) row["pipeline_bubble"] = s.pipeline_wait_seconds / seconds;
+  if (!cfg_.rampup_batch_size.empty()) row["batch_size"] = s.batch_size;
+  if (cfg_.seq_len_warmup.total_curriculum_step > 0) row["seq_len"] = s.seq_len;
+  if (cfg_.model.ffn == "moe") {
+    row["aux_loss"] = s.aux_loss;
+    row["loss_cross"] = s.loss;
+    row["dropped_fraction"] = s.dropped_fraction;
+    if (cfg_.model.router_z_loss > 0) row["z_loss"] = s.z_loss;
+    row["expert_load"] = s.expert_fraction;
+    // MaxVio (DeepSeek's balance metric): max load / mean load - 1 per MoE layer.
+    std::vector<double> max_vio;
+    for (const auto& f : s.expert_fraction)
+      if (!f.empty()) max_vio.push_back(*std::max_element(f.begin(), f.end()) * static_cast<double>(f.size()) - 1.0);
+    row["max_vio"] = max_vio;
+    warn_starved_experts(s);
+  }
+  metrics_->log(row);
+  if (!quiet_ && (step % std::max<int64_t>(1, cfg_.log_every) == 0 || step == cfg_.training_steps))
+    spdlog::info("{}{}", format_step_line(row), progress_suffix(step));
+}
+
+void StepLog::validation(int64_t step, double train_loss, double val_loss) {
+  nlohmann::json row = {{"step", step}, {"val_loss", val_loss}};
+  metrics_->log(row);
+  spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step, train_loss, val_loss);
+}
+
+void StepLog::warn_starved_experts(const StepStats& s) {
+  // Router collapse shows as experts that receive no token step after step.
+  constexpr int64_t kPatience = 50;
+  size_t n = 0;
+  for (const auto& layer : s.expert_fraction) n += layer.size();
+  starved_steps_.resize(n, 0);
+  size_t i = 0;
+  for (size_t l = 0; l < s.expert_fraction.size(); ++l)
+    for (size_t e = 0; e < s.expert_fraction[l].size(); ++e, ++i) {
+      starved_steps_[i] = s.expert_fraction[l][e] > 0 ? 0 : starved_steps_[i] + 1;
+      if (starved_steps_[i] > 0 && starved_steps_[i] % kPatience == 0)
+        spdlog::warn("MoE layer {} expert {} got no tokens for {} steps (router collapse?)", l, e, starved_steps_[i]);
+    }
+}
+
+std::string StepLog::progress_suffix(int64_t step) const {
+  // The ETA only helps a person watching a terminal; logs and pipes skip it.
+  if (!Progress::stderr_is_terminal()) return {};
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  return ", " + Progress(start_step_, cfg_.training_steps).eta(step, elapsed);
+}
+
+}  // namespace meshtrain
