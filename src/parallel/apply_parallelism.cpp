@@ -26,16 +26,15 @@ void apply_data_parallel(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
     pm.grad_buckets = std::make_shared<GradBuckets>(pm, mesh, static_cast<int64_t>(cfg.grad_bucket_mb * (1 << 20)));
 }
 
-ParallelModel parallelize(const Config& cfg, Mesh& mesh, const at::Device& device, bool meta) {
+void parallelize(ParallelModel& pm, const Config& cfg, Mesh& mesh, const at::Device& device, bool meta) {
   // 1-3: tp through the layer factory, this rank's pipeline stage(s), and
   // activation recomputation in the blocks (activation_checkpointing).
-  ParallelModel pm = build_parallel_model(cfg, mesh, meta);
+  pm = build_parallel_model(cfg, mesh, meta);
   // 4: the device; the parameter list follows the moved tensors.
   pm.model->to(device);
   for (auto& p : pm.params) p.tensor = pm.model->named_parameters()[p.path];
   // 5: data parallelism over what this rank holds.
   apply_data_parallel(pm, mesh, cfg);
-  return pm;
 }
 
 }  // namespace meshtrain

@@ -108,7 +108,7 @@ void Session::build_data() {
 
 void Session::build_model() {
   torch::manual_seed(cfg_.seed);
-  pm_ = parallelize(cfg_, *mesh_, device_, opts_.meta);
+  parallelize(pm_, cfg_, *mesh_, device_, opts_.meta);
   opt_ = make_optimizer(pm_, *mesh_, cfg_);
 
   const ParamCount pc = count_params(cfg_.model);

@@ -65,7 +65,9 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta = fa
 // (zero_stage 2/3, pm.fsdp) or DDP gradient buckets (zero_stage 0 with
 // overlap_grad_reduce, pm.grad_buckets). ZeRO-1 needs nothing installed: its
 // optimizer (parallel/optimizer.h, make_optimizer) owns the sharded slices.
-ParallelModel parallelize(const Config& cfg, Mesh& mesh, const at::Device& device, bool meta = false);
+// Fills pm in place: FSDP and the buckets keep a reference to it, so pm must
+// stay where it is (never moved or copied afterwards).
+void parallelize(ParallelModel& pm, const Config& cfg, Mesh& mesh, const at::Device& device, bool meta = false);
 // Step 5 alone, on a model built by build_parallel_model and moved to its device.
 void apply_data_parallel(ParallelModel& pm, Mesh& mesh, const Config& cfg);
 
