@@ -1,5 +1,6 @@
 // Config loading: every key parsed, every kind of bad input refused with the
 // key named, --set overrides, the JSON round trip, and the shipped configs.
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -57,8 +58,38 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
-// A value of the same JSON type as v, different from it.
-json changed_value(const json& v) {
+// Every key with a fixed set of values, with its values as config files and
+// the config a checkpoint stores spell them.
+const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys = {
+    {"model_config.model_dtype", {"float32", "bfloat16"}},
+    {"model_config.attention", {"mha", "mla"}},
+    {"model_config.ffn", {"dense", "moe"}},
+    {"model_config.router_score", {"softmax", "sigmoid"}},
+    {"model_config.architecture", {"auto", "meshtrain", "jaxformer"}},
+    {"model_config.mla_rope_input", {"split", "joint_latent"}},
+    {"model_config.moe_layers", {"all", "last_in_block"}},
+    {"model_config.shared_expert", {"mlp", "linear", "linear_discarded"}},
+    {"model_config.active_params_scope", {"model", "layers"}},
+    {"model_config.mlp_activation", {"gelu", "swiglu"}},
+    {"data_config.format", {"llmc", "nanogpt"}},
+    {"device_config.device", {"auto", "cpu", "cuda"}},
+    {"device_config.collectives", {"auto", "nccl", "mpi"}},
+    {"pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
+    {"activation_checkpointing", {"none", "full", "selective"}},
+    {"nan_policy", {"skip", "stop"}},
+};
+
+// A value of the same JSON type as v, different from it; for a choice key
+// (JSON pointer /section/key), the next of its names.
+json changed_value(const std::string& pointer, const json& v) {
+  for (const auto& [key, names] : kChoiceKeys) {
+    std::string key_pointer = "/" + key;
+    std::replace(key_pointer.begin(), key_pointer.end(), '.', '/');
+    if (key_pointer != pointer) continue;
+    const auto at = std::find(names.begin(), names.end(), v.get<std::string>());
+    EXPECT_NE(at, names.end()) << pointer << " holds " << v.dump();
+    return at == names.end() ? v : json(names[static_cast<size_t>(at - names.begin() + 1) % names.size()]);
+  }
   if (v.is_boolean()) return !v.get<bool>();
   if (v.is_number_unsigned()) return v.get<uint64_t>() + 7;
   if (v.is_number_integer()) return v.get<int64_t>() + 3;
@@ -80,7 +111,7 @@ TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
   for (const auto& [pointer, value] : flat.items()) {
     SCOPED_TRACE(pointer);
     json changed = flat;
-    changed[pointer] = changed_value(value);
+    changed[pointer] = changed_value(pointer, value);
     json expected = changed.unflatten();
     EXPECT_EQ(to_json(config_from_json(expected)), expected);
   }
@@ -346,27 +377,6 @@ TEST(ConfigErrors, BadEnums) {
   expect_refused({"zero_stage=4"}, {"zero_stage"});
   expect_refused({"device_config.device=tpu"}, {"device_config.device"});
 }
-
-// Every key with a fixed set of values, with its values as config files and
-// the config a checkpoint stores spell them.
-const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys = {
-    {"model_config.model_dtype", {"float32", "bfloat16"}},
-    {"model_config.attention", {"mha", "mla"}},
-    {"model_config.ffn", {"dense", "moe"}},
-    {"model_config.router_score", {"softmax", "sigmoid"}},
-    {"model_config.architecture", {"auto", "meshtrain", "jaxformer"}},
-    {"model_config.mla_rope_input", {"split", "joint_latent"}},
-    {"model_config.moe_layers", {"all", "last_in_block"}},
-    {"model_config.shared_expert", {"mlp", "linear", "linear_discarded"}},
-    {"model_config.active_params_scope", {"model", "layers"}},
-    {"model_config.mlp_activation", {"gelu", "swiglu"}},
-    {"data_config.format", {"llmc", "nanogpt"}},
-    {"device_config.device", {"auto", "cpu", "cuda"}},
-    {"device_config.collectives", {"auto", "nccl", "mpi"}},
-    {"pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
-    {"activation_checkpointing", {"none", "full", "selective"}},
-    {"nan_policy", {"skip", "stop"}},
-};
 
 TEST(ConfigErrors, EveryChoiceKeyRefusesAnUnknownValueNamingTheAllowedOnes) {
   for (const auto& [key, names] : kChoiceKeys) {
