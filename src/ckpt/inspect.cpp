@@ -4,6 +4,7 @@
 
 #include "meshtrain/core/text.h"
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/config/choices.h"
 
 namespace meshtrain {
 
@@ -45,7 +46,9 @@ std::string parameter_line(const CheckpointReader& r) {
   const int64_t E = m.value("n_experts", int64_t{0}), k = m.value("k", int64_t{0});
   int64_t active = total;
   if (routed > 0 && E > 0) active -= routed / E * (E - k);
-  if (m.value("active_params_scope", std::string("model")) == "layers") active -= outside_layers;
+  // The stored config's spelling, read with the config's own table.
+  const std::string scope = m.value("active_params_scope", std::string("model"));
+  if (parse_choice<ActiveParamsScope>(scope) == ActiveParamsScope::Layers) active -= outside_layers;
   return line + ", " + std::to_string(active) + " active per token\n";
 }
 

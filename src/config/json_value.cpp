@@ -97,6 +97,11 @@ void read_value(const json& v, const std::string& path, std::vector<DatasetWeigh
   }
 }
 
+// Worded like validate()'s range checks: the key, then what it allows.
+void not_a_choice(const std::string& path, const std::string& allowed, const std::string& got) {
+  MT_FAIL(path, " must be one of {", allowed, "}, got '", got, "'");
+}
+
 void read_value(const json& v, const std::string& path, std::vector<int64_t>& out) {
   if (!v.is_array()) wrong_type(v, path, "an array of integers");
   out.clear();

@@ -4,6 +4,7 @@
 // integer, "true" is not a boolean.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,18 @@ void read_value(const nlohmann::json& v, const std::string& path, std::string& o
 void read_value(const nlohmann::json& v, const std::string& path, std::array<int64_t, 3>& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::vector<int64_t>& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::vector<DatasetWeight>& out);
+
+// A choice key (choices.h): a string naming one of its values; anything else
+// fails naming the key and the allowed values.
+[[noreturn]] void not_a_choice(const std::string& path, const std::string& allowed, const std::string& got);
+template <class E, std::enable_if_t<is_choice_v<E>, int> = 0>
+void read_value(const nlohmann::json& v, const std::string& path, E& out) {
+  std::string name;
+  read_value(v, path, name);
+  const std::optional<E> parsed = parse_choice<E>(name);
+  if (!parsed) not_a_choice(path, choice_list<E>(), name);
+  out = *parsed;
+}
 
 // "section.key", or "key" at the top level.
 inline std::string key_path(const std::string& section, const std::string& key) {

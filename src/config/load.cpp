@@ -161,7 +161,7 @@ LoadedConfig load_config(const std::string& path, const std::vector<std::string>
   loaded.json = parse_file(path, read_file(path));
   // The file as written decides its architecture, so `--set model_config.attention=mha`
   // on a Jaxformer file changes that key only, not every Jaxformer default.
-  const std::string arch = schema::resolve_architecture(loaded.json);
+  const Architecture arch = schema::resolve_architecture(loaded.json);
   for (const auto& s : sets) apply_override(loaded.json, s);
   nlohmann::json as_read = loaded.json;
   if (as_read.contains("model_config") && as_read["model_config"].is_object()) {

@@ -11,10 +11,10 @@ inline constexpr const char* kTop = "";  // section of the top-level keys
 inline constexpr std::array<const char*, 6> kSections{"model_config", "data_config", "lr",
                                                       "device_config", "inference_config", "seq_len_warmup"};
 
-// Calls v(section, key, member) for every key; C is Config or const Config.
-template <class C, class V>
-void visit_fields(C& c, V&& v) {
-  auto& m = c.model;
+// Calls v("model_config", key, member) for every model key; M is ModelConfig
+// or const ModelConfig.
+template <class M, class V>
+void visit_model_fields(M& m, V&& v) {
   v("model_config", "model_dimension", m.model_dimension);
   v("model_config", "vocab_size", m.vocab_size);
   v("model_config", "n_head", m.n_head);
@@ -55,6 +55,12 @@ void visit_fields(C& c, V&& v) {
   v("model_config", "moe_layers", m.moe_layers);
   v("model_config", "shared_expert", m.shared_expert);
   v("model_config", "active_params_scope", m.active_params_scope);
+}
+
+// Calls v(section, key, member) for every key; C is Config or const Config.
+template <class C, class V>
+void visit_fields(C& c, V&& v) {
+  visit_model_fields(c.model, v);
 
   auto& d = c.data;
   v("data_config", "data_dir", d.data_dir);

@@ -2,7 +2,6 @@
 // fails here with the key's name instead of deep inside a collective.
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
@@ -28,15 +27,6 @@ void non_negative(double v, const char* key) { MT_CHECK(v >= 0, key, " must be >
 
 void in_unit_interval(double v, const char* key) {
   MT_CHECK(v >= 0 && v < 1, key, " must be in [0, 1), got ", v);
-}
-
-void one_of(const std::string& v, std::initializer_list<const char*> allowed, const char* key) {
-  std::string list;
-  for (const char* a : allowed) {
-    if (v == a) return;
-    list += list.empty() ? a : std::string(", ") + a;
-  }
-  MT_FAIL(key, " must be one of {", list, "}, got '", v, "'");
 }
 
 void not_empty(const std::string& v, const char* key) { MT_CHECK(!v.empty(), key, " must not be empty"); }
@@ -77,42 +67,32 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
            " (the head dim) must be even: RoPE rotates pairs of dims");
   MT_CHECK(m.T == d.T, "model_config.T (", m.T, ") must equal data_config.T (", d.T, ")");
   in_unit_interval(m.dropout_rate, "model_config.dropout_rate");
-  one_of(m.model_dtype, {"float32", "bfloat16"}, "model_config.model_dtype");
-  one_of(m.attention, {"mha", "mla"}, "model_config.attention");
-  one_of(m.ffn, {"dense", "moe"}, "model_config.ffn");
-  one_of(m.router_score, {"softmax", "sigmoid"}, "model_config.router_score");
   non_negative(m.router_z_loss, "model_config.router_z_loss");
   MT_CHECK(m.rope_theta > 0, "model_config.rope_theta must be > 0, got ", m.rope_theta);
   MT_CHECK(m.init_std > 0, "model_config.init_std must be > 0, got ", m.init_std);
-  one_of(m.architecture, {"auto", "meshtrain", "jaxformer"}, "model_config.architecture");
-  one_of(m.mla_rope_input, {"split", "joint_latent"}, "model_config.mla_rope_input");
-  one_of(m.moe_layers, {"all", "last_in_block"}, "model_config.moe_layers");
-  one_of(m.shared_expert, {"mlp", "linear", "linear_discarded"}, "model_config.shared_expert");
-  one_of(m.active_params_scope, {"model", "layers"}, "model_config.active_params_scope");
-  one_of(m.mlp_activation, {"gelu", "swiglu"}, "model_config.mlp_activation");
   if (m.swiglu()) MT_CHECK(!m.linear_bias, "model_config.mlp_activation 'swiglu' has no biases: set linear_bias false");
   at_least(m.n_kv_head, 0, "model_config.n_kv_head");
   MT_CHECK(m.n_head % m.kv_heads() == 0, "model_config.n_head (", m.n_head,
            ") must be a multiple of model_config.n_kv_head (", m.kv_heads(), "): each kv head serves a group of heads");
-  if (m.attention == "mla")
+  if (m.attention == AttentionKind::Mla)
     MT_CHECK(m.kv_heads() == m.n_head, "model_config.n_kv_head (", m.n_kv_head,
              ") applies to attention 'mha' only: MLA shares one latent among all heads (leave it 0)");
   else
     MT_CHECK(!m.mla_latent_norm, "model_config.mla_latent_norm needs attention 'mla'");
   if (m.mla_latent_norm)
-    MT_CHECK(m.mla_rope_input == "split", "model_config.mla_latent_norm needs mla_rope_input 'split' (DeepSeek-V3)");
+    MT_CHECK(m.mla_rope_input == MlaRopeInput::Split, "model_config.mla_latent_norm needs mla_rope_input 'split' (DeepSeek-V3)");
   at_least(m.first_k_dense, 0, "model_config.first_k_dense");
   at_least(m.dense_mlp_hidden, 0, "model_config.dense_mlp_hidden");
   non_negative(m.router_bias_update_rate, "model_config.router_bias_update_rate");
   if (m.router_bias_update_rate > 0)
     MT_CHECK(m.router_bias, "model_config.router_bias_update_rate needs model_config.router_bias true");
 
-  if (m.attention == "mla") {
+  if (m.attention == AttentionKind::Mla) {
     MT_CHECK(m.latent_dim > 0, "model_config.latent_dim must be > 0 with attention 'mla', got ", m.latent_dim);
     MT_CHECK(m.dhR % 2 == 0, "model_config.dhR must be even with attention 'mla' (RoPE rotates pairs), got ",
              m.dhR);
   }
-  if (m.ffn == "moe") {
+  if (m.ffn == FfnKind::Moe) {
     MT_CHECK(m.n_experts >= 1, "model_config.n_experts must be >= 1 with ffn 'moe', got ", m.n_experts);
     MT_CHECK(m.k >= 1 && m.k <= m.n_experts, "model_config.k must be in [1, model_config.n_experts = ",
              m.n_experts, "], got ", m.k);
@@ -148,7 +128,6 @@ void validate_data(const DataConfig& d) {
   plain_path(d.data_dir, "data_config.data_dir");
   not_empty(d.train_folder_name, "data_config.train_folder_name");
   not_empty(d.val_folder_name, "data_config.val_folder_name");
-  one_of(d.format, {"llmc", "nanogpt"}, "data_config.format");
   for (size_t i = 0; i < d.datasets.size(); ++i) {
     const auto& ds = d.datasets[i];
     MT_CHECK(!ds.path.empty(), "data_config.datasets[", i, "].path must not be empty");
@@ -215,10 +194,9 @@ void validate_warmups(const Config& c) {
 // into pp * virtual_stages chunks, and every training round (each batch size
 // a rampup visits) cuts into a multiple of pp microbatches.
 void validate_pipeline(const Config& c) {
-  one_of(c.pipeline_schedule, {"gpipe", "1f1b", "interleaved"}, "pipeline_schedule");
   const int64_t v = c.virtual_stages, pp = c.device.pp(), dp = c.device.dp();
   MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
-  MT_CHECK(v == 1 || c.pipeline_schedule == "interleaved", "virtual_stages=", v,
+  MT_CHECK(v == 1 || c.pipeline_schedule == PipelineSchedule::Interleaved, "virtual_stages=", v,
            " needs pipeline_schedule \"interleaved\" (it is \"", c.pipeline_schedule, "\")");
   if (v == 1 || pp == 1) return;  // one chunk per stage is 1f1b; pp 1 runs no schedule
   const int64_t layers = c.model.n_layers();
@@ -246,9 +224,7 @@ void validate_mesh(const Config& c) {
   const auto& a = c.device.n_device_axis;
   MT_CHECK(a[0] >= 1 && a[1] >= 1 && a[2] >= 1, "device_config.n_device_axis entries [dp, pp, tp] must be >= 1, got [",
            a[0], ", ", a[1], ", ", a[2], "]");
-  one_of(c.device.device, {"auto", "cpu", "cuda"}, "device_config.device");
-  one_of(c.device.collectives, {"auto", "nccl", "mpi"}, "device_config.collectives");
-  MT_CHECK(!(c.device.device == "cpu" && c.device.collectives == "nccl"),
+  MT_CHECK(!(c.device.device == DeviceChoice::Cpu && c.device.collectives == CollectivesChoice::Nccl),
            "device_config.collectives is \"nccl\" but device_config.device is \"cpu\": NCCL moves CUDA tensors "
            "only (use \"auto\" or \"mpi\")");
   const int64_t dp = c.device.dp(), pp = c.device.pp(), tp = c.device.tp();
@@ -290,7 +266,7 @@ void validate_mesh(const Config& c) {
   MT_CHECK(dp % ep == 0, "device_config.expert_parallel (", ep, ") must divide dp = ", dp,
            " (device_config.n_device_axis[0]): experts are split over ranks of the dp group");
   if (ep > 1) {
-    MT_CHECK(m.ffn == "moe", "device_config.expert_parallel = ", ep, " needs an MoE model (model_config.ffn \"moe\"), "
+    MT_CHECK(m.ffn == FfnKind::Moe, "device_config.expert_parallel = ", ep, " needs an MoE model (model_config.ffn \"moe\"), "
              "got ffn \"", m.ffn, "\"");
     MT_CHECK(m.n_experts % ep == 0, "device_config.expert_parallel (", ep, ") must divide model_config.n_experts (",
              m.n_experts, "): every rank of an ep group holds n_experts / expert_parallel experts");
@@ -318,8 +294,6 @@ void validate_run(const Config& c) {
   // Above 0; at most 64 GiB keeps the byte count far inside int64.
   MT_CHECK(c.grad_bucket_mb > 0 && c.grad_bucket_mb <= 65536, "grad_bucket_mb must be in (0, 65536] MiB, got ",
            c.grad_bucket_mb);
-  one_of(c.activation_checkpointing, {"none", "full", "selective"}, "activation_checkpointing");
-  one_of(c.nan_policy, {"skip", "stop"}, "nan_policy");
   at_least(c.max_nan_skips, 1, "max_nan_skips");
   // A day is far beyond any step; the bound keeps the timeout's arithmetic exact.
   MT_CHECK(c.watchdog_seconds >= 0 && c.watchdog_seconds <= kMaxWatchdogSeconds, "watchdog_seconds must be in [0, ",

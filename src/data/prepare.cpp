@@ -170,86 +170,66 @@ struct SplitResult {
 };
 
 // Reader (this thread) -> workers -> writer, with at most max_in_flight
-// blocks between reading and writing.
-SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPlan& plan, const Tokenizer& tok,
-                               const fs::path& out, int workers, Clock::time_point start) {
-  struct Block {
-    int64_t seq;
-    std::vector<std::string> docs;
-    std::vector<char> is_val;
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Block> queue;
-  std::map<int64_t, Tokenized> done;
-  int64_t in_flight = 0, blocks = 0, tokens_written = 0;
-  bool reading_done = false, aborted = false;
-  std::exception_ptr error;
-  const int64_t max_in_flight = 2 * workers + 2;
+// blocks between reading and writing. The first error (or stop request)
+// anywhere aborts all three; rethrow() then raises it.
+class TokenizePipeline {
+ public:
+  explicit TokenizePipeline(int workers) : max_in_flight_(2 * workers + 2) {}
 
-  auto fail = [&](std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!error) error = e;
-    aborted = true;
-    cv.notify_all();
-  };
-
-  std::vector<std::thread> pool;
-  for (int w = 0; w < workers; ++w) {
-    pool.emplace_back([&] {
-      try {
-        EncodeCache cache;
-        while (true) {
-          Block b;
-          {
-            std::unique_lock<std::mutex> lock(mu);
-            cv.wait(lock, [&] { return aborted || !queue.empty() || reading_done; });
-            if (aborted || queue.empty()) return;
-            b = std::move(queue.front());
-            queue.pop_front();
-          }
-          Tokenized t;
-          for (size_t i = 0; i < b.docs.size(); ++i) {
-            auto& dst = b.is_val[i] ? t.val : t.train;
-            tok.encode(b.docs[i], cache, dst);
-            dst.push_back(tok.eot());
-            ++(b.is_val[i] ? t.val_docs : t.train_docs);
-          }
-          std::lock_guard<std::mutex> lock(mu);
-          done.emplace(b.seq, std::move(t));
-          cv.notify_all();
+  // A worker: tokenizes blocks from the queue until reading is done.
+  void work(const Tokenizer& tok) {
+    try {
+      EncodeCache cache;
+      while (true) {
+        Block b;
+        {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return aborted_ || !queue_.empty() || reading_done_; });
+          if (aborted_ || queue_.empty()) return;
+          b = std::move(queue_.front());
+          queue_.pop_front();
         }
-      } catch (...) {
-        fail(std::current_exception());
+        Tokenized t;
+        for (size_t i = 0; i < b.docs.size(); ++i) {
+          auto& dst = b.is_val[i] ? t.val : t.train;
+          tok.encode(b.docs[i], cache, dst);
+          dst.push_back(tok.eot());
+          ++(b.is_val[i] ? t.val_docs : t.train_docs);
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        done_.emplace(b.seq, std::move(t));
+        cv_.notify_all();
       }
-    });
+    } catch (...) {
+      fail(std::current_exception());
+    }
   }
 
-  SplitResult result;
-  const bool uint32 = tok.vocab_size() > 65536;
-  std::thread writer([&] {
+  // The writer: appends tokenized blocks to the shards in reading order.
+  void write(const PrepareOptions& opt, const Tokenizer& tok, const fs::path& out, SplitResult& result) {
     try {
+      const bool uint32 = tok.vocab_size() > 65536;
       const std::string fp = tokenizer_fingerprint(tok);  // in every shard header
       ShardWriter train((out / "train").string(), "train", opt.shard_tokens, uint32, fp);
       ShardWriter val((out / "val").string(), "val", opt.shard_tokens, uint32, fp);
       for (int64_t next = 0;; ++next) {
         Tokenized t;
         {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return aborted || done.count(next) || (reading_done && next == blocks); });
-          if (aborted) return;
-          if (!done.count(next)) break;
-          t = std::move(done[next]);
-          done.erase(next);
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait(lock, [&] { return aborted_ || done_.count(next) || (reading_done_ && next == blocks_); });
+          if (aborted_) return;
+          if (!done_.count(next)) break;
+          t = std::move(done_[next]);
+          done_.erase(next);
         }
         train.append(t.train);
         val.append(t.val);
         result.train_docs += t.train_docs;
         result.val_docs += t.val_docs;
-        std::lock_guard<std::mutex> lock(mu);
-        tokens_written += static_cast<int64_t>(t.train.size() + t.val.size());
-        --in_flight;
-        cv.notify_all();
+        std::lock_guard<std::mutex> lock(mu_);
+        tokens_written_ += static_cast<int64_t>(t.train.size() + t.val.size());
+        --in_flight_;
+        cv_.notify_all();
       }
       result.train_tokens = train.tokens();
       result.val_tokens = val.tokens();
@@ -258,39 +238,78 @@ SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPla
     } catch (...) {
       fail(std::current_exception());
     }
-  });
+  }
 
-  try {
-    DocumentStream stream(plan, opt);
-    ProgressTicker ticker(opt, start);
-    Block b;
-    while (stream.next_block(b.docs, b.is_val)) {
-      // A stop request fails the pipeline like any error: the staging folder
-      // is removed and the output stays as it was.
-      throw_if_stop_requested("prepare-data (tokenizing)");
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return aborted || in_flight < max_in_flight; });
-      if (aborted) break;
-      b.seq = blocks++;
-      ++in_flight;
-      queue.push_back(std::move(b));
-      cv.notify_all();
-      const int64_t tokens = tokens_written;
-      lock.unlock();
-      ticker.tick(stream, tokens);
+  // The reader (the calling thread): queues blocks of documents, then tells
+  // the workers and the writer that no more come.
+  void read(const PrepareOptions& opt, const detail::InputPlan& plan, Clock::time_point start) {
+    try {
+      DocumentStream stream(plan, opt);
+      ProgressTicker ticker(opt, start);
+      Block b;
+      while (stream.next_block(b.docs, b.is_val)) {
+        // A stop request fails the pipeline like any error: the staging folder
+        // is removed and the output stays as it was.
+        throw_if_stop_requested("prepare-data (tokenizing)");
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return aborted_ || in_flight_ < max_in_flight_; });
+        if (aborted_) break;
+        b.seq = blocks_++;
+        ++in_flight_;
+        queue_.push_back(std::move(b));
+        cv_.notify_all();
+        const int64_t tokens = tokens_written_;
+        lock.unlock();
+        ticker.tick(stream, tokens);
+      }
+      ticker.tick(stream, tokens_written_, true);
+    } catch (...) {
+      fail(std::current_exception());
     }
-    ticker.tick(stream, tokens_written, true);
-  } catch (...) {
-    fail(std::current_exception());
+    std::lock_guard<std::mutex> lock(mu_);
+    reading_done_ = true;
+    cv_.notify_all();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    reading_done = true;
-    cv.notify_all();
+
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
   }
+
+ private:
+  struct Block {
+    int64_t seq;
+    std::vector<std::string> docs;
+    std::vector<char> is_val;
+  };
+
+  void fail(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = e;
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Block> queue_;
+  std::map<int64_t, Tokenized> done_;
+  int64_t in_flight_ = 0, blocks_ = 0, tokens_written_ = 0;
+  bool reading_done_ = false, aborted_ = false;
+  std::exception_ptr error_;
+  const int64_t max_in_flight_;
+};
+
+SplitResult tokenize_and_write(const PrepareOptions& opt, const detail::InputPlan& plan, const Tokenizer& tok,
+                               const fs::path& out, int workers, Clock::time_point start) {
+  TokenizePipeline pipeline(workers);
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) pool.emplace_back([&] { pipeline.work(tok); });
+  SplitResult result;
+  std::thread writer([&] { pipeline.write(opt, tok, out, result); });
+  pipeline.read(opt, plan, start);
   for (auto& t : pool) t.join();
   writer.join();
-  if (error) std::rethrow_exception(error);
+  pipeline.rethrow();
   return result;
 }
 

@@ -52,7 +52,7 @@ NamedTensors to_hf_tensors(const ModelConfig& m, const TensorSource& mt) {
     const std::string q = layer(i), p = hf_layer(i);
     put(p + "input_layernorm.weight", mt(q + "attn_norm.weight"));
     put(p + "post_attention_layernorm.weight", mt(q + "mlp_norm.weight"));
-    if (m.attention == "mha") {
+    if (m.attention == AttentionKind::Mha) {
       put(p + "self_attn.q_proj.weight", mt(q + "attn.wq.weight"));
       put(p + "self_attn.k_proj.weight", mt(q + "attn.wk.weight"));
       put(p + "self_attn.v_proj.weight", mt(q + "attn.wv.weight"));
@@ -148,7 +148,7 @@ std::map<std::string, at::Tensor> from_hf_tensors(const ModelConfig& m, const Te
     const std::string q = layer(i), p = hf_layer(i);
     put(q + "attn_norm.weight", hf(p + "input_layernorm.weight"));
     put(q + "mlp_norm.weight", hf(p + "post_attention_layernorm.weight"));
-    if (m.attention == "mha") {
+    if (m.attention == AttentionKind::Mha) {
       put(q + "attn.wq.weight", hf(p + "self_attn.q_proj.weight"));
       put(q + "attn.wk.weight", hf(p + "self_attn.k_proj.weight"));
       put(q + "attn.wv.weight", hf(p + "self_attn.v_proj.weight"));

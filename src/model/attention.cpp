@@ -141,7 +141,7 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   if (dhR_ > 0) {
     // Jaxformer's rope projections read the whole down-projection output
     // [c_kv, c_q] (model.py: Dense(dhR)(x) after x = Dense(2 * latent_dim)(x)).
-    const bool joint = cfg_.mla_rope_input == "joint_latent";
+    const bool joint = cfg_.mla_rope_input == MlaRopeInput::JointLatent;
     const at::Tensor latent = joint ? at::cat({c, cq}, -1) : at::Tensor();
     const auto q_rope = rope_.apply(split_heads(w_qr_->forward(joint ? latent : cq), dhR_), offset, 2);
     q = at::cat({q, q_rope}, -1);
@@ -190,9 +190,7 @@ at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, c
 }
 
 MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg) {
-  if (cfg.mla_rope_input == "joint_latent") return {2 * cfg.latent_dim, 2 * cfg.latent_dim};
-  MT_CHECK(cfg.mla_rope_input == "split", "model_config.mla_rope_input must be \"split\" or \"joint_latent\", got \"",
-           cfg.mla_rope_input, "\"");
+  if (cfg.mla_rope_input == MlaRopeInput::JointLatent) return {2 * cfg.latent_dim, 2 * cfg.latent_dim};
   return {cfg.latent_dim, cfg.model_dimension};
 }
 

@@ -27,21 +27,15 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
   const std::string prefix = "layers." + std::to_string(layer);
   const int64_t d = cfg.model_dimension;
   attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
-  if (cfg.attention == "mha") {
+  if (cfg.attention == AttentionKind::Mha)
     attn_ = register_module("attn", std::make_shared<MHA>(cfg, factory, prefix + ".attn"));
-  } else if (cfg.attention == "mla") {
+  else
     attn_ = register_module("attn", std::make_shared<MLA>(cfg, factory, prefix + ".attn", mla_layer_dhR(cfg, layer)));
-  } else {
-    MT_FAIL("model_config.attention must be \"mha\" or \"mla\", got \"", cfg.attention, "\"");
-  }
   mlp_norm_ = register_module("mlp_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
-  if (cfg.ffn == "dense" || (cfg.ffn == "moe" && !is_moe_layer(cfg, layer))) {
-    mlp_ = register_module("mlp", std::make_shared<DenseMLP>(cfg, factory, prefix + ".mlp"));
-  } else if (cfg.ffn == "moe") {
+  if (is_moe_layer(cfg, layer))
     moe_ = register_module("moe", std::make_shared<MoE>(cfg, factory, prefix + ".moe"));
-  } else {
-    MT_FAIL("model_config.ffn must be \"dense\" or \"moe\", got \"", cfg.ffn, "\"");
-  }
+  else
+    mlp_ = register_module("mlp", std::make_shared<DenseMLP>(cfg, factory, prefix + ".mlp"));
 }
 
 at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset) {

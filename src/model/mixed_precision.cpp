@@ -7,11 +7,9 @@
 
 namespace meshtrain {
 
-PrecisionPolicy PrecisionPolicy::from_model_dtype(const std::string& model_dtype) {
-  MT_CHECK(model_dtype == "float32" || model_dtype == "bfloat16",
-           "model_config.model_dtype must be \"float32\" or \"bfloat16\", got \"", model_dtype, "\"");
+PrecisionPolicy PrecisionPolicy::from_model_dtype(ModelDtype model_dtype) {
   PrecisionPolicy p;
-  p.compute = model_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  p.compute = model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat;
   return p;
 }
 

@@ -46,15 +46,13 @@ Routing route(const at::Tensor& router_logits, const ModelConfig& cfg, bool trai
   MT_CHECK(E == cfg.n_experts, "MoE router logits have ", E, " experts but model_config.n_experts is ",
            cfg.n_experts);
   MT_CHECK(k >= 1 && k <= E, "model_config.k must be in [1, n_experts=", E, "], got ", k);
-  MT_CHECK(cfg.router_score == "softmax" || cfg.router_score == "sigmoid",
-           "model_config.router_score must be softmax or sigmoid, got '", cfg.router_score, "'");
   const int64_t N = B * T;
 
   Routing r;
   // fp32 even under bf16 mixed precision: top-k on rounded scores flips choices
   // between otherwise identical runs, and the aux loss needs accurate P.
   r.logits = router_logits.to(at::kFloat).reshape({N, E});
-  r.probs = cfg.router_score == "softmax" ? at::softmax(r.logits, -1) : at::sigmoid(r.logits);
+  r.probs = cfg.router_score == RouterScore::Softmax ? at::softmax(r.logits, -1) : at::sigmoid(r.logits);
   at::Tensor choice = r.probs.detach();
   if (bias.defined()) choice = choice + bias.detach().to(at::kFloat);
   if (cfg.n_group > 1) choice = group_limited(choice, cfg.n_group, cfg.topk_group);
@@ -94,11 +92,9 @@ at::Tensor load_balancing_loss(const Routing& r, int64_t B, int64_t T, int64_t n
 }
 
 bool is_moe_layer(const ModelConfig& cfg, int64_t layer) {
-  if (cfg.ffn != "moe") return false;
+  if (cfg.ffn != FfnKind::Moe) return false;
   if (layer < cfg.first_k_dense) return false;  // DeepSeek-V3's first_k_dense_replace
-  if (cfg.moe_layers == "all") return true;
-  MT_CHECK(cfg.moe_layers == "last_in_block", "model_config.moe_layers must be \"all\" or \"last_in_block\", got \"",
-           cfg.moe_layers, "\"");
+  if (cfg.moe_layers == MoeLayers::All) return true;
   return layer % cfg.layers_per_block == cfg.layers_per_block - 1;
 }
 
@@ -138,7 +134,7 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
     // region), so it stays whole there: not split over expert parallelism.
     b_out_ = experts_->register_parameter("b_out", factory.param(prefix + ".experts.b_out", {E, d}, -1, 0.0));
   }
-  if (cfg.n_shared > 0 && cfg.shared_expert == "mlp") {
+  if (cfg.n_shared > 0 && cfg.shared_expert == SharedExpert::Mlp) {
     shared_ = register_module("shared", std::make_shared<torch::nn::Module>());
     shared_in_ =
         shared_->register_module("w_in", factory.column(prefix + ".shared.w_in", d, cfg.n_shared * h, std, b));
@@ -148,8 +144,6 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
     shared_out_ =
         shared_->register_module("w_out", factory.row(prefix + ".shared.w_out", cfg.n_shared * h, d, std_out, b));
   } else if (cfg.n_shared > 0) {
-    MT_CHECK(cfg.shared_expert == "linear" || cfg.shared_expert == "linear_discarded",
-             "model_config.shared_expert must be mlp, linear or linear_discarded, got '", cfg.shared_expert, "'");
     shared_proj_ =
         register_module("shared_proj", factory.replicated(prefix + ".shared_proj", d, cfg.n_shared * d, std, b));
   }
@@ -295,7 +289,7 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   // chunks, replicated like the router (whole sequences in, own shard out).
   // "linear_discarded" keeps the parameters but not the term, as
   // Jaxformer's MoE.__call__ does (it returns expert_outputs, not x).
-  if (shared_proj_ && cfg_.shared_expert == "linear") {
+  if (shared_proj_ && cfg_.shared_expert == SharedExpert::Linear) {
     const at::Tensor s = shared_proj_->forward(xr).view({B, T, cfg_.n_shared, d}).sum(2);
     y = y + factory_->scatter_sequence(s).to(y.scalar_type());
   }

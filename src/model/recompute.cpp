@@ -8,13 +8,6 @@
 
 namespace meshtrain {
 
-ActivationCheckpointing parse_activation_checkpointing(const std::string& mode) {
-  if (mode == "none") return ActivationCheckpointing::None;
-  if (mode == "full") return ActivationCheckpointing::Full;
-  if (mode == "selective") return ActivationCheckpointing::Selective;
-  MT_FAIL("activation_checkpointing must be one of {none, full, selective}, got '", mode, "'");
-}
-
 namespace {
 
 // Generator states of the devices a segment may draw dropout masks on.

@@ -88,9 +88,8 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
   }
 }
 
-void Transformer::set_activation_checkpointing(const std::string& mode) {
-  const ActivationCheckpointing m = parse_activation_checkpointing(mode);
-  for (auto& b : blocks_) b->set_checkpointing(m);
+void Transformer::set_activation_checkpointing(ActivationCheckpointing mode) {
+  for (auto& b : blocks_) b->set_checkpointing(mode);
 }
 
 at::Tensor Transformer::embed(const at::Tensor& tokens) {
@@ -153,7 +152,7 @@ LayerParamCount layer_param_count(const ModelConfig& cfg, int64_t i) {
   LayerParamCount p;
   p.replicated = 2 * d * (cfg.norm_bias ? 2 : 1);  // attn_norm, mlp_norm
   p.replicated += d * b;                            // the row-parallel attention wo's bias
-  if (cfg.attention == "mla") {
+  if (cfg.attention == AttentionKind::Mla) {
     const int64_t Lt = cfg.latent_dim, r = mla_layer_dhR(cfg, i);
     p.replicated += 2 * (d * Lt + Lt * b);        // w_dkv, w_dq
     p.split += 3 * (Lt * H * hd + H * hd * b);    // w_uq, w_uk, w_uv
@@ -178,7 +177,7 @@ LayerParamCount layer_param_count(const ModelConfig& cfg, int64_t i) {
     p.split += E * (m * d * h + h * b);            // experts w_in, w_out (+ w_gate), b_in
     p.replicated += E * d * b;                     // experts b_out
     p.routed = E * (m * d * h + h * b + d * b);
-    if (ns > 0 && cfg.shared_expert == "mlp") {
+    if (ns > 0 && cfg.shared_expert == SharedExpert::Mlp) {
       p.split += ns * (m * d * h + h * b);         // shared w_in, w_out (+ w_gate), w_in's bias
       p.replicated += d * b;                       // shared w_out's bias
     } else if (ns > 0) {
@@ -203,7 +202,7 @@ ParamCount count_params(const ModelConfig& cfg) {
     if (p.routed > 0) inactive += p.routed / cfg.n_experts * (cfg.n_experts - cfg.k);
   }
   c.total = c.embedding + final_norm + layers;
-  c.active = (cfg.active_params_scope == "layers" ? layers : c.total) - inactive;
+  c.active = (cfg.active_params_scope == ActiveParamsScope::Layers ? layers : c.total) - inactive;
   return c;
 }
 
@@ -222,7 +221,7 @@ ParamCount count_built_params(const Transformer& model) {
     if (p.key().find(".moe.experts.") != std::string::npos) routed += n;
   }
   const int64_t inactive = routed > 0 ? routed / cfg.n_experts * (cfg.n_experts - cfg.k) : 0;
-  c.active = c.total - inactive - (cfg.active_params_scope == "layers" ? outside_layers : 0);
+  c.active = c.total - inactive - (cfg.active_params_scope == ActiveParamsScope::Layers ? outside_layers : 0);
   return c;
 }
 

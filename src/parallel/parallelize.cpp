@@ -36,7 +36,7 @@ std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v) {
 }
 
 int64_t virtual_stages(const Config& cfg, int64_t pp) {
-  return cfg.pipeline_schedule == "interleaved" && pp > 1 ? cfg.virtual_stages : 1;
+  return cfg.pipeline_schedule == PipelineSchedule::Interleaved && pp > 1 ? cfg.virtual_stages : 1;
 }
 
 // Under sequence parallelism these replicated parameters see only this rank's

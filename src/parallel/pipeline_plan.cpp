@@ -58,15 +58,14 @@ void one_f_one_b(PlanBuilder& b, int stage, int pp, int64_t n_mb) {
 
 }  // namespace
 
-std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward,
+std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, int64_t n_mb, bool backward,
                                   int64_t v) {
-  MT_CHECK(schedule == "gpipe" || schedule == "1f1b" || schedule == "interleaved", "pipeline_schedule=\"", schedule,
-           "\" is not a schedule (gpipe | 1f1b | interleaved)");
+  const bool interleaved = schedule == PipelineSchedule::Interleaved;
   MT_CHECK(pp >= 1 && stage >= 0 && stage < pp, "pipeline stage ", stage, " is outside 0..", pp - 1);
   MT_CHECK(n_mb >= 1, "a pipeline round needs at least one microbatch, got ", n_mb);
-  if (v == 0 && schedule != "interleaved") v = 1;
+  if (v == 0 && !interleaved) v = 1;
   MT_CHECK(v >= 1, "virtual_stages must be >= 1 for pipeline_schedule \"", schedule, "\", got ", v);
-  MT_CHECK(v == 1 || schedule == "interleaved", "virtual_stages=", v, " needs pipeline_schedule \"interleaved\", not \"",
+  MT_CHECK(v == 1 || interleaved, "virtual_stages=", v, " needs pipeline_schedule \"interleaved\", not \"",
            schedule, "\"");
   if (v > 1) {
     // Megatron's condition: its order sends groups of pp microbatches
@@ -79,7 +78,7 @@ std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp
   PlanBuilder b{stage == 0, stage == pp - 1, {}};
   if (!backward) {
     for (int64_t i = 0; i < n_mb; ++i) b.forward(i);
-  } else if (schedule == "gpipe") {
+  } else if (schedule == PipelineSchedule::Gpipe) {
     for (int64_t i = 0; i < n_mb; ++i) b.forward(i);
     for (int64_t i = 0; i < n_mb; ++i) b.backward(i);
   } else {

@@ -38,7 +38,7 @@ std::vector<DataSource> blend_sources(const Config& cfg) {
   for (const auto& ds : cfg.data.datasets) {
     DataSource src;
     src.weight = ds.weight;
-    if (cfg.data.format == "nanogpt") {
+    if (cfg.data.format == DataFormat::NanoGpt) {
       const fs::path p = fs::path(ds.path) / "train.bin";
       MT_CHECK(fs::is_regular_file(p), "data_config.datasets: ", p.string(), " does not exist");
       src.files = {p.string()};
@@ -60,7 +60,7 @@ std::vector<DataSource> blend_sources(const Config& cfg) {
 // (data/data_tokenizer.h): the training data (data_dir or each blend member)
 // and the validation data (data_dir).
 std::vector<DatasetFiles> run_datasets(const Config& cfg) {
-  if (cfg.data.format == "nanogpt" && cfg.data.datasets.empty())
+  if (cfg.data.format == DataFormat::NanoGpt && cfg.data.datasets.empty())
     return {{cfg.data.data_dir, {nanogpt_file(cfg, "train.bin"), nanogpt_file(cfg, "val.bin")}, ShardFormat::kNanoGpt}};
   std::vector<DatasetFiles> out;
   if (cfg.data.datasets.empty()) {
@@ -83,7 +83,7 @@ RunLoaders make_loaders(const Config& cfg, int dp_rank, int dp) {
   RunLoaders l;
   if (!d.datasets.empty()) {
     l.train = std::make_unique<DataLoader>(blend_sources(cfg), d.T, d.train_batch_size, dp_rank, dp, vocab);
-  } else if (d.format == "nanogpt") {
+  } else if (d.format == DataFormat::NanoGpt) {
     l.train = std::make_unique<DataLoader>(std::vector<std::string>{nanogpt_file(cfg, "train.bin")},
                                            ShardFormat::kNanoGpt, d.T, d.train_batch_size, dp_rank, dp, vocab);
   } else {
@@ -91,7 +91,7 @@ RunLoaders make_loaders(const Config& cfg, int dp_rank, int dp) {
                                            dp, vocab);
   }
   // A blend validates on data_dir's own validation shards.
-  if (d.format == "nanogpt" && d.datasets.empty())
+  if (d.format == DataFormat::NanoGpt && d.datasets.empty())
     l.val = std::make_unique<DataLoader>(std::vector<std::string>{nanogpt_file(cfg, "val.bin")},
                                          ShardFormat::kNanoGpt, d.T, d.val_batch_size, dp_rank, dp, vocab);
   else

@@ -38,20 +38,20 @@ std::vector<std::string> gather_text(Communicator& world, std::string text) {
 // device for bench --device meta (shapes only, nothing computed).
 at::Device pick_device(const Config& cfg, const Runtime& rt, bool meta) {
   if (meta) return at::Device(at::kMeta);
-  const std::string& d = cfg.device.device;
-  if (d == "cpu") return at::Device(at::kCPU);
+  const DeviceChoice d = cfg.device.device;
+  if (d == DeviceChoice::Cpu) return at::Device(at::kCPU);
   const bool cuda = torch::cuda::is_available();
-  MT_CHECK(d != "cuda" || cuda, "device_config.device is \"cuda\" but no CUDA device is available to this build");
+  MT_CHECK(d != DeviceChoice::Cuda || cuda, "device_config.device is \"cuda\" but no CUDA device is available to this build");
   if (!cuda) return at::Device(at::kCPU);
   NodeTopology topo{hostname(), rt.rank(), rt.local_rank(), rt.local_size(), visible_cuda_devices()};
-  return use_cuda_device(cuda_device_index(topo, /*share_gpus=*/cfg.device.collectives == "mpi"));
+  return use_cuda_device(cuda_device_index(topo, /*share_gpus=*/cfg.device.collectives == CollectivesChoice::Mpi));
 }
 
 Backend pick_backend(const Config& cfg, const at::Device& device) {
-  const std::string& c = cfg.device.collectives;
-  MT_CHECK(c != "nccl" || device.is_cuda(), "device_config.collectives is \"nccl\" but this rank runs on ", device.str(),
+  const CollectivesChoice c = cfg.device.collectives;
+  MT_CHECK(c != CollectivesChoice::Nccl || device.is_cuda(), "device_config.collectives is \"nccl\" but this rank runs on ", device.str(),
            ": NCCL moves CUDA tensors only (use \"auto\" or \"mpi\")");
-  if (c == "mpi") return Backend::Mpi;
+  if (c == CollectivesChoice::Mpi) return Backend::Mpi;
   return device.is_cuda() ? Backend::Nccl : Backend::Mpi;
 }
 
@@ -67,7 +67,7 @@ void check_gpu_per_rank(Communicator& world, const Config& cfg, const at::Device
     const std::string id = nl == std::string::npos ? "" : rows[r].substr(nl + 1);
     if (!id.empty()) gpus.push_back(RankGpu{static_cast<int>(r), rows[r].substr(0, nl), id});
   }
-  check_one_gpu_per_rank(gpus, /*share_gpus=*/cfg.device.collectives == "mpi");
+  check_one_gpu_per_rank(gpus, /*share_gpus=*/cfg.device.collectives == CollectivesChoice::Mpi);
 }
 
 // One line per rank, printed by rank 0 in rank order (other ranks log only

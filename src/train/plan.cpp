@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "meshtrain/core/check.h"
@@ -37,12 +38,12 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
   // attention / FFN inputs (Korthikanti's LN and QKV/MLP-input terms).
   a.replicated += 2 * 2 * d + 2 * d;
   double r = 0;
-  if (m.attention == "mla") {
+  if (m.attention == AttentionKind::Mla) {
     r = static_cast<double>(mla_layer_dhR(m, i));
     a.replicated += 2 * static_cast<double>(m.latent_dim);  // latents c_kv, c_q
     // Latent RMSNorms keep their input and normalised input too (as above).
     if (m.mla_latent_norm) a.replicated += 2 * 2 * static_cast<double>(m.latent_dim);
-    if (r > 0 && m.mla_rope_input == "joint_latent")
+    if (r > 0 && m.mla_rope_input == MlaRopeInput::JointLatent)
       a.replicated += 2 * static_cast<double>(m.latent_dim);  // [c_kv, c_q], the rope projections' input
   }
   // q and k (with rope dims), v, SDPA's output (fused kernels keep it for
@@ -66,11 +67,11 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
     if (m.capacity_factor > 0)
       slots = E * std::ceil(m.capacity_factor * s * k / E) / s;
     a.replicated += E + slots * d + k * d;  // router probs, dispatched inputs, gated outputs
-    if (m.shared_expert == "mlp") {
+    if (m.shared_expert == SharedExpert::Mlp) {
       a.split += per_hidden * hidden * (slots + ns);
     } else {
       a.split += per_hidden * hidden * slots;
-      if (m.shared_expert == "linear") a.replicated += ns * d;  // the shared projection's output
+      if (m.shared_expert == SharedExpert::Linear) a.replicated += ns * d;  // the shared projection's output
     }
   } else {
     a.split += per_hidden * static_cast<double>(m.dense_hidden_dim());
@@ -84,7 +85,7 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
 // memory-efficient kernel (which takes MLA's wider queries) always applies.
 bool fused_attention(const ModelConfig& m, int64_t layer, PlanDevice dev) {
   if (dev == PlanDevice::Cuda) return true;
-  return m.dropout_rate == 0 && (m.attention != "mla" || mla_layer_dhR(m, layer) == 0);
+  return m.dropout_rate == 0 && (m.attention != AttentionKind::Mla || mla_layer_dhR(m, layer) == 0);
 }
 
 }  // namespace
@@ -152,9 +153,23 @@ int64_t fsdp_slice_elements(const ModelConfig& m, int64_t pp, int64_t tp, int64_
   return total + slice(root, dp);
 }
 
-MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
+namespace {
+
+// What every stage's estimate shares.
+struct PlanInputs {
+  bool bf16 = false;
+  double e = 4;        // bytes per activation element
+  double mask = 4;     // bytes per dropout-mask element
+  double tokens = 0;   // per microbatch
+  double rep_div = 1;  // replicated activations split over tp (sequence parallelism)
+  int64_t zero = 0;    // the zero_stage that runs: dp 1 has nothing to shard, stage 0 runs
+  int64_t v = 1;       // layer chunks per pp rank
+};
+
+// The mesh, the parameter counts, the precision and the microbatches: plan's
+// fields before any stage.
+PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   const ModelConfig& m = cfg.model;
-  MemoryPlan plan;
   plan.device = device;
   plan.dp = cfg.device.dp();
   plan.pp = cfg.device.pp();
@@ -167,108 +182,130 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   plan.active_params = pc.active;
   plan.embedding_params = pc.embedding;
 
+  PlanInputs in;
   // The policy is the same on every device (model/mixed_precision.h).
   const PrecisionPolicy policy = PrecisionPolicy::from_model_dtype(m.model_dtype);
-  const bool bf16 = policy.mixed();
-  plan.precision = policy.describe() + (bf16 ? "; weights 4 + grads 4 + Adam moments 8 = 16 B/param (+2 transient "
-                                               "bf16 copies)"
-                                             : "; weights 4 + grads 4 + Adam moments 8 = 16 B/param");
-  const double e = bf16 ? 2.0 : 4.0;  // bytes per activation element
-  const double mask = device == PlanDevice::Cuda ? 1.0 : e;  // CPU dropout keeps a float mask
-  plan.activation_bytes_per_element = e;
+  in.bf16 = policy.mixed();
+  plan.precision = policy.describe() + (in.bf16 ? "; weights 4 + grads 4 + Adam moments 8 = 16 B/param (+2 "
+                                                  "transient bf16 copies)"
+                                                : "; weights 4 + grads 4 + Adam moments 8 = 16 B/param");
+  in.e = in.bf16 ? 2.0 : 4.0;
+  in.mask = device == PlanDevice::Cuda ? 1.0 : in.e;  // CPU dropout keeps a float mask
+  plan.activation_bytes_per_element = in.e;
 
   const int64_t share = cfg.data.train_batch_size / plan.dp;
   plan.micro_batch_size = cfg.data.micro_batch_size > 0 ? cfg.data.micro_batch_size : share;
   plan.n_microbatches = std::max<int64_t>(1, share / std::max<int64_t>(1, plan.micro_batch_size));
-  const double tokens = static_cast<double>(plan.micro_batch_size * m.T);  // per microbatch
-  const double tp = static_cast<double>(plan.tp);
-  const double rep_div = cfg.sequence_parallel ? tp : 1.0;
-  const double d = static_cast<double>(m.model_dimension);
-  const bool selective = cfg.activation_checkpointing == "selective";
-  const int64_t stage = cfg.zero_stage_on(plan.dp);  // dp 1: nothing to shard, stage 0 runs
-  const double zero_div = stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
-  // ZeRO-1 shards the experts' moments over the ranks holding the same experts.
-  const double zero_div_experts = stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
-  const int64_t v = virtual_stages(cfg, plan.pp);
-  plan.virtual_stages = v;
+  in.tokens = static_cast<double>(plan.micro_batch_size * m.T);
+  in.rep_div = cfg.sequence_parallel ? static_cast<double>(plan.tp) : 1.0;
+  in.zero = cfg.zero_stage_on(plan.dp);
+  in.v = virtual_stages(cfg, plan.pp);
+  plan.virtual_stages = in.v;
   if (plan.pp > 1) {
     plan.pipeline_schedule = cfg.pipeline_schedule;
     // gpipe's bubble is 1f1b's; the schedules differ in memory.
-    plan.pipeline_bubble = pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, v);
+    plan.pipeline_bubble = pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, in.v);
   }
+  return in;
+}
 
+// Weights, gradients and optimizer state of one stage (sm.params counted).
+void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanInputs& in, StageMemory& sm) {
+  const int64_t stage = in.zero;
+  const double zero_div = stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
+  // ZeRO-1 shards the experts' moments over the ranks holding the same experts.
+  const double zero_div_experts = stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
+  const double n = static_cast<double>(sm.params.total());
+  const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
+  const double frozen = static_cast<double>(sm.params.frozen), trainable = n - frozen;
+  if (stage >= 2) {
+    const double owned = static_cast<double>(
+        fsdp_slice_elements(m, plan.pp, plan.tp, sm.stage, plan.dp, plan.ep, in.v));
+    sm.weights = stage == 3 ? 4 * (owned + frozen) : 4 * n;
+    sm.grads = 4 * owned;
+    sm.optimizer = 8 * owned;
+    sm.experts = (stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
+    if (stage == 3) {
+      // The root unit stays whole through a step; one layer at a time runs.
+      double largest = 0, layers = 0;
+      for (const LayerSpan& c : sm.params.chunks)
+        for (int64_t i = c.first; i < c.end; ++i) {
+          const double l = static_cast<double>(layer_params_per_rank(m, i, plan.tp, plan.ep));
+          largest = std::max(largest, l);
+          layers += l;
+        }
+      sm.gathered = 4 * (n - layers + largest);
+    }
+  } else {
+    sm.weights = 4 * n;
+    sm.grads = 4 * trainable;  // zero_stage 1: during backward, before the reduce-scatter
+    // AdamW keeps moments for every parameter, the frozen ones too (zeros).
+    sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
+    sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
+  }
+  if (in.bf16) sm.autocast_copies = 2 * n;
+  sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;
+}
+
+// Activations of one stage: the microbatches its schedule holds at once.
+void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const PlanInputs& in, StageMemory& sm) {
+  const ModelConfig& m = cfg.model;
+  const double tokens = in.tokens, tp = static_cast<double>(plan.tp), rep_div = in.rep_div;
+  const double d = static_cast<double>(m.model_dimension), e = in.e, mask = in.mask;
+  const int64_t v = in.v, st = sm.stage;
+  // The schedule's own plan says how many (microbatch, chunk) activations
+  // it holds at once; a chunk's share is 1/v of the stage's layers.
+  sm.microbatches_in_flight =
+      plan.pp == 1 ? 1
+                   : plan_peak_live(pipeline_plan(cfg.pipeline_schedule, static_cast<int>(st),
+                                                  static_cast<int>(plan.pp), plan.n_microbatches, true, v));
+  const double inflight = static_cast<double>(sm.microbatches_in_flight) / static_cast<double>(v);
+
+  double layers_none = 0, layers_sel = 0, largest_layer = 0;
+  std::vector<int64_t> stage_layers;
+  for (const LayerSpan& c : sm.params.chunks)
+    for (int64_t i = c.first; i < c.end; ++i) stage_layers.push_back(i);
+  for (int64_t i : stage_layers) {
+    auto bytes = [&](const LayerActs& a) {
+      return tokens * ((a.split / tp + a.replicated / rep_div) * e + a.masks / tp * mask);
+    };
+    const double full = bytes(layer_acts(m, i, fused_attention(m, i, plan.device), false));
+    layers_none += full;
+    layers_sel += bytes(layer_acts(m, i, fused_attention(m, i, plan.device), true));
+    largest_layer = std::max(largest_layer, full);
+  }
+  const double n_layers = static_cast<double>(stage_layers.size());
+  double extra = 0;  // per microbatch, outside the layers
+  if (st == 0 && m.dropout_rate > 0) extra += tokens * d / rep_div * mask;  // embedding dropout
+  if (st == plan.pp - 1) {
+    // The last chunk's forward is followed by its backward under the
+    // interleaved order: one cross-entropy buffer at a time.
+    const double ce_live = v > 1 ? 1.0 : inflight;
+    sm.logits = ce_live * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
+    extra += tokens * 3 * d / rep_div * e;  // final norm: input, normalised, output
+  }
+  const double inputs = tokens * d / rep_div * e * n_layers;  // checkpointed layer inputs
+  sm.activations_none = inflight * (layers_none + extra) + sm.logits;
+  sm.activations_full = inflight * (inputs + extra) + largest_layer + sm.logits;
+  if (cfg.activation_checkpointing == ActivationCheckpointing::Full)
+    sm.activations = sm.activations_full;
+  else if (cfg.activation_checkpointing == ActivationCheckpointing::Selective)
+    sm.activations = inflight * (layers_sel + extra) + sm.logits;
+  else
+    sm.activations = sm.activations_none;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
+  MemoryPlan plan;
+  const PlanInputs in = plan_mesh(cfg, device, plan);
   for (int64_t st = 0; st < plan.pp; ++st) {
     StageMemory sm;
     sm.stage = st;
-    sm.params = stage_params(m, plan.pp, plan.tp, st, plan.ep, v);
-    const double n = static_cast<double>(sm.params.total());
-    const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
-    const double frozen = static_cast<double>(sm.params.frozen), trainable = n - frozen;
-    if (stage >= 2) {
-      const double owned = static_cast<double>(
-          fsdp_slice_elements(m, plan.pp, plan.tp, st, plan.dp, plan.ep, v));
-      sm.weights = stage == 3 ? 4 * (owned + frozen) : 4 * n;
-      sm.grads = 4 * owned;
-      sm.optimizer = 8 * owned;
-      sm.experts = (stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
-      if (stage == 3) {
-        // The root unit stays whole through a step; one layer at a time runs.
-        double largest = 0, layers = 0;
-        for (const LayerSpan& c : sm.params.chunks)
-          for (int64_t i = c.first; i < c.end; ++i) {
-            const double l = static_cast<double>(layer_params_per_rank(m, i, plan.tp, plan.ep));
-            largest = std::max(largest, l);
-            layers += l;
-          }
-        sm.gathered = 4 * (n - layers + largest);
-      }
-    } else {
-      sm.weights = 4 * n;
-      sm.grads = 4 * trainable;  // zero_stage 1: during backward, before the reduce-scatter
-      // AdamW keeps moments for every parameter, the frozen ones too (zeros).
-      sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
-      sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
-    }
-    if (bf16) sm.autocast_copies = 2 * n;
-    sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;
-
-    // The schedule's own plan says how many (microbatch, chunk) activations
-    // it holds at once; a chunk's share is 1/v of the stage's layers.
-    sm.microbatches_in_flight =
-        plan.pp == 1 ? 1
-                     : plan_peak_live(pipeline_plan(cfg.pipeline_schedule, static_cast<int>(st),
-                                                    static_cast<int>(plan.pp), plan.n_microbatches, true, v));
-    const double inflight = static_cast<double>(sm.microbatches_in_flight) / static_cast<double>(v);
-
-    double layers_none = 0, layers_sel = 0, largest_layer = 0;
-    std::vector<int64_t> stage_layers;
-    for (const LayerSpan& c : sm.params.chunks)
-      for (int64_t i = c.first; i < c.end; ++i) stage_layers.push_back(i);
-    for (int64_t i : stage_layers) {
-      auto bytes = [&](const LayerActs& a) {
-        return tokens * ((a.split / tp + a.replicated / rep_div) * e + a.masks / tp * mask);
-      };
-      const double full = bytes(layer_acts(m, i, fused_attention(m, i, device), false));
-      layers_none += full;
-      layers_sel += bytes(layer_acts(m, i, fused_attention(m, i, device), true));
-      largest_layer = std::max(largest_layer, full);
-    }
-    const double n_layers = static_cast<double>(stage_layers.size());
-    double extra = 0;  // per microbatch, outside the layers
-    if (st == 0 && m.dropout_rate > 0) extra += tokens * d / rep_div * mask;  // embedding dropout
-    if (st == plan.pp - 1) {
-      // The last chunk's forward is followed by its backward under the
-      // interleaved order: one cross-entropy buffer at a time.
-      const double ce_live = v > 1 ? 1.0 : inflight;
-      sm.logits = ce_live * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
-      extra += tokens * 3 * d / rep_div * e;  // final norm: input, normalised, output
-    }
-    const double inputs = tokens * d / rep_div * e * n_layers;  // checkpointed layer inputs
-    sm.activations_none = inflight * (layers_none + extra) + sm.logits;
-    sm.activations_full = inflight * (inputs + extra) + largest_layer + sm.logits;
-    if (cfg.activation_checkpointing == "full") sm.activations = sm.activations_full;
-    else if (selective) sm.activations = inflight * (layers_sel + extra) + sm.logits;
-    else sm.activations = sm.activations_none;
+    sm.params = stage_params(cfg.model, plan.pp, plan.tp, st, plan.ep, in.v);
+    plan_stage_state(cfg.model, plan, in, sm);
+    plan_stage_activations(cfg, plan, in, sm);
     plan.stages.push_back(sm);
   }
   for (size_t s = 1; s < plan.stages.size(); ++s)
@@ -281,13 +318,13 @@ double flops_per_token(const ModelConfig& m) {
   const double hd = static_cast<double>(m.head_dim());
   double attn = 0;
   for (int64_t i = 0; i < m.n_layers(); ++i) {
-    const double r = m.attention == "mla" ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
+    const double r = m.attention == AttentionKind::Mla ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
     attn += 6 * H * (2 * hd + r) * T;
   }
   // Every parameter a token uses, the embedding included, whatever
   // active_params_scope reports.
   ModelConfig all = m;
-  all.active_params_scope = "model";
+  all.active_params_scope = ActiveParamsScope::Model;
   return 6.0 * static_cast<double>(count_params(all).active) + attn;
 }
 
@@ -390,10 +427,12 @@ nlohmann::json to_json(const MemoryPlan& p, double fpt, double device_bytes) {
 }  // namespace
 
 PlanDevice plan_device(const Config& cfg, const std::string& choice) {
-  const std::string d = choice.empty() ? cfg.device.device : choice;
-  MT_CHECK(d == "cpu" || d == "cuda" || d == "auto", "plan: device must be cpu, cuda or auto, got '", d, "'");
-  if (d == "auto") return torch::cuda::is_available() ? PlanDevice::Cuda : PlanDevice::Cpu;
-  return d == "cuda" ? PlanDevice::Cuda : PlanDevice::Cpu;
+  // --device names one of device_config.device's values.
+  const std::optional<DeviceChoice> flag = parse_choice<DeviceChoice>(choice);
+  MT_CHECK(choice.empty() || flag, "plan: device must be cpu, cuda or auto, got '", choice, "'");
+  const DeviceChoice d = choice.empty() ? cfg.device.device : *flag;
+  if (d == DeviceChoice::Auto) return torch::cuda::is_available() ? PlanDevice::Cuda : PlanDevice::Cpu;
+  return d == DeviceChoice::Cuda ? PlanDevice::Cuda : PlanDevice::Cpu;
 }
 
 ParamCount built_param_counts(const ModelConfig& m) {

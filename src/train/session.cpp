@@ -113,8 +113,8 @@ void Session::build_model() {
 
   const ParamCount pc = count_params(cfg_.model);
   spdlog::info("model: {} layers, d {}, {} heads, {} / {} | parameters: {:.3f}M total, {:.3f}M active per token",
-               cfg_.model.n_layers(), cfg_.model.model_dimension, cfg_.model.n_head, cfg_.model.attention,
-               cfg_.model.ffn, pc.total / 1e6, pc.active / 1e6);
+               cfg_.model.n_layers(), cfg_.model.model_dimension, cfg_.model.n_head, choice_name(cfg_.model.attention),
+               choice_name(cfg_.model.ffn), pc.total / 1e6, pc.active / 1e6);
   std::string stage_layers;
   for (const LayerSpan& c : pm_.range.chunks())
     stage_layers += (stage_layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";

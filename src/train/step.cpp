@@ -33,7 +33,7 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
   // own, or dense ones, stay zero).
   const Config& cfg = s.config();
   const int64_t n_layers = cfg.model.n_layers();
-  const int64_t E = cfg.model.ffn == "moe" ? cfg.model.n_experts : 0;
+  const int64_t E = cfg.model.ffn == FfnKind::Moe ? cfg.model.n_experts : 0;
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(s.device());
   auto value = [&](const at::Tensor& t) { return t.defined() ? t.reshape({1}) : at::zeros({1}, opts); };
   StepStats st;

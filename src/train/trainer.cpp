@@ -67,7 +67,7 @@ void Trainer::read_step(StepStats& s) {
   }
   // The update was skipped on the device (found_inf); step() + 1: the number
   // this step gets in the log and metrics.jsonl.
-  MT_CHECK(cfg.nan_policy != "stop", "non-finite loss or gradient at step ", step() + 1, " (loss ", s.loss,
+  MT_CHECK(cfg.nan_policy != NanPolicy::Stop, "non-finite loss or gradient at step ", step() + 1, " (loss ", s.loss,
            ", grad norm ", s.grad_norm, "); nan_policy is \"stop\"");
   ++nan_skips_in_a_row_;
   spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip, {} of at most {} "

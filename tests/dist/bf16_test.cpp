@@ -61,7 +61,7 @@ Config from_file(Config c, const std::string& file) {
   m.T = c.model.T;
   m.vocab_size = c.model.vocab_size;
   m.dropout_rate = 0.0;
-  m.model_dtype = "bfloat16";
+  m.model_dtype = ModelDtype::Bfloat16;
   c.model = m;
   c.alpha = 0.01;
   return c;
@@ -116,10 +116,11 @@ Config on(Config c, const Case& k) {
   c = test::with_mesh(c, k.dp, k.pp, k.tp);
   c.device.expert_parallel = k.ep;
   c.sequence_parallel = k.sp;
-  c.pipeline_schedule = k.schedule;
-  if (k.schedule == "interleaved") c.virtual_stages = 2;
+  // The cases name their choices as a config file does.
+  c.pipeline_schedule = parse_choice<PipelineSchedule>(k.schedule).value();
+  if (c.pipeline_schedule == PipelineSchedule::Interleaved) c.virtual_stages = 2;
   c.zero_stage = k.zero;
-  c.activation_checkpointing = k.recompute;
+  c.activation_checkpointing = parse_choice<ActivationCheckpointing>(k.recompute).value();
   c.data.micro_batch_size = k.micro;
   c.name += "-" + k.name;
   return c;
@@ -161,14 +162,14 @@ void expect_meshes_match_one_process(const Config& model) {
   if (cases(n).empty()) GTEST_SKIP() << "no bf16 mesh for -np " << n;
   const test::Curve ref = test::single_process_losses(model);
   for (const Case& k : cases(n)) {
-    if (k.moe_only && model.model.ffn != "moe") continue;
-    SCOPED_TRACE(model.model.ffn + " capacity_factor " + std::to_string(model.model.capacity_factor) + " on " +
-                 k.name);
+    if (k.moe_only && model.model.ffn != FfnKind::Moe) continue;
+    SCOPED_TRACE(choice_name(model.model.ffn) + std::string(" capacity_factor ") +
+                 std::to_string(model.model.capacity_factor) + " on " + k.name);
     double worst = 0;
     expect_within(ref, test::train_losses(on(model, k), k.thread), kMesh, k.name, &worst);
     if (test_runtime().rank() == 0)
       std::printf("bf16 %s cf %.2f %-20s worst relative difference from one bf16 process %.2e (tolerance %.2e)\n",
-                  model.model.ffn.c_str(), model.model.capacity_factor, k.name.c_str(), worst, kMesh);
+                  choice_name(model.model.ffn), model.model.capacity_factor, k.name.c_str(), worst, kMesh);
   }
 }
 
@@ -180,11 +181,11 @@ void expect_meshes_match_one_process(const Config& model) {
 // the forward's thread). Same ops in the same order: bitwise equal.
 TEST(Bf16, RecomputationOnTheBackwardThread) {
   if (test_runtime().size() != 1) GTEST_SKIP() << "one process (-np 1)";
-  for (const char* mode : {"full", "selective"}) {
+  for (ActivationCheckpointing mode : {ActivationCheckpointing::Full, ActivationCheckpointing::Selective}) {
     for (Config c : {dense("recompute-thread"), moe("recompute-thread-moe")}) {
       c.activation_checkpointing = mode;
-      c.name += std::string("-") + mode;
-      SCOPED_TRACE(c.model.ffn + " activation_checkpointing " + mode);
+      c.name += std::string("-") + choice_name(mode);
+      SCOPED_TRACE(choice_name(c.model.ffn) + std::string(" activation_checkpointing ") + choice_name(mode));
       const test::Curve here = test::single_process_losses(c);
       const test::Curve there = test::single_process_losses(c, /*backward_thread=*/true);
       ASSERT_EQ(here.size(), there.size());
@@ -202,13 +203,13 @@ TEST(Bf16, OneProcessWithinBf16OfFp32) {
   if (test_runtime().size() != 1) GTEST_SKIP() << "one process (-np 1)";
   for (const Config& b : {dense("vs-fp32"), moe("vs-fp32-moe"), dropless("vs-fp32-dropless")}) {
     Config f = b;
-    f.model.model_dtype = "float32";
+    f.model.model_dtype = ModelDtype::Float32;
     f.name += "-fp32";
     const test::Curve ref = test::single_process_losses(f), got = test::single_process_losses(b);
     double worst = 0;
-    expect_within(ref, got, kFp32, b.model.ffn + " bf16 vs fp32", &worst);
+    expect_within(ref, got, kFp32, choice_name(b.model.ffn) + std::string(" bf16 vs fp32"), &worst);
     std::printf("%s cf %.2f: one bf16 process vs fp32: worst relative difference %.2e (tolerance %.2e)\n",
-                b.model.ffn.c_str(), b.model.capacity_factor, worst, kFp32);
+                choice_name(b.model.ffn), b.model.capacity_factor, worst, kFp32);
     EXPECT_GT(worst, 0.0) << "bf16 computed exactly what fp32 does: the casts did not run";
   }
 }
@@ -266,7 +267,7 @@ TEST(Bf16, PipelineGenerateMatchesOneProcess) {
     piped = generate(p.model, at::Device(at::kCPU), pipeline_forward(t.model(), t.mesh()),
                      pipeline_share(t.model(), t.mesh()), prompts, so);
     t.model().model->train();
-    SCOPED_TRACE(c.model.ffn);
+    SCOPED_TRACE(choice_name(c.model.ffn));
     EXPECT_EQ(one, piped);
   }
 }

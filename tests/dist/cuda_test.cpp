@@ -39,8 +39,8 @@ const std::string kData = test::scratch_dir("cuda-data");
                << " (this run has " << test_runtime().size() << " ranks)"
 
 Config on_gpu(Config c, const char* collectives) {
-  c.device.device = "cuda";
-  c.device.collectives = collectives;
+  c.device.device = DeviceChoice::Cuda;
+  c.device.collectives = parse_choice<CollectivesChoice>(collectives).value();
   return c;
 }
 
@@ -169,14 +169,14 @@ TEST(Cuda, Bf16GpuLossesMatchFp32Cpu) {
   SKIP_UNLESS_RANKS(1);
   const Config dense = test::tiny_config(test::synthetic_data(kData, 96), "bf16");
   for (const Config& base : {dense, test::moe_mla(dense)}) {
-    const std::string kind = base.model.ffn == "moe" ? "moe+mla" : "dense";
+    const std::string kind = base.model.ffn == FfnKind::Moe ? "moe+mla" : "dense";
     Config cpu = base;
     cpu.name = "bf16-cpu-" + kind;
     cpu.training_steps = 3;
-    cpu.model.model_dtype = "float32";
+    cpu.model.model_dtype = ModelDtype::Float32;
     Config gpu = on_gpu(cpu, "auto");
     gpu.name = "bf16-gpu-" + kind;
-    gpu.model.model_dtype = "bfloat16";
+    gpu.model.model_dtype = ModelDtype::Bfloat16;
     const auto ref = run(cpu, true), got = run(gpu, true);
     ASSERT_EQ(ref.size(), got.size()) << kind;
     // Same weights (drawn on the CPU by name) and batches: only bf16 rounding
@@ -200,7 +200,7 @@ TEST(Cuda, MeshesWithMpiCollectivesMatchOneGpuProcess) {
     Config cfg = base;
     cfg.training_steps = 4;
     cfg.data.micro_batch_size = 2;  // pp > 1 runs several microbatches
-    const std::string kind = base.model.ffn == "moe" ? "moe+mla" : "dense";
+    const std::string kind = base.model.ffn == FfnKind::Moe ? "moe+mla" : "dense";
     cfg.name = "cuda-mesh-" + kind;
     const auto ref = test::single_process_losses(cfg);
     for (const auto& m : meshes) {
@@ -300,7 +300,7 @@ TEST(Cuda, CheckpointFromCudaLoadsOnCpuAndBack) {
   ASSERT_TRUE(dir.has_value());
 
   Config cpu = gpu;
-  cpu.device.device = "cpu";
+  cpu.device.device = DeviceChoice::Cpu;
   SessionOptions load;
   load.quiet = true;
   load.checkpoint = *dir;

@@ -24,7 +24,7 @@ class DataParallelCollectives : public ::testing::TestWithParam<const char*> {};
 TEST_P(DataParallelCollectives, SameLossesAsOneProcess) {
   const int n = test_runtime().size();
   Config cfg = test::tiny_config(test::synthetic_data(kData, 96), std::string("dp-") + GetParam());
-  cfg.device.collectives = GetParam();
+  cfg.device.collectives = parse_choice<CollectivesChoice>(GetParam()).value();
   const auto ref = test::single_process_losses(cfg);
   const auto got = test::train_losses(test::with_mesh(cfg, n, 1, 1));
   expect_same(ref, got, 1e-5);
@@ -59,7 +59,8 @@ TEST(DataParallel, MoeMlaSameLossesAsOneProcess) {
 // expert's output dropped, so those parameters get zero gradients).
 TEST(DataParallel, JaxformerSameLossesAsOneProcess) {
   const int n = test_runtime().size();
-  Config cfg = test::jaxformer(test::tiny_config(test::synthetic_data(kData, 96), "dp-jaxformer"), "linear_discarded");
+  Config cfg = test::jaxformer(test::tiny_config(test::synthetic_data(kData, 96), "dp-jaxformer"),
+                               SharedExpert::LinearDiscarded);
   cfg.training_steps = 4;
   const auto ref = test::single_process_losses(cfg);
   expect_same(ref, test::train_losses(test::with_mesh(cfg, n, 1, 1)), 1e-5);

@@ -43,7 +43,7 @@ Config on(Config c, const EpMesh& m) {
   c = test::with_mesh(c, m.dp, m.pp, m.tp);
   c.device.expert_parallel = m.ep;
   c.sequence_parallel = m.sp;
-  c.activation_checkpointing = m.recompute ? "full" : "none";
+  c.activation_checkpointing = m.recompute ? ActivationCheckpointing::Full : ActivationCheckpointing::None;
   c.zero_stage = m.zero ? 1 : 0;
   if (m.pp > 1) c.data.micro_batch_size = c.data.train_batch_size / m.dp / 2;
   c.name += "-" + std::to_string(m.dp) + std::to_string(m.pp) + std::to_string(m.tp) + std::to_string(m.ep) +

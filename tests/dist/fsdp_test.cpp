@@ -44,10 +44,10 @@ Config on(Config c, const Mesh3& m, int stage) {
   c = test::with_mesh(c, m.dp, m.pp, m.tp);
   c.device.expert_parallel = m.ep;
   c.sequence_parallel = m.sp;
-  c.activation_checkpointing = m.recompute ? "full" : "none";
+  c.activation_checkpointing = m.recompute ? ActivationCheckpointing::Full : ActivationCheckpointing::None;
   if (m.pp > 1) c.data.micro_batch_size = c.data.train_batch_size / m.dp / 4;
   if (m.interleaved) {
-    c.pipeline_schedule = "interleaved";
+    c.pipeline_schedule = PipelineSchedule::Interleaved;
     c.virtual_stages = 2;
   }
   c.zero_stage = stage;
@@ -66,7 +66,7 @@ std::vector<Mesh3> meshes(int n) {
 void expect_stages_match_stage0(const Config& base) {
   for (const Mesh3& m : meshes(test_runtime().size())) {
     // MoE meshes only where experts exist; dense ones skip expert parallelism.
-    if (m.ep > 1 && base.model.ffn != "moe") continue;
+    if (m.ep > 1 && base.model.ffn != FfnKind::Moe) continue;
     if (m.interleaved) ASSERT_EQ(base.model.n_layers() % (m.pp * 2), 0) << "interleaved needs pp * 2 | n_layers";
     SCOPED_TRACE(m.str());
     const test::Curve ref = test::train_losses(on(base, m, 0));
@@ -109,12 +109,12 @@ TEST(Fsdp, HeldBytesMatchPlan) {
       const ResidentBytes held = t.resident_bytes();
       const MemoryPlan plan = plan_memory(c, PlanDevice::Cpu);
       const StageMemory& sm = plan.stages.at(static_cast<size_t>(t.mesh().coord().pp));
-      SCOPED_TRACE(base.model.ffn + " zero_stage " + std::to_string(stage) + " on " + m.str());
+      SCOPED_TRACE(choice_name(base.model.ffn) + std::string(" zero_stage ") + std::to_string(stage) + " on " + m.str());
       EXPECT_EQ(held.params, static_cast<int64_t>(sm.weights));
       EXPECT_EQ(held.grads, static_cast<int64_t>(sm.grads));
       EXPECT_EQ(held.optimizer, static_cast<int64_t>(sm.optimizer));
       total[stage] = held.params + held.grads + held.optimizer;
-      std::printf("%s zero_stage %d on %s: params %lld + grads %lld + optimizer %lld bytes\n", base.model.ffn.c_str(),
+      std::printf("%s zero_stage %d on %s: params %lld + grads %lld + optimizer %lld bytes\n", choice_name(base.model.ffn),
                   stage, m.str().c_str(), static_cast<long long>(held.params), static_cast<long long>(held.grads),
                   static_cast<long long>(held.optimizer));
     }

@@ -136,7 +136,7 @@ TEST(GradBuckets, PipelineSame) {
   if (n < 4) GTEST_SKIP() << "needs 4 ranks for dp 2 x pp 2";
   compare(base("gb-1f1b", 2, 2, 1));
   Config c = base("gb-interleaved", 2, 2, 1);
-  c.pipeline_schedule = "interleaved";
+  c.pipeline_schedule = PipelineSchedule::Interleaved;
   c.virtual_stages = 2;
   c.model.tie_embeddings = true;  // the tied copies are summed over pp after backward
   compare(c);

@@ -29,7 +29,7 @@ Config base_config(const std::string& name) {
 
 Config interleaved(Config c, int dp, int pp, int tp, int64_t v) {
   c = test::with_mesh(c, dp, pp, tp);
-  c.pipeline_schedule = "interleaved";
+  c.pipeline_schedule = PipelineSchedule::Interleaved;
   c.virtual_stages = v;
   c.name += "-" + std::to_string(dp) + std::to_string(pp) + std::to_string(tp) + "v" + std::to_string(v);
   return c;
@@ -98,7 +98,7 @@ TEST(Interleaved, MisconfigurationThrowsOnEveryRank) {
   Mesh mesh(*world, MeshShape{1, n, 1});
   Config cfg = base_config("il-bad");
   cfg.model.blocks = 8;  // 16 layers: n * 2 chunks at np 2, 4, 8
-  cfg.pipeline_schedule = "interleaved";
+  cfg.pipeline_schedule = PipelineSchedule::Interleaved;
   cfg.virtual_stages = 3;  // 16 layers do not split into n * 3 chunks
   EXPECT_THROW(build_parallel_model(cfg, mesh), Error);
   cfg.virtual_stages = 2;
@@ -126,15 +126,16 @@ TEST(Interleaved, CheckpointsMoveBetweenSchedules) {
   world->barrier();
   const std::string saved = first.run_dir();
   struct Next {
-    std::string schedule;
+    PipelineSchedule schedule;
     int64_t v;
     int dp, pp;
   };
-  for (const Next& next : {Next{"1f1b", 1, 1, 2}, Next{"interleaved", 4, 1, 2}, Next{"1f1b", 1, 2, 1}}) {
+  for (const Next& next : {Next{PipelineSchedule::OneFOneB, 1, 1, 2}, Next{PipelineSchedule::Interleaved, 4, 1, 2},
+                           Next{PipelineSchedule::OneFOneB, 1, 2, 1}}) {
     Config second = test::with_mesh(c, next.dp, next.pp, 1);
     second.pipeline_schedule = next.schedule;
     second.virtual_stages = next.v;
-    second.name = first.name + "-then-" + next.schedule + std::to_string(next.v) + "-dp" + std::to_string(next.dp);
+    second.name = first.name + "-then-" + choice_name(next.schedule) + std::to_string(next.v) + "-dp" + std::to_string(next.dp);
     if (world->rank() == 0) {
       std::filesystem::remove_all(second.run_dir());
       std::filesystem::copy(saved, second.run_dir(), std::filesystem::copy_options::recursive);
@@ -165,7 +166,7 @@ TEST(Interleaved, ReportsBubbleAgainst1f1b) {
   spec.ce_scale = 1.0 / static_cast<double>(batch * 16);
   for (int64_t v : {1, 2, 4}) {
     if (8 % (n * v) != 0) continue;  // 8 layers
-    cfg.pipeline_schedule = v == 1 ? "1f1b" : "interleaved";
+    cfg.pipeline_schedule = v == 1 ? PipelineSchedule::OneFOneB : PipelineSchedule::Interleaved;
     cfg.virtual_stages = v;
     ParallelModel pm = build_parallel_model(cfg, mesh);
     run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
@@ -179,7 +180,7 @@ TEST(Interleaved, ReportsBubbleAgainst1f1b) {
     if (world->rank() == 0)
       std::printf("[interleaved bench] pp %d v %lld %s: %lld microbatches, %.1f ms per round, bubble %.3f "
                   "(theory %.3f)\n",
-                  n, static_cast<long long>(v), cfg.pipeline_schedule.c_str(), static_cast<long long>(n_mb),
+                  n, static_cast<long long>(v), choice_name(cfg.pipeline_schedule), static_cast<long long>(n_mb),
                   1e3 * stats[0].item<double>(), stats[1].item<double>(), pipeline_bubble_fraction(n, n_mb, v));
     EXPECT_GT(stats[0].item<double>(), 0.0);
   }

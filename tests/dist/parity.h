@@ -61,7 +61,7 @@ inline Config tiny_config(const std::string& data_dir, const std::string& run_na
   Config c;
   // CPU parity, also on GPU machines (where "auto" would put every rank on
   // one GPU); the CUDA tests set their device themselves.
-  c.device.device = "cpu";
+  c.device.device = DeviceChoice::Cpu;
   c.model.model_dimension = 32;
   c.model.n_head = 4;
   c.model.blocks = 2;
@@ -88,10 +88,10 @@ inline Config tiny_config(const std::string& data_dir, const std::string& run_na
 
 // The tiny Jaxformer model: MLA attention and MoE feed-forward.
 inline Config moe_mla(Config c) {
-  c.model.attention = "mla";
+  c.model.attention = AttentionKind::Mla;
   c.model.latent_dim = 16;
   c.model.dhR = 4;
-  c.model.ffn = "moe";
+  c.model.ffn = FfnKind::Moe;
   c.model.n_experts = 4;
   c.model.k = 2;
   c.model.n_shared = 1;
@@ -107,9 +107,10 @@ inline Config moe_mla(Config c) {
 // sigmoid router, biased RMSNorms) at the test's T and vocabulary. The shared
 // expert is the corrected "linear" variant unless `shared_expert` says
 // otherwise: Jaxformer's code drops its output (linear_discarded).
-inline Config jaxformer(Config c, const std::string& shared_expert = "linear") {
+inline Config jaxformer(Config c, SharedExpert shared_expert = SharedExpert::Linear) {
   ModelConfig m = load_config(std::string(MT_SOURCE_DIR) + "/configs/tiny-jaxformer.json").config.model;
-  EXPECT_EQ(m.architecture, "jaxformer") << "configs/tiny-jaxformer.json should load as the Jaxformer model";
+  EXPECT_EQ(m.architecture, Architecture::Jaxformer)
+      << "configs/tiny-jaxformer.json should load as the Jaxformer model";
   m.T = c.model.T;
   m.vocab_size = c.model.vocab_size;
   m.dropout_rate = 0.0;
@@ -122,7 +123,7 @@ inline Config jaxformer(Config c, const std::string& shared_expert = "linear") {
 // Llama's options on the dense model: SwiGLU MLP and grouped-query attention
 // (2 kv heads for 4 heads: split over tp 2, replicated over tp 4).
 inline Config llama(Config c) {
-  c.model.mlp_activation = "swiglu";
+  c.model.mlp_activation = MlpActivation::Swiglu;
   c.model.n_kv_head = 2;
   return c;
 }
@@ -132,9 +133,9 @@ inline Config llama(Config c) {
 // group-limited top-k, and a dense first layer.
 inline Config deepseek_v3(Config c) {
   c = moe_mla(c);
-  c.model.mlp_activation = "swiglu";
+  c.model.mlp_activation = MlpActivation::Swiglu;
   c.model.mla_latent_norm = true;
-  c.model.router_score = "sigmoid";
+  c.model.router_score = RouterScore::Sigmoid;
   c.model.router_bias = true;
   c.model.router_bias_update_rate = 0.01;  // moves the bias from step 1 on, so it steers the choice
   c.model.routed_scaling_factor = 2.5;

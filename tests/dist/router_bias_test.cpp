@@ -25,7 +25,7 @@ const std::string kData = test::scratch_dir("router-bias-data");
 // so the router has a bias to skew.
 Config toy_moe(const std::string& name) {
   Config c = test::tiny_config(test::synthetic_data(kData, 96), name);
-  c.model.ffn = "moe";
+  c.model.ffn = FfnKind::Moe;
   c.model.n_experts = 4;
   c.model.k = 2;
   c.model.capacity_factor = 0.0;

@@ -313,7 +313,7 @@ TEST(TensorParallelModel, MoeMlaSameLossesAsOneProcess) {
 
 TEST(TensorParallelModel, MoeSequenceParallelSameLossesAsOneProcess) {
   Config cfg = test::moe_mla(test::tiny_config(test::synthetic_data(kData, 96), "tp-moe-sp"));
-  cfg.model.attention = "mha";
+  cfg.model.attention = AttentionKind::Mha;
   cfg.sequence_parallel = true;
   expect_parity(cfg, "moe sp");
 }

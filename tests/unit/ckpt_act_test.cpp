@@ -36,8 +36,8 @@ ModelConfig dense(double dropout = 0.0) {
 
 ModelConfig moe_mla() {
   ModelConfig c = dense();
-  c.attention = "mla";
-  c.ffn = "moe";
+  c.attention = AttentionKind::Mla;
+  c.ffn = FfnKind::Moe;
   c.latent_dim = 16;
   c.dhR = 4;
   c.n_experts = 4;
@@ -72,7 +72,8 @@ class ForkingDropoutFactory : public LayerFactory {
   }
 };
 
-Result run(const ModelConfig& cfg, const std::string& mode, uint64_t rng_seed = 7, bool forked_dropout = false) {
+Result run(const ModelConfig& cfg, ActivationCheckpointing mode, uint64_t rng_seed = 7,
+           bool forked_dropout = false) {
   LayerFactory plain;
   ForkingDropoutFactory forking;
   LayerFactory& f = forked_dropout ? forking : plain;
@@ -115,39 +116,40 @@ void expect_same(const Result& ref, const Result& got, const std::string& what) 
 }
 
 TEST(ActivationCheckpointing, DenseSameLossesAndGradients) {
-  const auto none = run(dense(), "none");
-  expect_same(none, run(dense(), "full"), "dense full");
-  expect_same(none, run(dense(), "selective"), "dense selective");
+  const auto none = run(dense(), ActivationCheckpointing::None);
+  expect_same(none, run(dense(), ActivationCheckpointing::Full), "dense full");
+  expect_same(none, run(dense(), ActivationCheckpointing::Selective), "dense selective");
 }
 
 TEST(ActivationCheckpointing, DropoutMasksAreReplayed) {
-  const auto none = run(dense(0.2), "none");
-  expect_same(none, run(dense(0.2), "full"), "dropout full");
-  expect_same(none, run(dense(0.2), "selective"), "dropout selective");
+  const auto none = run(dense(0.2), ActivationCheckpointing::None);
+  expect_same(none, run(dense(0.2), ActivationCheckpointing::Full), "dropout full");
+  expect_same(none, run(dense(0.2), ActivationCheckpointing::Selective), "dropout selective");
   // The masks do matter: another seed gives another loss.
-  EXPECT_GT(std::abs(none.loss - run(dense(0.2), "none", 8).loss), 1e-4);
+  EXPECT_GT(std::abs(none.loss - run(dense(0.2), ActivationCheckpointing::None, 8).loss), 1e-4);
 }
 
 // tp-sharded regions draw their dropout masks from per-call forks of the
 // generator (dropout_rng.h); the recompute replays those forks too.
 TEST(ActivationCheckpointing, ForkedDropoutMasksAreReplayed) {
-  const auto none = run(dense(0.2), "none", 7, true);
-  expect_same(none, run(dense(0.2), "full", 7, true), "forked dropout full");
-  expect_same(none, run(dense(0.2), "selective", 7, true), "forked dropout selective");
+  const auto none = run(dense(0.2), ActivationCheckpointing::None, 7, true);
+  expect_same(none, run(dense(0.2), ActivationCheckpointing::Full, 7, true), "forked dropout full");
+  expect_same(none, run(dense(0.2), ActivationCheckpointing::Selective, 7, true), "forked dropout selective");
   // The forks draw other masks than the default stream.
-  EXPECT_GT(std::abs(none.loss - run(dense(0.2), "none", 7, false).loss), 1e-4);
+  EXPECT_GT(std::abs(none.loss - run(dense(0.2), ActivationCheckpointing::None, 7, false).loss), 1e-4);
 }
 
 TEST(ActivationCheckpointing, MoEAndMLASameLossesGradientsAndAux) {
-  const auto none = run(moe_mla(), "none");
+  const auto none = run(moe_mla(), ActivationCheckpointing::None);
   EXPECT_GT(none.aux, 0.0);
-  expect_same(none, run(moe_mla(), "full"), "moe full");
-  expect_same(none, run(moe_mla(), "selective"), "moe selective");
+  expect_same(none, run(moe_mla(), ActivationCheckpointing::Full), "moe full");
+  expect_same(none, run(moe_mla(), ActivationCheckpointing::Selective), "moe selective");
 }
 
 TEST(ActivationCheckpointing, AuxLossAloneReachesTheRouter) {
   // Only the aux loss, through the checkpointed function's second output.
-  for (const std::string mode : {"none", "full", "selective"}) {
+  for (ActivationCheckpointing mode :
+       {ActivationCheckpointing::None, ActivationCheckpointing::Full, ActivationCheckpointing::Selective}) {
     LayerFactory f;
     Transformer m(moe_mla(), f);
     m.set_activation_checkpointing(mode);
@@ -166,7 +168,9 @@ TEST(ActivationCheckpointing, AuxLossAloneReachesTheRouter) {
 }
 
 TEST(ActivationCheckpointing, KeepsFewerActivations) {
-  const auto none = run(dense(), "none"), full = run(dense(), "full"), sel = run(dense(), "selective");
+  const auto none = run(dense(), ActivationCheckpointing::None);
+  const auto full = run(dense(), ActivationCheckpointing::Full);
+  const auto sel = run(dense(), ActivationCheckpointing::Selective);
   std::printf("live bytes after forward: none %lld, selective %lld, full %lld\n",
               static_cast<long long>(none.live_bytes), static_cast<long long>(sel.live_bytes),
               static_cast<long long>(full.live_bytes));
@@ -181,14 +185,13 @@ TEST(ActivationCheckpointing, KeepsFewerActivations) {
 TEST(ActivationCheckpointing, EvalAndDecodingAreUnchanged) {
   LayerFactory f;
   Transformer m(dense(), f);
-  m.set_activation_checkpointing("full");
+  m.set_activation_checkpointing(ActivationCheckpointing::Full);
   m.eval();
   const auto tokens = at::randint(61, {2, 8}, at::TensorOptions().dtype(at::kLong));
   const auto targets = at::roll(tokens, -1, 1);
   const double a = m.loss(tokens, targets).item<double>();
-  m.set_activation_checkpointing("none");
+  m.set_activation_checkpointing(ActivationCheckpointing::None);
   EXPECT_DOUBLE_EQ(a, m.loss(tokens, targets).item<double>());
-  EXPECT_ANY_THROW(m.set_activation_checkpointing("some"));
 }
 
 }  // namespace

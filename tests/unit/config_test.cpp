@@ -1,5 +1,7 @@
 // Config loading: every key parsed, every kind of bad input refused with the
 // key named, --set overrides, the JSON round trip, and the shipped configs.
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -56,8 +58,38 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
-// A value of the same JSON type as v, different from it.
-json changed_value(const json& v) {
+// Every key with a fixed set of values, with its values as config files and
+// the config a checkpoint stores spell them.
+const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys = {
+    {"model_config.model_dtype", {"float32", "bfloat16"}},
+    {"model_config.attention", {"mha", "mla"}},
+    {"model_config.ffn", {"dense", "moe"}},
+    {"model_config.router_score", {"softmax", "sigmoid"}},
+    {"model_config.architecture", {"auto", "meshtrain", "jaxformer"}},
+    {"model_config.mla_rope_input", {"split", "joint_latent"}},
+    {"model_config.moe_layers", {"all", "last_in_block"}},
+    {"model_config.shared_expert", {"mlp", "linear", "linear_discarded"}},
+    {"model_config.active_params_scope", {"model", "layers"}},
+    {"model_config.mlp_activation", {"gelu", "swiglu"}},
+    {"data_config.format", {"llmc", "nanogpt"}},
+    {"device_config.device", {"auto", "cpu", "cuda"}},
+    {"device_config.collectives", {"auto", "nccl", "mpi"}},
+    {"pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
+    {"activation_checkpointing", {"none", "full", "selective"}},
+    {"nan_policy", {"skip", "stop"}},
+};
+
+// A value of the same JSON type as v, different from it; for a choice key
+// (JSON pointer /section/key), the next of its names.
+json changed_value(const std::string& pointer, const json& v) {
+  for (const auto& [key, names] : kChoiceKeys) {
+    std::string key_pointer = "/" + key;
+    std::replace(key_pointer.begin(), key_pointer.end(), '.', '/');
+    if (key_pointer != pointer) continue;
+    const auto at = std::find(names.begin(), names.end(), v.get<std::string>());
+    EXPECT_NE(at, names.end()) << pointer << " holds " << v.dump();
+    return at == names.end() ? v : json(names[static_cast<size_t>(at - names.begin() + 1) % names.size()]);
+  }
   if (v.is_boolean()) return !v.get<bool>();
   if (v.is_number_unsigned()) return v.get<uint64_t>() + 7;
   if (v.is_number_integer()) return v.get<int64_t>() + 3;
@@ -79,7 +111,7 @@ TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
   for (const auto& [pointer, value] : flat.items()) {
     SCOPED_TRACE(pointer);
     json changed = flat;
-    changed[pointer] = changed_value(value);
+    changed[pointer] = changed_value(pointer, value);
     json expected = changed.unflatten();
     EXPECT_EQ(to_json(config_from_json(expected)), expected);
   }
@@ -90,7 +122,7 @@ TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
 
 TEST(ConfigJson, DatasetsBlendAndDataFormat) {
   Config c = with({"data_config.format=nanogpt"});
-  EXPECT_EQ(c.data.format, "nanogpt");
+  EXPECT_EQ(c.data.format, DataFormat::NanoGpt);
   json j = tiny_json();
   j["data_config"]["datasets"] = json::array({{{"path", "data/a"}, {"weight", 3}}, {{"path", "data/b"}}});
   Config b = config_from_json(j);
@@ -119,7 +151,7 @@ TEST(ConfigJson, RoundTripKeepsEveryValue) {
   EXPECT_EQ(back.lr.max_lr, c.lr.max_lr);
   EXPECT_EQ(back.device.n_device_axis, c.device.n_device_axis);
   EXPECT_EQ(back.inference.prompt, c.inference.prompt);
-  EXPECT_EQ(back.model.attention, "mla");
+  EXPECT_EQ(back.model.attention, AttentionKind::Mla);
   // Through text too, as a checkpoint stores it.
   EXPECT_EQ(to_json(config_from_json(json::parse(to_json(c).dump(2)))), to_json(c));
 }
@@ -130,8 +162,8 @@ TEST(ConfigJson, MissingKeysKeepDefaults) {
   EXPECT_EQ(c.model.n_head, 8);
   EXPECT_EQ(c.model.model_dimension, d.model.model_dimension);
   EXPECT_EQ(c.lr.max_lr, d.lr.max_lr);
-  EXPECT_EQ(c.model.attention, "mha");
-  EXPECT_EQ(c.model.ffn, "dense");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mha);
+  EXPECT_EQ(c.model.ffn, FfnKind::Dense);
   EXPECT_EQ(to_json(config_from_json(json::object())), to_json(d));
   validate(d);
 }
@@ -155,8 +187,8 @@ TEST(ConfigFiles, TinyValues) {
   EXPECT_EQ(c.model.n_layers(), 4);
   EXPECT_EQ(c.model.T, 32);
   EXPECT_EQ(c.model.vocab_size, 512);
-  EXPECT_EQ(c.model.attention, "mha");
-  EXPECT_EQ(c.model.ffn, "dense");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mha);
+  EXPECT_EQ(c.model.ffn, FfnKind::Dense);
   EXPECT_EQ(c.data.train_batch_size, 16);
   EXPECT_EQ(c.data.micro_batch_size, 4);
   EXPECT_DOUBLE_EQ(c.lr.max_lr, 3e-3);
@@ -166,15 +198,15 @@ TEST(ConfigFiles, TinyValues) {
   EXPECT_EQ(c.checkpoint_steps, 50);
   EXPECT_EQ(c.data.data_dir, "data/fortunes");
   EXPECT_EQ(c.run_dir(), "runs/tiny");
-  EXPECT_EQ(c.model.model_dtype, "float32");
+  EXPECT_EQ(c.model.model_dtype, ModelDtype::Float32);
 }
 
 TEST(ConfigFiles, TinyMoeMlaValues) {
   Config c = load_config(source_path("configs/tiny-moe-mla.json")).config;
-  EXPECT_EQ(c.model.attention, "mla");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mla);
   EXPECT_EQ(c.model.latent_dim, 32);
   EXPECT_EQ(c.model.dhR, 8);
-  EXPECT_EQ(c.model.ffn, "moe");
+  EXPECT_EQ(c.model.ffn, FfnKind::Moe);
   EXPECT_EQ(c.model.n_experts, 4);
   EXPECT_EQ(c.model.k, 2);
   EXPECT_EQ(c.model.n_shared, 1);
@@ -191,7 +223,7 @@ TEST(ConfigFiles, Gpt2Values) {
   EXPECT_EQ(c.model.n_head, 12);
   EXPECT_EQ(c.model.T, 1024);
   EXPECT_EQ(c.model.vocab_size, 50304);
-  EXPECT_EQ(c.model.model_dtype, "bfloat16");
+  EXPECT_EQ(c.model.model_dtype, ModelDtype::Bfloat16);
   EXPECT_TRUE(c.model.tie_embeddings);
   EXPECT_EQ(c.data.train_batch_size, 32);
   EXPECT_EQ(c.lr.warmup_steps, 700);
@@ -214,7 +246,7 @@ void expect_moe1b_values(const Config& c) {
   EXPECT_EQ(c.model.n_shared, 2);
   EXPECT_DOUBLE_EQ(c.model.capacity_factor, 1.5);
   EXPECT_DOUBLE_EQ(c.model.dropout_rate, 0.2);
-  EXPECT_EQ(c.model.model_dtype, "bfloat16");
+  EXPECT_EQ(c.model.model_dtype, ModelDtype::Bfloat16);
   EXPECT_EQ(c.device.n_device_axis, (std::array<int64_t, 3>{8, 2, 2}));
   EXPECT_EQ(c.device.world(), 32);
   EXPECT_EQ(c.data.train_batch_size, 32);
@@ -239,8 +271,8 @@ void expect_moe1b_values(const Config& c) {
 TEST(ConfigFiles, Moe1bLocalValues) {
   Config c = load_config(source_path("configs/moe1b.json")).config;
   expect_moe1b_values(c);
-  EXPECT_EQ(c.model.attention, "mla");
-  EXPECT_EQ(c.model.ffn, "moe");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mla);
+  EXPECT_EQ(c.model.ffn, FfnKind::Moe);
   EXPECT_EQ(c.output_dir, "runs");
   EXPECT_EQ(c.data.data_dir, "data/fortunes");
 }
@@ -251,9 +283,9 @@ TEST(ConfigFiles, JaxformerMoe1bLoadsUnchangedWithWarnings) {
   expect_moe1b_values(lc.config);
   // The file is in Jaxformer's layout (latent_dim, no attention/ffn keys): it
   // builds Jaxformer's MLA + MoE model (jaxformer_test checks the whole of it).
-  EXPECT_EQ(lc.config.model.architecture, "jaxformer");
-  EXPECT_EQ(lc.config.model.attention, "mla");
-  EXPECT_EQ(lc.config.model.ffn, "moe");
+  EXPECT_EQ(lc.config.model.architecture, Architecture::Jaxformer);
+  EXPECT_EQ(lc.config.model.attention, AttentionKind::Mla);
+  EXPECT_EQ(lc.config.model.ffn, FfnKind::Moe);
   EXPECT_EQ(lc.config.output_dir, "runs/");
   EXPECT_EQ(lc.config.run_dir(), "runs/moe1B");
   EXPECT_EQ(lc.json.at("wandb"), true);  // the json is the file as written
@@ -344,6 +376,33 @@ TEST(ConfigErrors, BadEnums) {
   expect_refused({"nan_policy=ignore"}, {"nan_policy"});
   expect_refused({"zero_stage=4"}, {"zero_stage"});
   expect_refused({"device_config.device=tpu"}, {"device_config.device"});
+}
+
+TEST(ConfigErrors, EveryChoiceKeyRefusesAnUnknownValueNamingTheAllowedOnes) {
+  for (const auto& [key, names] : kChoiceKeys) {
+    std::string allowed;
+    for (const auto& n : names) allowed += (allowed.empty() ? "" : ", ") + n;
+    expect_refused({key + "=bogus"}, {key + " must be one of {" + allowed + "}, got 'bogus'"});
+    // Names are exact: no case folding.
+    std::string upper = names.front();
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    expect_refused({key + "=" + upper}, {key, allowed, upper});
+  }
+}
+
+// Each name reads as its value and is written back as the same string, so a
+// checkpoint's stored config (written before or after) compares equal on resume.
+TEST(Config, EveryChoiceValueRoundTripsByName) {
+  for (const auto& [key, names] : kChoiceKeys) {
+    const auto dot = key.find('.');
+    for (const auto& n : names) {
+      json j = tiny_json();
+      apply_override(j, key + "=" + n);
+      const json back = to_json(config_from_json(j));
+      const json& v = dot == std::string::npos ? back.at(key) : back.at(key.substr(0, dot)).at(key.substr(dot + 1));
+      EXPECT_EQ(v, json(n)) << key;
+    }
+  }
 }
 
 // tiny.json: 4 layers, 16 sequences in microbatches of 4.
@@ -467,7 +526,7 @@ TEST(ConfigOverrides, SetsNestedArraysStringsAndTopLevel) {
   Config c = config_from_json(j);
   EXPECT_EQ(c.model.n_head, 8);
   EXPECT_EQ(c.device.n_device_axis, (std::array<int64_t, 3>{2, 1, 2}));
-  EXPECT_EQ(c.model.model_dtype, "bfloat16");
+  EXPECT_EQ(c.model.model_dtype, ModelDtype::Bfloat16);
   EXPECT_DOUBLE_EQ(c.lr.max_lr, 1e-3);
   EXPECT_FALSE(c.inference.use_cache);
   EXPECT_EQ(c.name, "123");
@@ -558,9 +617,9 @@ namespace meshtrain {
 namespace {
 
 TEST(ConfigCollectives, AcceptsAutoNcclMpiAndRefusesTheRest) {
-  EXPECT_EQ(with({}).device.collectives, "auto");
-  EXPECT_EQ(with({"device_config.collectives=mpi"}).device.collectives, "mpi");
-  EXPECT_EQ(with({"device_config.collectives=nccl"}).device.collectives, "nccl");
+  EXPECT_EQ(with({}).device.collectives, CollectivesChoice::Auto);
+  EXPECT_EQ(with({"device_config.collectives=mpi"}).device.collectives, CollectivesChoice::Mpi);
+  EXPECT_EQ(with({"device_config.collectives=nccl"}).device.collectives, CollectivesChoice::Nccl);
   expect_refused({"device_config.collectives=gloo"}, {"device_config.collectives", "gloo"});
   expect_refused({"device_config.device=cpu", "device_config.collectives=nccl"},
                  {"device_config.collectives", "nccl", "cpu"});

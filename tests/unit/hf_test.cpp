@@ -23,7 +23,7 @@ ModelConfig llama() {
   m.n_head = 4;
   m.n_kv_head = 2;
   m.vocab_size = 50;
-  m.mlp_activation = "swiglu";
+  m.mlp_activation = MlpActivation::Swiglu;
   m.tie_embeddings = false;
   return m;
 }
@@ -33,17 +33,17 @@ ModelConfig v3() {
   m.model_dimension = 32;
   m.n_head = 4;
   m.vocab_size = 50;
-  m.attention = "mla";
+  m.attention = AttentionKind::Mla;
   m.latent_dim = 16;
   m.dhR = 4;
   m.mla_latent_norm = true;
-  m.ffn = "moe";
+  m.ffn = FfnKind::Moe;
   m.n_experts = 4;
   m.k = 2;
   m.n_shared = 1;
   m.mlp_hidden = 16;
-  m.mlp_activation = "swiglu";
-  m.router_score = "sigmoid";
+  m.mlp_activation = MlpActivation::Swiglu;
+  m.router_score = RouterScore::Sigmoid;
   m.router_bias = true;
   m.routed_scaling_factor = 2.5;
   m.n_group = 2;
@@ -92,7 +92,7 @@ TEST(HfMapping, DeepSeekV3RoundTrips) { expect_round_trip(v3()); }
 
 TEST(HfMapping, GeluMlpBecomesLlamaMlpWithConstantUp) {
   ModelConfig m = llama();
-  m.mlp_activation = "gelu";
+  m.mlp_activation = MlpActivation::Gelu;
   expect_round_trip(m);
   const auto hf = to_hf_tensors(m, from(random_params(m)));
   std::map<std::string, at::Tensor> t(hf.begin(), hf.end());
@@ -119,9 +119,9 @@ TEST(HfMapping, RopelessMlaLayerIsZeroRopeRowsAndRescaledQueries) {
 
 TEST(HfMapping, UnmappableModelsListEveryReason) {
   ModelConfig jax = v3();
-  jax.mlp_activation = "gelu";
+  jax.mlp_activation = MlpActivation::Gelu;
   jax.mla_latent_norm = false;
-  jax.router_score = "softmax";
+  jax.router_score = RouterScore::Softmax;
   EXPECT_EQ(hf_unmappable(jax).size(), 3u);
   try {
     hf_config_json(jax, 0);
@@ -131,7 +131,7 @@ TEST(HfMapping, UnmappableModelsListEveryReason) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
   }
   ModelConfig moe_mha = llama();
-  moe_mha.ffn = "moe";
+  moe_mha.ffn = FfnKind::Moe;
   moe_mha.n_experts = 4;
   EXPECT_EQ(hf_unmappable(moe_mha).size(), 1u);
   EXPECT_TRUE(hf_unmappable(llama()).empty());

@@ -30,19 +30,19 @@ std::map<std::string, std::vector<int64_t>> shapes(const Transformer& m) {
 
 TEST(Jaxformer, PublishedFileLoadsAsJaxformersArchitecture) {
   const ModelConfig m = load_config(kPublished).config.model;
-  EXPECT_EQ(m.architecture, "jaxformer");
-  EXPECT_EQ(m.attention, "mla");
-  EXPECT_EQ(m.ffn, "moe");
-  EXPECT_EQ(m.moe_layers, "last_in_block");
+  EXPECT_EQ(m.architecture, Architecture::Jaxformer);
+  EXPECT_EQ(m.attention, AttentionKind::Mla);
+  EXPECT_EQ(m.ffn, FfnKind::Moe);
+  EXPECT_EQ(m.moe_layers, MoeLayers::LastInBlock);
   EXPECT_TRUE(m.mla_last_layer_no_rope);
-  EXPECT_EQ(m.mla_rope_input, "joint_latent");
+  EXPECT_EQ(m.mla_rope_input, MlaRopeInput::JointLatent);
   EXPECT_TRUE(m.linear_bias);
   EXPECT_TRUE(m.norm_bias);
-  EXPECT_EQ(m.router_score, "sigmoid");
-  EXPECT_EQ(m.shared_expert, "linear_discarded");
+  EXPECT_EQ(m.router_score, RouterScore::Sigmoid);
+  EXPECT_EQ(m.shared_expert, SharedExpert::LinearDiscarded);
   EXPECT_TRUE(m.tie_embeddings);
   EXPECT_EQ(m.hidden_dim(), 4 * 768);
-  EXPECT_EQ(m.active_params_scope, "layers");
+  EXPECT_EQ(m.active_params_scope, ActiveParamsScope::Layers);
   EXPECT_DOUBLE_EQ(m.capacity_factor, 1.5);  // the file's value wins over the preset's
   EXPECT_EQ(m.n_layers(), 48);
 }
@@ -139,20 +139,20 @@ TEST(Jaxformer, PerLayerCounts) {
 TEST(Jaxformer, ArchitectureRule) {
   // Explicitly meshtrain: today's reading of the file, dense MHA.
   Config c = load_config(kPublished, {"model_config.architecture=meshtrain"}).config;
-  EXPECT_EQ(c.model.attention, "mha");
-  EXPECT_EQ(c.model.ffn, "dense");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mha);
+  EXPECT_EQ(c.model.ffn, FfnKind::Dense);
   EXPECT_EQ(count_params(c.model).total, 416'825'856);
   // Overriding one key keeps the other Jaxformer defaults (the file as written decides).
   c = load_config(kPublished, {"model_config.shared_expert=linear"}).config;
-  EXPECT_EQ(c.model.architecture, "jaxformer");
-  EXPECT_EQ(c.model.shared_expert, "linear");
+  EXPECT_EQ(c.model.architecture, Architecture::Jaxformer);
+  EXPECT_EQ(c.model.shared_expert, SharedExpert::Linear);
   EXPECT_EQ(count_params(c.model).total, kTotal);  // the fix changes the output, not the count
   c = load_config(kPublished, {"model_config.moe_layers=all"}).config;
-  EXPECT_EQ(c.model.attention, "mla");
+  EXPECT_EQ(c.model.attention, AttentionKind::Mla);
   EXPECT_GT(count_params(c.model).total, kTotal);
   // meshtrain's own files name attention/ffn and keep meshtrain's defaults.
   c = load_config(std::string(MT_SOURCE_DIR) + "/configs/moe1b.json").config;
-  EXPECT_EQ(c.model.architecture, "auto");  // resolved as meshtrain, left as written
+  EXPECT_EQ(c.model.architecture, Architecture::Auto);  // resolved as meshtrain, left as written
   EXPECT_FALSE(c.model.linear_bias);
   EXPECT_EQ(count_params(c.model).total, 4'218'241'536);
   EXPECT_EQ(count_params(c.model).active, 1'047'347'712);
@@ -173,8 +173,8 @@ TEST(Jaxformer, ArchitectureRule) {
 // for real on the CPU, its formula matches it, and it trains on a batch.
 TEST(Jaxformer, TinyConfigBuildsAndLearns) {
   ModelConfig m = load_config(kTiny).config.model;
-  ASSERT_EQ(m.architecture, "jaxformer");
-  for (const std::string shared : {"linear_discarded", "linear"}) {
+  ASSERT_EQ(m.architecture, Architecture::Jaxformer);
+  for (SharedExpert shared : {SharedExpert::LinearDiscarded, SharedExpert::Linear}) {
     m.shared_expert = shared;
     LayerFactory f;
     Transformer model(m, f);
@@ -196,7 +196,7 @@ TEST(Jaxformer, TinyConfigBuildsAndLearns) {
       if (p.key().find("shared_proj") != std::string::npos) ++shared_grads;
     }
     // Jaxformer's code drops the shared term: its parameters get no gradient.
-    EXPECT_EQ(shared_grads, shared == "linear" ? 4 : 0) << shared;
+    EXPECT_EQ(shared_grads, shared == SharedExpert::Linear ? 4 : 0) << shared;
     EXPECT_GT(with_grad, 40) << shared;
   }
 }
@@ -209,7 +209,7 @@ TEST(Jaxformer, LinearSharedExpertAddsItsTerm) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor x = at::randint(m.vocab_size, {2, m.T}, gen, at::TensorOptions().dtype(at::kLong));
   std::vector<at::Tensor> logits;
-  for (const std::string shared : {"linear_discarded", "linear"}) {
+  for (SharedExpert shared : {SharedExpert::LinearDiscarded, SharedExpert::Linear}) {
     m.shared_expert = shared;
     LayerFactory f;
     Transformer model(m, f);

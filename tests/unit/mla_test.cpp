@@ -20,23 +20,23 @@ ModelConfig tiny(const std::string& attention) {
   c.blocks = 1;
   c.layers_per_block = 3;  // MLA: layers 0, 1 with rope, layer 2 with dhR = 0
   c.T = 16;
-  c.attention = attention;
+  c.attention = attention == "mha" ? AttentionKind::Mha : AttentionKind::Mla;  // "jaxformer": MLA, options below
   c.latent_dim = 12;
   c.dhR = 4;
   c.init_std = 0.1;
   if (attention == "jaxformer") {
     // Jaxformer's layer (docs/JAXFORMER.md): biases, rope from the joint
     // latent, and a MoE feed-forward in the block's last layer.
-    c.attention = "mla";
+    c.attention = AttentionKind::Mla;
     c.linear_bias = c.norm_bias = true;
-    c.mla_rope_input = "joint_latent";
-    c.ffn = "moe";
-    c.moe_layers = "last_in_block";
+    c.mla_rope_input = MlaRopeInput::JointLatent;
+    c.ffn = FfnKind::Moe;
+    c.moe_layers = MoeLayers::LastInBlock;
     c.n_experts = 4;
     c.k = 2;
     c.n_shared = 2;
-    c.shared_expert = "linear";
-    c.router_score = "sigmoid";
+    c.shared_expert = SharedExpert::Linear;
+    c.router_score = RouterScore::Sigmoid;
   }
   return c;
 }

@@ -38,7 +38,7 @@ std::string describe(int stage, const PipeOp& op) {
 
 // paired: the executor's grouping (paired_transfers): a send and a receive
 // next to each other are posted together and may complete in either order.
-Replay replay(const std::string& schedule, int pp, int64_t v, int64_t n_mb, bool backward, bool paired = false) {
+Replay replay(PipelineSchedule schedule, int pp, int64_t v, int64_t n_mb, bool backward, bool paired = false) {
   Replay r;
   std::vector<std::vector<PipeOp>> plans;
   for (int s = 0; s < pp; ++s) plans.push_back(pipeline_plan(schedule, s, pp, n_mb, backward, v));
@@ -164,7 +164,7 @@ Replay replay(const std::string& schedule, int pp, int64_t v, int64_t n_mb, bool
 }
 
 TEST(PipelinePlan, GpipeAnd1f1bNeverDeadlock) {
-  for (const std::string schedule : {"gpipe", "1f1b"})
+  for (PipelineSchedule schedule : {PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB})
     for (bool backward : {true, false})
       for (int pp = 1; pp <= 8; ++pp)
         for (int64_t n_mb = 1; n_mb <= 12; ++n_mb) {
@@ -172,7 +172,9 @@ TEST(PipelinePlan, GpipeAnd1f1bNeverDeadlock) {
           ASSERT_TRUE(r.ok) << schedule << " pp " << pp << " n_mb " << n_mb << " backward " << backward << ": "
                             << r.why;
           for (int s = 0; s < pp; ++s) {
-            const int64_t want = !backward ? 1 : schedule == "gpipe" ? n_mb : std::min<int64_t>(pp - s, n_mb);
+            const int64_t want = !backward                              ? 1
+                                 : schedule == PipelineSchedule::Gpipe ? n_mb
+                                                                       : std::min<int64_t>(pp - s, n_mb);
             EXPECT_EQ(r.peak_live[static_cast<size_t>(s)], want) << schedule << " stage " << s << " of " << pp;
             EXPECT_EQ(plan_peak_live(pipeline_plan(schedule, s, pp, n_mb, backward)), want);
           }
@@ -183,10 +185,11 @@ TEST(PipelinePlan, GpipeAnd1f1bNeverDeadlock) {
 // deadlock-free, and the plans do pair transfers.
 TEST(PipelinePlan, PairedTransfersNeverDeadlock) {
   int64_t pairs = 0;
-  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"})
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::Gpipe, PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved})
     for (bool backward : {true, false})
       for (int pp = 2; pp <= 8; ++pp)
-        for (int64_t v = 1; v <= (schedule == "interleaved" ? 4 : 1); ++v)
+        for (int64_t v = 1; v <= (schedule == PipelineSchedule::Interleaved ? 4 : 1); ++v)
           for (int64_t groups : {1, 2, 3}) {
             const int64_t n_mb = groups * pp;
             const Replay r = replay(schedule, pp, v, n_mb, backward, /*paired=*/true);
@@ -205,7 +208,7 @@ TEST(PipelinePlan, InterleavedNeverDeadlocksAndRunsEverythingOnce) {
     for (int64_t v = 1; v <= 4; ++v) {
       for (int64_t groups : {1, 2, 3, 5}) {
         const int64_t n_mb = groups * pp;
-        const Replay r = replay("interleaved", pp, v, n_mb, true);
+        const Replay r = replay(PipelineSchedule::Interleaved, pp, v, n_mb, true);
         ASSERT_TRUE(r.ok) << "pp " << pp << " v " << v << " n_mb " << n_mb << ": " << r.why;
         for (int s = 0; s < pp; ++s) {
           // Megatron's warm-up forwards plus the one of the steady state
@@ -213,12 +216,12 @@ TEST(PipelinePlan, InterleavedNeverDeadlocksAndRunsEverythingOnce) {
           const int64_t warmup = v == 1 ? pp - s - 1 : 2 * (pp - s - 1) + (v - 1) * pp;
           const int64_t want = std::min<int64_t>(n_mb * v, warmup + 1);
           EXPECT_EQ(r.peak_live[static_cast<size_t>(s)], want) << "pp " << pp << " v " << v << " stage " << s;
-          EXPECT_EQ(plan_peak_live(pipeline_plan("interleaved", s, pp, n_mb, true, v)), want);
+          EXPECT_EQ(plan_peak_live(pipeline_plan(PipelineSchedule::Interleaved, s, pp, n_mb, true, v)), want);
         }
       }
       // Evaluation: forward-only rounds of any size.
       for (int64_t n_mb = 1; n_mb <= 2 * pp + 1; ++n_mb) {
-        const Replay r = replay("interleaved", pp, v, n_mb, false);
+        const Replay r = replay(PipelineSchedule::Interleaved, pp, v, n_mb, false);
         ASSERT_TRUE(r.ok) << "forward-only pp " << pp << " v " << v << " n_mb " << n_mb << ": " << r.why;
       }
     }
@@ -229,8 +232,8 @@ TEST(PipelinePlan, InterleavedWithOneChunkIs1f1b) {
     for (int64_t n_mb = 1; n_mb <= 10; ++n_mb)
       for (int s = 0; s < pp; ++s)
         for (bool backward : {true, false}) {
-          const auto a = pipeline_plan("interleaved", s, pp, n_mb, backward, 1);
-          const auto b = pipeline_plan("1f1b", s, pp, n_mb, backward, 1);
+          const auto a = pipeline_plan(PipelineSchedule::Interleaved, s, pp, n_mb, backward, 1);
+          const auto b = pipeline_plan(PipelineSchedule::OneFOneB, s, pp, n_mb, backward, 1);
           ASSERT_EQ(a.size(), b.size());
           for (size_t i = 0; i < a.size(); ++i)
             EXPECT_TRUE(a[i].step == b[i].step && a[i].microbatch == b[i].microbatch && a[i].chunk == b[i].chunk);
@@ -245,7 +248,7 @@ TEST(PipelinePlan, InterleavedBubbleFallsWithVirtualStages) {
     for (int64_t n_mb : {int64_t{pp}, int64_t{2 * pp}, int64_t{4 * pp}}) {
       double previous = 1.0;
       for (int64_t v = 1; v <= 4; ++v) {
-        const Replay r = replay("interleaved", pp, v, n_mb, true);
+        const Replay r = replay(PipelineSchedule::Interleaved, pp, v, n_mb, true);
         ASSERT_TRUE(r.ok) << r.why;
         const double busy = 3.0 * static_cast<double>(n_mb);
         const double bubble = 1.0 - busy / r.makespan;
@@ -258,13 +261,13 @@ TEST(PipelinePlan, InterleavedBubbleFallsWithVirtualStages) {
 }
 
 TEST(PipelinePlan, InterleavedRefusesWhatMegatronRefuses) {
-  EXPECT_THROW(pipeline_plan("interleaved", 0, 4, 6, true, 2), Error);  // 6 microbatches, pp 4
-  EXPECT_NO_THROW(pipeline_plan("interleaved", 0, 4, 6, false, 2));     // evaluation takes any count
-  EXPECT_THROW(pipeline_plan("1f1b", 0, 2, 4, true, 2), Error);         // chunks need the interleaved schedule
-  EXPECT_THROW(pipeline_plan("interleaved", 0, 2, 4, true, 0), Error);
-  EXPECT_THROW(pipeline_plan("zigzag", 0, 2, 4, true), Error);
+  const PipelineSchedule il = PipelineSchedule::Interleaved;
+  EXPECT_THROW(pipeline_plan(il, 0, 4, 6, true, 2), Error);  // 6 microbatches, pp 4
+  EXPECT_NO_THROW(pipeline_plan(il, 0, 4, 6, false, 2));     // evaluation takes any count
+  EXPECT_THROW(pipeline_plan(PipelineSchedule::OneFOneB, 0, 2, 4, true, 2), Error);  // chunks need interleaved
+  EXPECT_THROW(pipeline_plan(il, 0, 2, 4, true, 0), Error);
   try {
-    pipeline_plan("interleaved", 1, 4, 6, true, 2);
+    pipeline_plan(il, 1, 4, 6, true, 2);
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of pp = 4"), std::string::npos) << e.what();

@@ -23,16 +23,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Config tiny(const std::string& attention, const std::string& ffn, bool tied) {
+Config tiny(AttentionKind attention, FfnKind ffn, bool tied) {
   Config c = load_config(std::string(MT_SOURCE_DIR) + "/configs/tiny.json").config;
   c.model.attention = attention;
   c.model.ffn = ffn;
   c.model.tie_embeddings = tied;
-  if (attention == "mla") {
+  if (attention == AttentionKind::Mla) {
     c.model.latent_dim = 32;
     c.model.dhR = 8;
   }
-  if (ffn == "moe") {
+  if (ffn == FfnKind::Moe) {
     c.model.n_experts = 4;
     c.model.k = 2;
     c.model.n_shared = 1;
@@ -43,17 +43,17 @@ Config tiny(const std::string& attention, const std::string& ffn, bool tied) {
 
 std::vector<Config> variants() {
   std::vector<Config> v;
-  for (const char* att : {"mha", "mla"})
-    for (const char* ffn : {"dense", "moe"})
+  for (AttentionKind att : {AttentionKind::Mha, AttentionKind::Mla})
+    for (FfnKind ffn : {FfnKind::Dense, FfnKind::Moe})
       for (bool tied : {true, false}) v.push_back(tiny(att, ffn, tied));
   // Llama's and DeepSeek-V3's options (hf/): gated MLPs, fewer kv heads,
   // latent norms, the score bias and a dense first layer.
-  Config llama = tiny("mha", "dense", false);
-  llama.model.mlp_activation = "swiglu";
+  Config llama = tiny(AttentionKind::Mha, FfnKind::Dense, false);
+  llama.model.mlp_activation = MlpActivation::Swiglu;
   llama.model.n_kv_head = 2;
   v.push_back(llama);
-  Config v3 = tiny("mla", "moe", false);
-  v3.model.mlp_activation = "swiglu";
+  Config v3 = tiny(AttentionKind::Mla, FfnKind::Moe, false);
+  v3.model.mlp_activation = MlpActivation::Swiglu;
   v3.model.mla_latent_norm = true;
   v3.model.router_bias = true;
   v3.model.first_k_dense = 1;
@@ -69,7 +69,8 @@ int64_t numel(torch::nn::Module& m) {
 }
 
 std::string name(const Config& c) {
-  return c.model.attention + "/" + c.model.ffn + (c.model.tie_embeddings ? "/tied" : "/untied") +
+  return std::string(choice_name(c.model.attention)) + "/" + choice_name(c.model.ffn) +
+         (c.model.tie_embeddings ? "/tied" : "/untied") +
          (c.model.swiglu() ? "/swiglu" : "") +
          (c.model.dropout_rate > 0 ? "/dropout" : "") + "/T" + std::to_string(c.model.T);
 }
@@ -81,7 +82,7 @@ TEST(Plan, CountsMatchBuiltModels) {
     EXPECT_EQ(stage_params(c.model, 1, 1, 0).total(), pc.total) << name(c);
     const MemoryPlan p = plan_memory(c, PlanDevice::Cpu);
     EXPECT_EQ(p.total_params, pc.total);
-    if (c.model.ffn == "moe") EXPECT_LT(p.active_params, p.total_params) << name(c);
+    if (c.model.ffn == FfnKind::Moe) EXPECT_LT(p.active_params, p.total_params) << name(c);
   }
 }
 
@@ -112,7 +113,7 @@ TEST(Plan, TensorParallelShardsAddUp) {
 }
 
 TEST(Plan, ZeroOneShardsTheOptimizerOverDp) {
-  Config c = tiny("mha", "dense", true);
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
   c.device.n_device_axis = {4, 1, 1};
   const MemoryPlan z0 = plan_memory(c, PlanDevice::Cpu);
   c.zero_stage = 1;
@@ -125,7 +126,7 @@ TEST(Plan, ZeroOneShardsTheOptimizerOverDp) {
 // With one dp rank ZeRO and FSDP have nothing to shard: every stage runs as
 // stage 0 (no FSDP gather buffer), and the report says so.
 TEST(Plan, ZeroStagesOnOneDpRankAreStageZero) {
-  Config c = tiny("mla", "moe", true);
+  Config c = tiny(AttentionKind::Mla, FfnKind::Moe, true);
   c.device.n_device_axis = {1, 1, 2};
   const MemoryPlan z0 = plan_memory(c, PlanDevice::Cuda);
   for (int64_t stage : {1, 2, 3}) {
@@ -144,7 +145,7 @@ TEST(Plan, ZeroStagesOnOneDpRankAreStageZero) {
 // expert_parallel splits the routed experts (and only them) over its ranks;
 // the count per rank matches what a rank of such a mesh builds.
 TEST(Plan, ExpertParallelSplitsTheExperts) {
-  Config c = tiny("mla", "moe", true);
+  Config c = tiny(AttentionKind::Mla, FfnKind::Moe, true);
   c.device.n_device_axis = {4, 1, 1};
   const StageParams one = stage_params(c.model, 1, 1, 0), two = stage_params(c.model, 1, 1, 0, 2);
   const int64_t E = c.model.n_experts, d = c.model.model_dimension, h = c.model.mlp_hidden;
@@ -166,15 +167,15 @@ TEST(Plan, ExpertParallelSplitsTheExperts) {
 }
 
 TEST(Plan, CheckpointingAndTensorParallelCutActivations) {
-  Config c = tiny("mha", "dense", true);
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
   c.model.blocks = 4;
   const MemoryPlan none = plan_memory(c, PlanDevice::Cpu);
-  c.activation_checkpointing = "full";
+  c.activation_checkpointing = ActivationCheckpointing::Full;
   const MemoryPlan full = plan_memory(c, PlanDevice::Cpu);
   EXPECT_LT(full.worst().activations, none.worst().activations);
   EXPECT_DOUBLE_EQ(full.worst().activations_none, none.worst().activations);
 
-  c.activation_checkpointing = "none";
+  c.activation_checkpointing = ActivationCheckpointing::None;
   c.device.n_device_axis = {1, 1, 2};
   const double tp2 = plan_memory(c, PlanDevice::Cpu).worst().activations;
   c.sequence_parallel = true;
@@ -184,19 +185,19 @@ TEST(Plan, CheckpointingAndTensorParallelCutActivations) {
 }
 
 TEST(Plan, PipelineKeepsMoreMicrobatchesOnEarlyStages) {
-  Config c = tiny("mha", "dense", false);
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, false);
   c.device.n_device_axis = {1, 4, 1};
   c.data.micro_batch_size = 2;  // 16 / 2 = 8 microbatches
   const MemoryPlan f = plan_memory(c, PlanDevice::Cpu);
   ASSERT_EQ(f.stages.size(), 4u);
   EXPECT_EQ(f.stages[0].microbatches_in_flight, 4);
   EXPECT_EQ(f.stages[3].microbatches_in_flight, 1);
-  c.pipeline_schedule = "gpipe";
+  c.pipeline_schedule = PipelineSchedule::Gpipe;
   EXPECT_EQ(plan_memory(c, PlanDevice::Cpu).stages[3].microbatches_in_flight, 8);
 }
 
 TEST(Plan, FlopsPerTokenIsNanoGptsEstimate) {
-  const Config c = tiny("mha", "dense", true);
+  const Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
   const ModelConfig& m = c.model;
   const double want = 6.0 * static_cast<double>(count_params(m).total) +
                       12.0 * static_cast<double>(m.n_layers() * m.n_head * m.head_dim() * m.T);
@@ -226,8 +227,9 @@ struct CpuAllocations : c10::MemoryReportingInfoBase {
 // forward that are still alive when it returns (the loss holds the graph).
 TEST(Plan, ActivationEstimateMatchesWhatForwardKeeps) {
   std::vector<Config> configs = variants();
-  for (const char* att : {"mha", "mla"}) {  // dropout masks; longer sequences (MLA's s*s scores on CPU)
-    Config c = tiny(att, "dense", true);
+  // Dropout masks; longer sequences (MLA's s*s scores on CPU).
+  for (AttentionKind att : {AttentionKind::Mha, AttentionKind::Mla}) {
+    Config c = tiny(att, FfnKind::Dense, true);
     c.model.dropout_rate = 0.1;
     configs.push_back(c);
     c.model.dropout_rate = 0;
@@ -282,12 +284,13 @@ TEST(Plan, StaticBytesMatchATinyTrainer) {
   char* args[] = {arg0, nullptr};
   char** argv = args;
   Runtime runtime(&argc, &argv);
-  for (const Config& base : {tiny("mha", "dense", true), tiny("mla", "moe", false)}) {
+  for (const Config& base :
+       {tiny(AttentionKind::Mha, FfnKind::Dense, true), tiny(AttentionKind::Mla, FfnKind::Moe, false)}) {
     Config c = base;
     c.data.data_dir = prep.output_dir;
     c.model.vocab_size = 320;
     c.output_dir = (dir / "runs").string();
-    c.device.device = "cpu";
+    c.device.device = DeviceChoice::Cpu;
     SessionOptions o;
     o.fresh = true;
     o.quiet = true;

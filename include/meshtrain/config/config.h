@@ -2,10 +2,14 @@
 // The run's configuration: plain structs in the Jaxformer layout (docs/ARCHITECTURE.md,
 // "Config"). No tensors here. load.h fills them from JSON + CLI overrides;
 // validate() rejects impossible combinations before any work, naming the key.
+// Keys with a fixed set of values are enums (choices.h), parsed as the file is
+// read, so no code outside config/ checks or compares their spelling.
 #include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "meshtrain/config/choices.h"
 
 namespace meshtrain {
 
@@ -19,16 +23,16 @@ struct ModelConfig {
   int64_t latent_dim = 0;        // MLA: shared down-projection width
   int64_t dhR = 0;               // MLA: decoupled rope dims per head (0: no rope in MLA)
   double dropout_rate = 0.0;
-  std::string model_dtype = "float32";  // float32 | bfloat16 (autocast on CUDA; fp32 on CPU)
+  ModelDtype model_dtype = ModelDtype::Float32;  // float32 | bfloat16 (autocast on CUDA; fp32 on CPU)
   int64_t k = 2;                 // MoE: experts per token
   int64_t n_experts = 0;         // MoE: routed experts
   int64_t n_shared = 0;          // MoE: always-on shared experts
   double capacity_factor = 1.25; // MoE: tokens per expert <= cf * tokens * k / n_experts; 0: dropless
-  std::string attention = "mha"; // mha | mla
-  std::string ffn = "dense";     // dense | moe
+  AttentionKind attention = AttentionKind::Mha;  // mha | mla
+  FfnKind ffn = FfnKind::Dense;                  // dense | moe
   bool tie_embeddings = true;
   int64_t mlp_hidden = 0;        // 0: 4 * model_dimension (dense); expert hidden for MoE
-  std::string router_score = "softmax";  // softmax | sigmoid
+  RouterScore router_score = RouterScore::Softmax;  // softmax | sigmoid
   double router_z_loss = 0.0;
   double rope_theta = 10000.0;
   bool mla_last_layer_no_rope = true;    // Jaxformer: dhR = 0 in each block's last layer
@@ -37,21 +41,25 @@ struct ModelConfig {
   // below (and attention/ffn/router_score) with Jaxformer's values where the
   // file does not set them; "auto" picks it for a file in Jaxformer's own
   // layout (latent_dim given, no attention/ffn key), "meshtrain" otherwise.
-  std::string architecture = "auto";    // auto | meshtrain | jaxformer (a Jaxformer-layout file reads as jaxformer)
+  Architecture architecture = Architecture::Auto;  // auto | meshtrain | jaxformer (a Jaxformer-layout file reads
+                                                   // as jaxformer)
   bool linear_bias = false;             // every linear layer (not the head) adds a bias
   bool norm_bias = false;               // RMSNorms add a bias after the gain
-  std::string mla_rope_input = "split";  // split: q rope from the query latent, k rope from x (DeepSeek-V2);
-                                         // joint_latent: both from [c_kv, c_q] (Jaxformer)
-  std::string moe_layers = "all";        // all | last_in_block (Jaxformer: one MoE layer per block)
-  std::string shared_expert = "mlp";     // mlp: n_shared GELU MLPs; linear: one d -> n_shared*d linear whose
-                                         // n_shared chunks are summed (Jaxformer); linear_discarded: its
-                                         // parameters exist but its output is dropped (Jaxformer's code)
-  std::string active_params_scope = "model";  // model | layers (Jaxformer: the layer stack only, no
-                                              // embedding table, head or final norm)
+  // split: q rope from the query latent, k rope from x (DeepSeek-V2);
+  // joint_latent: both from [c_kv, c_q] (Jaxformer)
+  MlaRopeInput mla_rope_input = MlaRopeInput::Split;
+  MoeLayers moe_layers = MoeLayers::All;  // all | last_in_block (Jaxformer: one MoE layer per block)
+  // mlp: n_shared GELU MLPs; linear: one d -> n_shared*d linear whose n_shared
+  // chunks are summed (Jaxformer); linear_discarded: its parameters exist but
+  // its output is dropped (Jaxformer's code)
+  SharedExpert shared_expert = SharedExpert::Mlp;
+  // model | layers (Jaxformer: the layer stack only, no embedding table, head or final norm)
+  ActiveParamsScope active_params_scope = ActiveParamsScope::Model;
 
   // Options that make Llama / DeepSeek-V3 checkpoints expressible exactly
   // (hf/); the defaults keep the Jaxformer model.
-  std::string mlp_activation = "gelu";   // gelu (tanh) | swiglu (silu(w_gate x) * w_in x), dense MLP and experts
+  // gelu (tanh) | swiglu (silu(w_gate x) * w_in x), dense MLP and experts
+  MlpActivation mlp_activation = MlpActivation::Gelu;
   int64_t n_kv_head = 0;                 // MHA key/value heads (grouped-query attention); 0: n_head
   bool mla_latent_norm = false;          // MLA: RMSNorm on the q and kv latents (DeepSeek-V3)
   bool router_bias = false;              // MoE: per-expert score bias added for top-k selection only
@@ -66,9 +74,9 @@ struct ModelConfig {
   int64_t head_dim() const { return model_dimension / n_head; }
   int64_t hidden_dim() const { return mlp_hidden > 0 ? mlp_hidden : 4 * model_dimension; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  bool swiglu() const { return mlp_activation == "swiglu"; }
+  bool swiglu() const { return mlp_activation == MlpActivation::Swiglu; }
   // Hidden units of the dense MLP (an MoE model's dense layers: dense_mlp_hidden when set).
-  int64_t dense_hidden_dim() const { return ffn == "moe" && dense_mlp_hidden > 0 ? dense_mlp_hidden : hidden_dim(); }
+  int64_t dense_hidden_dim() const { return ffn == FfnKind::Moe && dense_mlp_hidden > 0 ? dense_mlp_hidden : hidden_dim(); }
 };
 
 // One entry of data_config.datasets (Megatron's blended datasets): a
@@ -85,7 +93,7 @@ struct DataConfig {
   std::string val_folder_name = "val";
   // "llmc": shard folders (llm.c headers, .npy); "nanogpt": nanoGPT's
   // headerless uint16 data_dir/train.bin and data_dir/val.bin.
-  std::string format = "llmc";
+  DataFormat format = DataFormat::Llmc;
   // Non-empty: training sequences are drawn from these folders in proportion
   // to their weights (each with train_folder_name inside); validation reads
   // data_dir as usual.
@@ -110,11 +118,11 @@ struct LrConfig {
 
 struct DeviceConfig {
   std::array<int64_t, 3> n_device_axis{1, 1, 1};  // dp, pp, tp
-  std::string device = "auto";                    // auto | cpu | cuda
+  DeviceChoice device = DeviceChoice::Auto;       // auto | cpu | cuda
   // auto | nccl | mpi: how ranks exchange tensors. auto = NCCL for CUDA, MPI
   // for CPU; mpi on CUDA stages tensors through pinned host memory, so several
   // ranks can share one GPU (NCCL refuses that).
-  std::string collectives = "auto";
+  CollectivesChoice collectives = CollectivesChoice::Auto;
   // Routed MoE experts split over this many ranks of the dp group (divides dp);
   // tokens reach them by all-to-all (parallel/expert_parallel.h).
   int64_t expert_parallel = 1;
@@ -163,16 +171,16 @@ struct Config {
   double grad_clip_norm = 1.0;    // 0: no clipping
 
   // meshtrain extensions (not in Jaxformer's file)
-  std::string pipeline_schedule = "1f1b";      // gpipe | 1f1b | interleaved
+  PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // gpipe | 1f1b | interleaved
   int64_t virtual_stages = 1;                  // interleaved: chunks of layers per pp rank (Megatron's v)
   bool sequence_parallel = false;
   int64_t zero_stage = 0;                      // 1: AdamW moments sharded over dp
   bool overlap_grad_reduce = true;             // zero_stage 0: dp all-reduce in buckets during backward
   double grad_bucket_mb = 25;                  // bucket size of that all-reduce, MiB
   std::vector<int64_t> rampup_batch_size;      // [start, increment, samples] (Megatron); empty: off
-  std::string activation_checkpointing = "none";  // none | full | selective
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::None;  // none | full | selective
   int64_t max_to_keep = 3;
-  std::string nan_policy = "skip";             // skip | stop
+  NanPolicy nan_policy = NanPolicy::Skip;      // skip | stop
   int64_t max_nan_skips = 10;                  // nan_policy skip: give up after this many skips in a row
   int64_t log_every = 1;
   int64_t sample_every = 0;                    // print a sample every N steps (0: at the end only)

@@ -30,14 +30,16 @@
 #include <unordered_map>
 #include <utility>
 
+#include "meshtrain/config/choices.h"
+
 namespace meshtrain {
 
 struct PrecisionPolicy {
   // Matmul operands and activations between layers and stages; kFloat: no cast.
   at::ScalarType compute = at::kFloat;
 
-  // model_config.model_dtype: "float32" | "bfloat16".
-  static PrecisionPolicy from_model_dtype(const std::string& model_dtype);
+  // model_config.model_dtype.
+  static PrecisionPolicy from_model_dtype(ModelDtype model_dtype);
   bool mixed() const { return compute != at::kFloat; }
   // One line for the start-up log and `plan`.
   std::string describe() const;

@@ -16,20 +16,16 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
-#include <string>
 
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
 
-// none: keep everything; full: recompute each transformer layer from its input;
-// selective: recompute only each layer's feed-forward (dense MLP or MoE), whose
-// hidden activations (hidden_dim wide, twice) are the largest a layer keeps
-// while the attention core under SDPA keeps little on its efficient kernels.
-enum class ActivationCheckpointing { None, Full, Selective };
-
-// "none" | "full" | "selective" (the config key activation_checkpointing).
-ActivationCheckpointing parse_activation_checkpointing(const std::string& mode);
+// The modes (the config's ActivationCheckpointing): none keeps everything;
+// full recomputes each transformer layer from its input; selective recomputes
+// only each layer's feed-forward (dense MLP or MoE), whose hidden activations
+// (hidden_dim wide, twice) are the largest a layer keeps while the attention
+// core under SDPA keeps little on its efficient kernels.
 
 // A segment: hidden state in, hidden state out; it may add MoE terms to aux
 // (never nullptr when called from recompute_in_backward()). It must be deterministic given

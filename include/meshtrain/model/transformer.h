@@ -124,7 +124,7 @@ class Transformer : public torch::nn::Module {
   int64_t n_local_layers() const { return static_cast<int64_t>(blocks_.size()); }
   // "none" | "full" | "selective" (model/checkpoint.h): which activations
   // training forwards recompute in backward instead of keeping.
-  void set_activation_checkpointing(const std::string& mode);
+  void set_activation_checkpointing(ActivationCheckpointing mode);
   // Residency hooks (model/layer_hooks.h); nullptr: parameters always whole.
   // Local block j is global layer range().layers()[j].
   void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { hooks_ = std::move(hooks); }

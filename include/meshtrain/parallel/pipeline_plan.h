@@ -4,8 +4,9 @@
 // (schedules.cpp) runs it; tests replay every stage's plan under blocking
 // (rendezvous) send/recv semantics to prove it cannot deadlock.
 #include <cstdint>
-#include <string>
 #include <vector>
+
+#include "meshtrain/config/choices.h"
 
 namespace meshtrain {
 
@@ -26,15 +27,15 @@ struct PipeOp {
   int64_t chunk = 0;  // this rank's layer chunk (virtual stage chunk * pp + stage); 0 unless interleaved
 };
 
-// The steps of `stage` (of pp) for n_mb microbatches. schedule: "gpipe" |
-// "1f1b" | "interleaved" (v chunks of layers per stage, Megatron's
-// interleaved 1F1B; v = 1 is 1f1b); backward false gives the forward-only
+// The steps of `stage` (of pp) for n_mb microbatches. schedule: gpipe | 1f1b |
+// interleaved (v chunks of layers per stage, Megatron's interleaved 1F1B;
+// v = 1 is 1f1b); backward false gives the forward-only
 // (evaluation) plan. Sends and receives a stage has no peer for (first/last
 // virtual stage) are left out. The interleaved training plan needs n_mb to be
 // a multiple of pp, as Megatron's.
-// v: layer chunks per stage; "interleaved" must name it (v = 1 there is
-// 1f1b), gpipe and 1f1b take 0 or 1.
-std::vector<PipeOp> pipeline_plan(const std::string& schedule, int stage, int pp, int64_t n_mb, bool backward,
+// v: layer chunks per stage; interleaved must name it (v = 1 there is 1f1b),
+// gpipe and 1f1b take 0 or 1.
+std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, int64_t n_mb, bool backward,
                                   int64_t v = 0);
 
 // The bubble the schedule's idealised timeline leaves (forward and backward

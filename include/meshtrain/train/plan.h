@@ -100,7 +100,7 @@ struct MemoryPlan {
   int64_t dp = 1, pp = 1, tp = 1, ep = 1;
   int64_t total_params = 0, active_params = 0, embedding_params = 0;
   int64_t micro_batch_size = 0, n_microbatches = 1;
-  std::string pipeline_schedule;   // pp > 1: gpipe | 1f1b | interleaved
+  PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // meaningful when pp > 1
   int64_t virtual_stages = 1;      // layer chunks per stage
   double pipeline_bubble = 0;      // idle fraction of a round, pipeline_bubble_fraction() (pp > 1)
   double activation_bytes_per_element = 4;
