@@ -26,7 +26,7 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
     : cfg_(cfg), dropout_(factory.dropout_rng()) {
   const std::string prefix = "layers." + std::to_string(layer);
   const int64_t d = cfg.model_dimension;
-  attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
+  attn_norm_ = register_module("attn_norm", factory.norm(prefix + ".attn_norm", d, cfg.norm_bias));
   if (cfg.attention == "mha") {
     attn_ = register_module("attn", std::make_shared<MHA>(cfg, factory, prefix + ".attn"));
   } else if (cfg.attention == "mla") {
@@ -34,7 +34,7 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
   } else {
     MT_FAIL("model_config.attention must be \"mha\" or \"mla\", got \"", cfg.attention, "\"");
   }
-  mlp_norm_ = register_module("mlp_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
+  mlp_norm_ = register_module("mlp_norm", factory.norm(prefix + ".mlp_norm", d, cfg.norm_bias));
   if (cfg.ffn == "dense" || (cfg.ffn == "moe" && !is_moe_layer(cfg, layer))) {
     mlp_ = register_module("mlp", std::make_shared<DenseMLP>(cfg, factory, prefix + ".mlp"));
   } else if (cfg.ffn == "moe") {
