@@ -32,31 +32,12 @@ at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
 
 MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
     : cfg_(cfg), rope_(cfg.rope_theta), factory_(&factory), dropout_(factory.dropout_rng()) {
-  const int64_t d = cfg.model_dimension, kv = cfg.kv_heads() * cfg.head_dim();
-  const int64_t tp = factory.tp_size();
+  const int64_t d = cfg.model_dimension, kv = cfg.kv_heads(), hd = cfg.head_dim();
   const bool b = cfg.linear_bias;
-  MT_CHECK(cfg.kv_heads() % tp == 0 || tp % cfg.kv_heads() == 0, "model_config.n_kv_head (", cfg.kv_heads(),
-           ") and tp = ", tp, ": one must divide the other");
-  kv_replicated_ = cfg.kv_heads() % tp != 0;
   wq_ = register_module("wq", factory.column(prefix + ".wq", d, d, cfg.init_std, b));
-  if (kv_replicated_) {
-    wk_ = register_module("wk", factory.replicated(prefix + ".wk", d, kv, cfg.init_std, b));
-    wv_ = register_module("wv", factory.replicated(prefix + ".wv", d, kv, cfg.init_std, b));
-  } else {
-    wk_ = register_module("wk", factory.column(prefix + ".wk", d, kv, cfg.init_std, b));
-    wv_ = register_module("wv", factory.column(prefix + ".wv", d, kv, cfg.init_std, b));
-  }
+  wk_ = register_module("wk", factory.kv_heads(prefix + ".wk", d, kv, hd, cfg.init_std, b));
+  wv_ = register_module("wv", factory.kv_heads(prefix + ".wv", d, kv, hd, cfg.init_std, b));
   wo_ = register_module("wo", factory.row(prefix + ".wo", d, d, residual_std(cfg), b));
-}
-
-at::Tensor MHA::own_kv_head(const at::Tensor& kv) const {
-  // Entering the tp region sums the gradient of the whole kv projection over
-  // the ranks (each reads one head of it), so the replicated weight gets the
-  // full gradient everywhere; under sequence parallelism it gathers the sequence.
-  const at::Tensor all = factory_->enter_tp(kv);  // [B, T, KV*hd]
-  const int64_t hd = cfg_.head_dim();
-  const int64_t ranks_per_head = factory_->tp_size() / cfg_.kv_heads();
-  return all.view({all.size(0), all.size(1), -1, hd}).narrow(2, factory_->tp_rank() / ranks_per_head, 1);
 }
 
 at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual) {
@@ -80,13 +61,8 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     // Grouped-query attention: fewer kv heads, so q and k rotate apart.
     const auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}); };
     q = rope_.apply(heads(wq_->forward(x)), offset, 1).transpose(1, 2);
-    if (kv_replicated_) {
-      k = own_kv_head(wk_->forward(x));
-      v = own_kv_head(wv_->forward(x));
-    } else {
-      k = heads(wk_->forward(x));
-      v = heads(wv_->forward(x));
-    }
+    k = heads(wk_->forward(x));  // this rank's kv heads (LayerFactory::kv_heads)
+    v = heads(wv_->forward(x));
     k = rope_.apply(k, offset, 1).transpose(1, 2);  // [B, KV, T, hd]
     v = v.transpose(1, 2);
   }
@@ -111,20 +87,20 @@ MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   MT_CHECK(L > 0, "model_config.latent_dim must be > 0 for attention \"mla\"");
   const double s = cfg.init_std;
   const bool b = cfg.linear_bias;
-  w_dkv_ = register_module("w_dkv", factory.replicated(prefix + ".w_dkv", d, L, s, b));
-  w_dq_ = register_module("w_dq", factory.replicated(prefix + ".w_dq", d, L, s, b));
+  w_dkv_ = register_module("w_dkv", factory.replicated(prefix + ".w_dkv", d, L, s, b, SequenceInput::Shard));
+  w_dq_ = register_module("w_dq", factory.replicated(prefix + ".w_dq", d, L, s, b, SequenceInput::Shard));
   w_uq_ = register_module("w_uq", factory.column(prefix + ".w_uq", L, H * hd, s, b));
   w_uk_ = register_module("w_uk", factory.column(prefix + ".w_uk", L, H * hd, s, b));
   w_uv_ = register_module("w_uv", factory.column(prefix + ".w_uv", L, H * hd, s, b));
   if (dhR_ > 0) {
     const MlaRopeInputs in = mla_rope_inputs(cfg);
     w_qr_ = register_module("w_qr", factory.column(prefix + ".w_qr", in.q, H * dhR_, s, b));
-    w_kr_ = register_module("w_kr", factory.replicated(prefix + ".w_kr", in.k, dhR_, s, b));
+    w_kr_ = register_module("w_kr", factory.replicated(prefix + ".w_kr", in.k, dhR_, s, b, SequenceInput::Shard));
   }
   wo_ = register_module("wo", factory.row(prefix + ".wo", H * hd, d, residual_std(cfg), b));
   if (cfg.mla_latent_norm) {
-    q_norm_ = register_module("q_norm", std::make_shared<RMSNorm>(L));
-    kv_norm_ = register_module("kv_norm", std::make_shared<RMSNorm>(L));
+    q_norm_ = register_module("q_norm", factory.norm(prefix + ".q_norm", L, false));
+    kv_norm_ = register_module("kv_norm", factory.norm(prefix + ".kv_norm", L, false));
   }
 }
 

@@ -26,12 +26,12 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
     : cfg_(cfg), dropout_(factory.dropout_rng()) {
   const std::string prefix = "layers." + std::to_string(layer);
   const int64_t d = cfg.model_dimension;
-  attn_norm_ = register_module("attn_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
+  attn_norm_ = register_module("attn_norm", factory.norm(prefix + ".attn_norm", d, cfg.norm_bias));
   if (cfg.attention == AttentionKind::Mha)
     attn_ = register_module("attn", std::make_shared<MHA>(cfg, factory, prefix + ".attn"));
   else
     attn_ = register_module("attn", std::make_shared<MLA>(cfg, factory, prefix + ".attn", mla_layer_dhR(cfg, layer)));
-  mlp_norm_ = register_module("mlp_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
+  mlp_norm_ = register_module("mlp_norm", factory.norm(prefix + ".mlp_norm", d, cfg.norm_bias));
   if (is_moe_layer(cfg, layer))
     moe_ = register_module("moe", std::make_shared<MoE>(cfg, factory, prefix + ".moe"));
   else

@@ -139,17 +139,50 @@ std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in
 
 std::shared_ptr<Linear> LayerFactory::row(const std::string& name, int64_t in, int64_t out, double std, bool bias) {
   record_layout(name + ".weight", {{out, in}, 1, name + ".weight"});
-  if (bias) record_layout(name + ".bias", {{out}, -1, name + ".bias"});
+  if (bias) record_row_bias(name + ".bias", out);
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
                                        bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
 }
 
 std::shared_ptr<Linear> LayerFactory::replicated(const std::string& name, int64_t in, int64_t out, double std,
-                                                 bool bias) {
-  record_layout(name + ".weight", {{out, in}, -1, name + ".weight"});
-  if (bias) record_layout(name + ".bias", {{out}, -1, name + ".bias"});
+                                                 bool bias, SequenceInput input) {
+  record_replicated(name, in, out, bias, input);
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
                                        bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
+}
+
+std::shared_ptr<Linear> LayerFactory::kv_heads(const std::string& name, int64_t in, int64_t n_heads,
+                                               int64_t head_dim, double std, bool bias) {
+  return column(name, in, n_heads * head_dim, std, bias);
+}
+
+void LayerFactory::record_row_bias(const std::string& path, int64_t out) {
+  ParamLayout l{{out}, -1, path};
+  l.reads_sequence_shard = true;  // added after the reduce(-scatter), to this rank's shard
+  record_layout(path, std::move(l));
+}
+
+void LayerFactory::record_replicated(const std::string& name, int64_t in, int64_t out, bool bias,
+                                     SequenceInput input) {
+  ParamLayout w{{out, in}, -1, name + ".weight"};
+  w.reads_sequence_shard = input == SequenceInput::Shard;
+  record_layout(name + ".weight", w);
+  if (bias) {
+    ParamLayout b{{out}, -1, name + ".bias"};
+    b.reads_sequence_shard = w.reads_sequence_shard;
+    record_layout(name + ".bias", std::move(b));
+  }
+}
+
+std::shared_ptr<RMSNorm> LayerFactory::norm(const std::string& name, int64_t d, bool bias) {
+  ParamLayout l{{d}, -1, name + ".weight"};
+  l.reads_sequence_shard = true;  // replicated, applied to the residual stream's shard
+  record_layout(l.global_name, l);
+  if (bias) {
+    l.global_name = name + ".bias";
+    record_layout(l.global_name, l);
+  }
+  return std::make_shared<RMSNorm>(d, 1e-6, bias, param_device());
 }
 
 std::shared_ptr<Embedding> LayerFactory::embedding(const std::string& name, int64_t vocab, int64_t d, double std) {
@@ -193,5 +226,12 @@ TokenDispatcher::Dispatched TokenDispatcher::dispatch(const at::Tensor& rows, co
 }
 
 at::Tensor TokenDispatcher::combine(const at::Tensor& rows, const Dispatched&) { return rows; }
+
+at::Tensor TokenDispatcher::run_experts(const at::Tensor& rows, const at::Tensor& expert, int64_t n_experts,
+                                        const ExpertsFn& experts) {
+  // A scatter, not bincount, which sizes its output from the data: no host sync.
+  const at::Tensor counts = at::zeros({n_experts}, expert.options()).scatter_add_(0, expert, at::ones_like(expert));
+  return experts(rows, counts, expert);
+}
 
 }  // namespace meshtrain

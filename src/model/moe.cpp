@@ -111,12 +111,10 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   const double std_out = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers()));
 
   const bool b = cfg.linear_bias;
-  router_ = register_module("router", factory.replicated(prefix + ".router", d, E, std, b));
+  router_ = register_module("router", factory.replicated(prefix + ".router", d, E, std, b, SequenceInput::Gathered));
   experts_ = register_module("experts", std::make_shared<torch::nn::Module>());
   // Routed experts: this rank's share of them under expert parallelism.
   dispatcher_ = factory.token_dispatcher();
-  MT_CHECK(E % dispatcher_->size() == 0, "model_config.n_experts (", E, ") must be divisible by expert_parallel = ",
-           dispatcher_->size());
   w_in_ = experts_->register_parameter("w_in", factory.expert_param(prefix + ".experts.w_in", {E, h, d}, 1, std));
   w_out_ = experts_->register_parameter("w_out",
                                         factory.expert_param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
@@ -125,7 +123,9 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
         experts_->register_parameter("w_gate", factory.expert_param(prefix + ".experts.w_gate", {E, h, d}, 1, std));
   if (cfg.router_bias) {
     const std::string name = prefix + ".score_bias";
-    factory.record_layout(name, {{E}, -1, name});
+    ParamLayout layout{{E}, -1, name};
+    layout.router_score_bias = true;
+    factory.record_layout(name, std::move(layout));
     score_bias_ = register_parameter("score_bias", at::zeros({E}), /*requires_grad=*/false);
   }
   if (b) {
@@ -145,7 +145,8 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
         shared_->register_module("w_out", factory.row(prefix + ".shared.w_out", cfg.n_shared * h, d, std_out, b));
   } else if (cfg.n_shared > 0) {
     shared_proj_ =
-        register_module("shared_proj", factory.replicated(prefix + ".shared_proj", d, cfg.n_shared * d, std, b));
+        register_module("shared_proj", factory.replicated(prefix + ".shared_proj", d, cfg.n_shared * d, std, b,
+                                                                 SequenceInput::Gathered));
   }
 }
 
@@ -190,28 +191,14 @@ at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, cons
   const auto [sorted_expert, assignment] = expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
   const at::Tensor token = assignment.div(k, "floor");
   const at::Tensor rows = xflat.index_select(0, token);
-  at::Tensor out;
-  if (dispatcher_->size() == 1) {
-    // Counts stay on the device (a scatter, not bincount, which sizes its
-    // output from the data): no host sync.
-    const at::Tensor counts = at::zeros({E}, expert.options()).scatter_add_(0, expert, at::ones_like(expert));
-    out = grouped_experts(rows, counts, sorted_expert);
-  } else {
-    // The all-to-all's splits are host numbers: one sync per layer, inherent
-    // to expert parallelism's uneven exchange.
-    const at::Tensor counts = at::bincount(expert, {}, E).cpu();
-    const std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + E);
-    const TokenDispatcher::Dispatched mine = dispatcher_->dispatch(rows, count);
-    const auto local_counts = at::tensor(mine.counts, expert.options().device(at::kCPU)).to(expert.device());
-    const at::Tensor local_expert = at::repeat_interleave(at::arange(static_cast<int64_t>(mine.counts.size()),
-                                                                     expert.options()),
-                                                          local_counts, 0, mine.rows.size(0));
-    // No local rows: the (empty) received rows stand in for the outputs, so
-    // the exchange's backward still runs here as on its peers.
-    const at::Tensor local =
-        mine.rows.size(0) == 0 ? mine.rows : grouped_experts(mine.rows, local_counts, local_expert);
-    out = dispatcher_->combine(local, mine);  // the sender's rows, in `assignment` order
-  }
+  // Through the dispatcher: local, or exchanged with the expert-parallel peers.
+  at::Tensor out = dispatcher_->run_experts(
+      rows, sorted_expert, E,
+      [this](const at::Tensor& in, const at::Tensor& counts, const at::Tensor& row_expert) {
+        // No rows here: the (empty) rows stand in for the outputs, so an
+        // exchange's backward still runs on this rank as on its peers.
+        return in.size(0) == 0 ? in : grouped_experts(in, counts, row_expert);
+      });
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them, which is exact because the combine is linear.
   out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());

@@ -71,7 +71,7 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
   }
 
   if (range_.has_head) {
-    final_norm_ = register_module("final_norm", std::make_shared<RMSNorm>(d, 1e-6, cfg.norm_bias, factory.param_device()));
+    final_norm_ = register_module("final_norm", factory.norm("final_norm", d, cfg.norm_bias));
     if (!cfg.tie_embeddings) {
       head_ = register_module("head", factory.head("head", d, V, cfg.init_std, nullptr));
     } else if (embedding_) {

@@ -112,6 +112,4 @@ at::Tensor grad_norm(ParallelModel& pm, Mesh& mesh) {
   return sq.sqrt().squeeze(0);
 }
 
-double global_grad_norm(ParallelModel& pm, Mesh& mesh) { return grad_norm(pm, mesh).item<double>(); }
-
 }  // namespace meshtrain

@@ -100,6 +100,20 @@ class AllToAllDispatcher : public TokenDispatcher {
     return AllToAllV::apply(back, handle(ep_), d.received, d.sent);
   }
 
+  // The all-to-all's splits are host numbers: one sync per layer, inherent
+  // to expert parallelism's uneven exchange.
+  at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert, int64_t n_experts,
+                         const ExpertsFn& experts) override {
+    const at::Tensor counts = at::bincount(expert, {}, n_experts).cpu();
+    const std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + n_experts);
+    const Dispatched mine = dispatch(rows, count);
+    const auto local_counts = at::tensor(mine.counts, expert.options().device(at::kCPU)).to(expert.device());
+    const at::Tensor local_expert =
+        at::repeat_interleave(at::arange(static_cast<int64_t>(mine.counts.size()), expert.options()), local_counts,
+                              0, mine.rows.size(0));
+    return combine(experts(mine.rows, local_counts, local_expert), mine);  // the sender's rows, in their order
+  }
+
   at::Tensor dispatch_slots(const at::Tensor& slots) override {
     const int64_t ep = ep_.size(), E = slots.size(0), S = slots.size(1), dm = slots.size(2);
     MT_CHECK(E % ep == 0, "expert parallelism: ", E, " experts do not split over expert_parallel = ", ep);
@@ -123,12 +137,5 @@ class AllToAllDispatcher : public TokenDispatcher {
 std::shared_ptr<TokenDispatcher> make_all_to_all_dispatcher(Communicator& ep) {
   return std::make_shared<AllToAllDispatcher>(ep);
 }
-
-at::Tensor all_to_all_v_autograd(const at::Tensor& x, Communicator& comm, const std::vector<int64_t>& send_rows,
-                                 const std::vector<int64_t>& recv_rows) {
-  return AllToAllV::apply(x, handle(comm), send_rows, recv_rows);
-}
-
-at::Tensor all_to_all_autograd(const at::Tensor& x, Communicator& comm) { return AllToAll::apply(x, handle(comm)); }
 
 }  // namespace meshtrain

@@ -25,7 +25,7 @@ SliceRuns slice_runs(const ParallelModel& pm, const Mesh& mesh, const std::vecto
       std::get<1>(r.runs.back()) = hi - begin;
     else
       r.runs.emplace_back(lo - begin, hi - begin, p.decay);
-    // As global_grad_norm: tp replicas only from tp rank 0, the tied head copy never.
+    // As grad_norm (parallel/data_parallel.h): tp replicas only from tp rank 0, the tied head copy never.
     const bool counted = !p.layout.tied_copy && (p.layout.split_dim >= 0 || tp_lead);
     if (counted) r.norm_mask.narrow(0, lo - begin, hi - lo).fill_(1.0);
   }

@@ -39,27 +39,6 @@ int64_t virtual_stages(const Config& cfg, int64_t pp) {
   return cfg.pipeline_schedule == PipelineSchedule::Interleaved && pp > 1 ? cfg.virtual_stages : 1;
 }
 
-// Under sequence parallelism these replicated parameters see only this rank's
-// sequence shard, so their gradients are partial sums over tp: the norms and
-// MLA's down-projections and rope key, and MHA's wk/wv when tp replicates
-// them (fewer kv heads than tp ranks). (The MoE router reads the gathered
-// sequence and gets the whole gradient on every rank.)
-bool reads_sequence_shard(const std::string& path) {
-  for (const char* part : {"norm", ".w_dkv.", ".w_dq.", ".w_kr.", ".wk.", ".wv."})
-    if (path.find(part) != std::string::npos) return true;
-  return false;
-}
-
-// A row-parallel layer's bias is added after the reduce-scatter, to this
-// rank's sequence shard, under sequence parallelism.
-bool row_parallel_bias(const std::string& path, const std::map<std::string, ParamLayout>& layouts) {
-  const std::string suffix = ".bias";
-  if (path.size() <= suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return false;
-  const auto w = layouts.find(path.substr(0, path.size() - suffix.size()) + ".weight");
-  return w != layouts.end() && w->second.split_dim == 1;
-}
-
 ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
   ParallelModel pm;
   pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp, virtual_stages(cfg, mesh.shape().pp))[mesh.coord().pp];
@@ -82,17 +61,16 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
     ParamInfo p;
     p.path = item.key();
     p.tensor = item.value();
-    auto it = layouts.find(p.path);
-    if (it != layouts.end()) {
-      p.layout = it->second;
-    } else {
-      p.layout.global_shape = p.tensor.sizes().vec();
-    }
-    if (p.layout.global_name.empty()) p.layout.global_name = p.path;
+    // Every parameter is made by the factory, which records its facts
+    // (model/layers.h ParamLayout): nothing here is read from its name.
+    const auto it = layouts.find(p.path);
+    MT_ASSERT(it != layouts.end(), "parameter ", p.path,
+              " was not created through the LayerFactory: its layout (tp split, sequence-parallel gradient) is unknown");
+    p.layout = it->second;
     // Norm weights (1-D) get no weight decay, as in GPT-2/Megatron.
     p.decay = p.tensor.dim() >= 2;
-    p.sequence_parallel_grad = pm.factory->sequence_parallel() && p.layout.split_dim < 0 &&
-                               (reads_sequence_shard(p.path) || row_parallel_bias(p.path, layouts));
+    // Under sequence parallelism these see only this rank's sequence shard.
+    p.sequence_parallel_grad = pm.factory->sequence_parallel() && p.layout.reads_sequence_shard;
     pm.params.push_back(std::move(p));
   }
   return pm;

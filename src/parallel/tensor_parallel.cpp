@@ -52,6 +52,31 @@ class RowParallelLinear : public Linear {
   LayerFactory* factory_;
 };
 
+// A k/v projection replicated over tp (more tp ranks than kv heads) of which
+// this rank keeps the one head its query heads read. Entering the tp region
+// sums the gradient of the whole projection over the ranks (each reads one
+// head of it), so the replicated weight gets the full gradient everywhere;
+// under sequence parallelism the entry gathers the sequence.
+class ReplicatedKvHead : public Linear {
+ public:
+  ReplicatedKvHead(at::Tensor w, at::Tensor b, int64_t head_dim, int64_t head, LayerFactory* factory)
+      : weight_(register_parameter("weight", std::move(w))), head_dim_(head_dim), head_(head), factory_(factory) {
+    if (b.defined()) bias_ = register_parameter("bias", std::move(b));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    const at::Tensor all = factory_->enter_tp(factory_->precision()->linear(x, weight_, bias_));  // [B, T, KV*hd]
+    return all.view({all.size(0), all.size(1), -1, head_dim_}).narrow(2, head_, 1).flatten(2);
+  }
+  // Not fusable: the output is narrowed after the region entry.
+  const at::Tensor& weight() const override { return weight_; }
+  at::Tensor bias() const override { return bias_; }
+
+ private:
+  at::Tensor weight_, bias_;
+  int64_t head_dim_, head_;
+  LayerFactory* factory_;
+};
+
 at::Tensor tp_chunk(const at::Tensor& full, int64_t dim, int64_t tp, int64_t rank, const std::string& name) {
   MT_CHECK(full.size(dim) % tp == 0, "parameter ", name, ": dim ", dim, " of shape ", full.sizes(),
            " does not split over tp = ", tp, " (check model_config against device_config.n_device_axis)");
@@ -63,8 +88,8 @@ class TensorParallelFactory : public LayerFactory {
  public:
   TensorParallelFactory(Communicator& tp, bool sequence_parallel) : tp_(tp), sp_(sequence_parallel) {}
 
-  int64_t tp_size() const override { return tp_.size(); }
-  int64_t tp_rank() const override { return tp_.rank(); }
+  int64_t tp_size() const { return tp_.size(); }
+  int64_t tp_rank() const { return tp_.rank(); }
   bool sequence_parallel() const override { return sp_; }
   std::shared_ptr<DropoutRng> dropout_rng() const override {
     return std::make_shared<TensorParallelDropoutRng>(tp_.rank(), sp_);
@@ -83,20 +108,32 @@ class TensorParallelFactory : public LayerFactory {
   std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std, bool bias) override {
     const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, 1, w});
-    if (bias) record_layout(b, {{out}, -1, b});
+    if (bias) record_row_bias(b, out);
     return std::make_shared<RowParallelLinear>(tp_chunk(draw(w, {out, in}, std), 1, tp_size(), tp_rank(), w),
                                                bias ? draw(b, {out}, 0.0) : at::Tensor(), this);
   }
 
   // Replicated layers see whatever their caller passes (the MoE router gets
-  // the gathered sequence); their gradient is the same on every tp rank.
-  std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std,
-                                     bool bias) override {
+  // the gathered sequence, `input` says which); their gradient is the same on
+  // every tp rank once the sequence-shard ones are summed (parallelize.cpp).
+  std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std, bool bias,
+                                     SequenceInput input) override {
     const std::string w = name + ".weight", b = name + ".bias";
-    record_layout(w, {{out, in}, -1, w});
-    if (bias) record_layout(b, {{out}, -1, b});
+    record_replicated(name, in, out, bias, input);
     return std::make_shared<PlainLinear>(draw(w, {out, in}, std), bias ? draw(b, {out}, 0.0) : at::Tensor(),
                                          precision());
+  }
+
+  std::shared_ptr<Linear> kv_heads(const std::string& name, int64_t in, int64_t n_heads, int64_t head_dim,
+                                   double std, bool bias) override {
+    MT_CHECK(n_heads % tp_size() == 0 || tp_size() % n_heads == 0, "model_config.n_kv_head (", n_heads,
+             ") and tp = ", tp_size(), ": one must divide the other");
+    if (n_heads % tp_size() == 0) return column(name, in, n_heads * head_dim, std, bias);
+    const int64_t out = n_heads * head_dim, ranks_per_head = tp_size() / n_heads;
+    record_replicated(name, in, out, bias, SequenceInput::Shard);
+    return std::make_shared<ReplicatedKvHead>(draw(name + ".weight", {out, in}, std),
+                                              bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), head_dim,
+                                              tp_rank() / ranks_per_head, this);
   }
 
   // The layout's global shape is the padded vocabulary, so checkpoint shards

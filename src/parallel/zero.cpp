@@ -82,7 +82,7 @@ at::Tensor ZeroOptimizer::reduce_gradients() {
     sq = sq.defined() ? sq + part : part;
   }
   // Each dp rank holds a different part of the summed gradient: dp adds up
-  // too, unlike global_grad_norm where dp replicas are identical. (The expert
+  // too, unlike grad_norm (data_parallel.h) where dp replicas are identical. (The expert
   // slices partition each ep rank's experts over expert_dp, and the ep ranks
   // hold different experts: summing over dp counts every element once.)
   if (mesh_.shape().dp > 1) mesh_.dp().all_reduce(sq);

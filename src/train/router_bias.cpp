@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/train/step.h"
 
@@ -19,19 +20,27 @@ void update_score_bias(Session& session, const StepStats& s) {
   // A step skipped for a non-finite loss or norm changes nothing, the bias included.
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) return;
   at::NoGradGuard no_grad;
-  // expert_fraction lists the MoE layers in global order.
-  std::vector<int64_t> moe_layers;
-  for (int64_t i = 0; i < m.n_layers(); ++i)
-    if (is_moe_layer(m, i)) moe_layers.push_back(i);
-  for (size_t j = 0; j < s.expert_fraction.size() && j < moe_layers.size(); ++j) {
-    const std::string name = "layers." + std::to_string(moe_layers[j]) + ".moe.score_bias";
-    for (auto& p : session.model().params) {
-      if (p.layout.global_name != name) continue;
-      const at::Tensor load = at::tensor(s.expert_fraction[j], at::kDouble).to(at::kFloat);
-      const double mean = 1.0 / static_cast<double>(m.n_experts);
-      p.tensor.add_((mean - load).sign().to(p.tensor.device(), p.tensor.scalar_type()) * m.router_bias_update_rate);
-    }
+  // Where each of this stage's MoE layers is in expert_fraction (all MoE
+  // layers, global order), in this stage's order: the order of its score
+  // biases, which MoE tags where it creates them (ParamLayout::router_score_bias).
+  std::vector<size_t> moe_index;
+  for (int64_t i : session.model().model->range().layers()) {
+    if (!is_moe_layer(m, i)) continue;
+    size_t before = 0;
+    for (int64_t l = 0; l < i; ++l) before += is_moe_layer(m, l) ? 1 : 0;
+    moe_index.push_back(before);
   }
+  const double mean = 1.0 / static_cast<double>(m.n_experts);
+  size_t k = 0;
+  for (auto& p : session.model().params) {
+    if (!p.layout.router_score_bias) continue;
+    MT_ASSERT(k < moe_index.size(), "more MoE score biases than MoE layers on this stage");
+    const size_t j = moe_index[k++];
+    if (j >= s.expert_fraction.size()) continue;
+    const at::Tensor load = at::tensor(s.expert_fraction[j], at::kDouble).to(at::kFloat);
+    p.tensor.add_((mean - load).sign().to(p.tensor.device(), p.tensor.scalar_type()) * m.router_bias_update_rate);
+  }
+  MT_ASSERT(k == moe_index.size(), "this stage has ", moe_index.size(), " MoE layers but ", k, " score biases");
 }
 
 }  // namespace meshtrain

@@ -147,10 +147,11 @@ TEST(Interleaved, CheckpointsMoveBetweenSchedules) {
   }
 }
 
-// Not a pass/fail check of the numbers: the measured bubble (time blocked in
-// pipeline send/recv over round time, worst stage) of 1f1b and interleaved v
-// = 2 and 4 against (pp - 1) / (v * n_mb + pp - 1). Meaningful only with a
-// core per rank.
+// A benchmark, not a pass/fail check of the numbers: the measured bubble
+// (time blocked in pipeline send/recv over round time, worst stage) of 1f1b
+// and interleaved v = 2 and 4 against (pp - 1) / (v * n_mb + pp - 1).
+// Meaningful only with a core per rank. ctest runs it as
+// bench.interleaved_test.npN (label bench: scripts/test.sh --bench).
 TEST(Interleaved, ReportsBubbleAgainst1f1b) {
   const int n = test_runtime().size();
   if (n > 4) GTEST_SKIP() << "reports at np 2 and 4 (8 layers have no v > 1 at pp 8)";

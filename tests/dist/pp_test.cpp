@@ -262,9 +262,10 @@ TEST(Pipeline, BadMicrobatchThrowsOnEveryRankWithoutHanging) {
   world->barrier();  // every rank got here: nobody waits in a send or recv
 }
 
-// Not a pass/fail check: per-round time and the measured bubble (time blocked
-// in pipeline send/recv over round time, worst stage) against the theory
-// (pp - 1) / (n_mb + pp - 1). Meaningful only with a core per rank.
+// A benchmark, not a pass/fail check: per-round time and the measured bubble
+// (time blocked in pipeline send/recv over round time, worst stage) against
+// the theory (pp - 1) / (n_mb + pp - 1). Meaningful only with a core per
+// rank. ctest runs it as bench.pp_test.npN (label bench: scripts/test.sh --bench).
 TEST(Pipeline, ReportsStepTimeAndBubble) {
   const int n = test_runtime().size();
   auto world = test_runtime().world();

@@ -8,7 +8,7 @@ source "$(dirname "$0")/common.sh" "$@"
 
 prepare_corpus
 write_config tiny.json
-T=(--config tiny.json --set lr.warmup_steps=2 --set model_config.dropout_rate=0.2 --eval_steps 1000
+T=(--config tiny.json --set lr.warmup_steps=2 --set model_config.dropout_rate=0.2 --eval_steps 1
    --set inference_config.max_tokens=0 --n_device_axis 1 1 2)
 # Steps 1..6's losses of run $1 (the last row of each step: a resumed run
 # appends to the first invocation's file).

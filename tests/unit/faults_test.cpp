@@ -135,6 +135,7 @@ TEST(Metrics, HalfWrittenLastLineIsCutBeforeAppending) {
 TEST(Messages, NulDoesNotCutAnError) {
   try {
     MT_CHECK(false, "key 'a", std::string("\0b", 2), "' is bad");
+    ADD_FAILURE() << "MT_CHECK(false, ...) did not throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("key 'a\\0b' is bad"), std::string::npos) << e.what();
   }

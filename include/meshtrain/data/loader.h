@@ -75,7 +75,6 @@ class DataLoader {
   void restore(const Cursor& c);
 
   int64_t num_shards() const;
-  int64_t local_batch() const { return global_batch_ / dp_size_; }
   // Tokens in all shards (one epoch holds slightly fewer: shard tails are skipped).
   int64_t total_tokens() const;
 

@@ -41,7 +41,6 @@ class MetricsLogger {
   void log(const nlohmann::json& row);
 
   bool enabled() const { return enabled_; }
-  const std::string& jsonl_path() const { return jsonl_path_; }
 
  private:
   bool enabled_;

@@ -26,9 +26,9 @@ class Attention : public torch::nn::Module {
 
 // Parameters under prefix ("layers.3.attn"): wq (column d -> n_head*hd), wk,
 // wv (d -> n_kv_head*hd), wo (row). Grouped-query attention: query head i reads
-// kv head i / (n_head / n_kv_head). wk/wv are column-split over tp when tp
-// divides n_kv_head; with more tp ranks than kv heads they are replicated and
-// each rank keeps the kv head its query heads read.
+// kv head i / (n_head / n_kv_head). wk/wv come from LayerFactory::kv_heads,
+// which decides how they are sharded (column-split over tp when tp divides
+// n_kv_head; else replicated, each rank keeping the kv head its query heads read).
 // Cache: a = k [B, KV, t, hd], b = v [B, KV, t, hd] (this rank's kv heads, rope
 // already applied to k): GQA's point is the smaller cache.
 class MHA : public Attention {
@@ -38,14 +38,10 @@ class MHA : public Attention {
                      const at::Tensor& residual = {}) override;
 
  private:
-  // [B, T, KV*hd] from a replicated wk/wv -> this rank's kv head [B, T, 1, hd].
-  at::Tensor own_kv_head(const at::Tensor& kv) const;
-
   ModelConfig cfg_;
   Rotary rope_;
   LayerFactory* factory_;
   std::shared_ptr<DropoutRng> dropout_;  // attention dropout: on this rank's heads
-  bool kv_replicated_ = false;
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
 };
 

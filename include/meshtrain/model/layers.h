@@ -79,10 +79,25 @@ struct ParamLayout {
   // token dispatcher's ranks (expert parallelism) on top of split_dim's tp
   // split; its gradient is summed over the ranks holding the same experts.
   bool expert_split = false;
+  // Replicated over tp but computed from this rank's own sequence chunk under
+  // sequence parallelism (norms, MLA's down-projections and rope key,
+  // replicated kv heads, a row layer's bias): its gradient is then a partial
+  // sum over tp. Recorded by whoever creates the parameter; parallelize reads it.
+  bool reads_sequence_shard = false;
+  // An MoE layer's score bias (router_bias): moved by the load-balancing rule
+  // (train/router_bias.cpp), never by the optimizer (it has no gradient).
+  bool router_score_bias = false;
 };
 
-// Names: column/row/replicated/embedding/head take the layer's global name
-// ("layers.0.attn.wq", "embed", "head") and draw its weight under
+class RMSNorm;
+
+// What a replicated layer reads under sequence parallelism: this rank's
+// sequence chunk (its gradient is partial over tp) or the gathered sequence
+// (the MoE router and Jaxformer's shared projection: the whole gradient).
+enum class SequenceInput { Shard, Gathered };
+
+// Names: column/row/replicated/kv_heads/norm/embedding/head take the layer's
+// global name ("layers.0.attn.wq", "embed", "head") and draw its weight under
 // name + ".weight", which is also what named_parameters() reports once the
 // model registers the layer under that path. param() takes the full parameter
 // name. Sharded factories draw the same global tensor and slice it.
@@ -102,8 +117,6 @@ class LayerFactory {
   // Where parameters are created (layers built outside the factory, such as
   // norms, take it from here): the meta device for MetaLayerFactory.
   virtual at::Device param_device() const { return at::Device(at::kCPU); }
-  virtual int64_t tp_size() const { return 1; }
-  virtual int64_t tp_rank() const { return 0; }
   // The precision policy and cast cache of every layer made here and of the
   // model (model/mixed_precision.h): fp32 unless set before the model is built.
   const std::shared_ptr<MixedPrecision>& precision() const { return precision_; }
@@ -118,9 +131,19 @@ class LayerFactory {
   // Input features split over tp; output summed over tp.
   virtual std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std,
                                       bool bias = false);
-  // Not split (small MLA down-projections, the shared rope key, the router).
+  // Not split (small MLA down-projections, the shared rope key, the router);
+  // `input` records what it reads under sequence parallelism.
   virtual std::shared_ptr<Linear> replicated(const std::string& name, int64_t in, int64_t out, double std,
-                                             bool bias = false);
+                                             bool bias, SequenceInput input);
+  // The k/v projection of grouped-query attention: n_heads heads of head_dim,
+  // of which each rank computes only the heads its query heads read. Output
+  // [B, T, local heads * head_dim]. Unsharded: all heads. Under tp: column-
+  // split when tp divides n_heads, else replicated, each rank keeping its one
+  // head (Megatron's GQA with more tp ranks than kv heads).
+  virtual std::shared_ptr<Linear> kv_heads(const std::string& name, int64_t in, int64_t n_heads, int64_t head_dim,
+                                           double std, bool bias);
+  // A replicated RMSNorm "name" over d features (reads the sequence shard).
+  std::shared_ptr<RMSNorm> norm(const std::string& name, int64_t d, bool bias);
   virtual std::shared_ptr<Embedding> embedding(const std::string& name, int64_t vocab, int64_t d, double std);
   // tied: the embedding whose weight the head reuses (nullptr: own weight `name`).
   virtual std::shared_ptr<LMHead> head(const std::string& name, int64_t d, int64_t vocab, double std,
@@ -153,11 +176,15 @@ class LayerFactory {
   // for everything on a single device; parallel/'s tp factory gives each tp
   // rank its own masks inside tp-sharded regions.
   virtual std::shared_ptr<DropoutRng> dropout_rng() const { return std::make_shared<DropoutRng>(); }
-  // Names of parameters whose gradients must be summed over tp after backward
-  // (norm weights under sequence parallelism); filled by the factory users.
+  // Sequence parallelism is on: parameters whose layout says
+  // reads_sequence_shard get partial gradients over tp (parallelize.cpp).
   virtual bool sequence_parallel() const { return false; }
 
  protected:
+  // Layouts shared by every factory: a row layer's bias (replicated, added to
+  // the sequence shard) and a replicated layer's weight and bias.
+  void record_row_bias(const std::string& path, int64_t out);
+  void record_replicated(const std::string& name, int64_t in, int64_t out, bool bias, SequenceInput input);
   // The global tensor of parameter `name`: init_normal(seed, name, shape, std),
   // or zeros when std == 0. Every parameter is drawn here, so a factory that
   // only counts (MetaLayerFactory) can skip the work.

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace meshtrain {
@@ -35,6 +36,18 @@ class TokenDispatcher {
   };
   virtual Dispatched dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts);
   virtual at::Tensor combine(const at::Tensor& rows, const Dispatched& d);
+
+  // Dropless: `rows` [M, d] sorted by global expert (`expert` [M], int64,
+  // ascending) go to their experts; `experts(rows, counts, row_expert)` runs
+  // this rank's experts on what arrives (counts [E_local] and row_expert [rows]
+  // on the rows' device, by local expert) and the outputs come back in
+  // `rows`' order. Local: counts stay on the device (no host sync); expert
+  // parallelism reads them on the host for the uneven exchange (dispatch,
+  // then combine).
+  using ExpertsFn =
+      std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert)>;
+  virtual at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert, int64_t n_experts,
+                                 const ExpertsFn& experts);
 
   // By capacity slots (static shapes, no host sync): slots [E, S, d] hold S
   // rows per global expert; dispatch_slots returns [E / size(), size() * S, d]

@@ -122,7 +122,7 @@ class Transformer : public torch::nn::Module {
   std::shared_ptr<Embedding> embedding() const { return embedding_; }
   std::shared_ptr<LMHead> head() const { return head_; }
   int64_t n_local_layers() const { return static_cast<int64_t>(blocks_.size()); }
-  // "none" | "full" | "selective" (model/checkpoint.h): which activations
+  // "none" | "full" | "selective" (model/recompute.h): which activations
   // training forwards recompute in backward instead of keeping.
   void set_activation_checkpointing(ActivationCheckpointing mode);
   // Residency hooks (model/layer_hooks.h); nullptr: parameters always whole.

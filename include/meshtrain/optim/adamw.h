@@ -6,7 +6,8 @@
 //
 // The update is at::_fused_adamw_ (one multi-tensor kernel per group on CUDA)
 // over two groups, decay and no decay; fused_adamw() is the same update for
-// any lists of tensors (ZeRO-1 runs it on its flat slices).
+// any lists of tensors (ZeRO-1 and FSDP run it on their flat slices,
+// parallel/flat_slices.h).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

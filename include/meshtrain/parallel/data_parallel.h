@@ -14,15 +14,15 @@
 
 namespace meshtrain {
 
-// dp = false leaves the dp sum to ZeRO's reduce-scatter (parallel/zero.h).
+// dp = false leaves the dp sum to the sharded optimizers' reduce-scatters
+// (ZeRO-1: parallel/zero.h; FSDP: parallel/fsdp.h, whose parameters are
+// marked fsdp_reduced and skipped here whatever dp says).
 void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp = true);
 
 // Global L2 norm of all gradients, counting each parameter once whatever the
 // mesh (tp shards summed, tp replicas and tied copies counted once): a 0-dim
 // fp64 tensor on the parameters' device, from one foreach norm (no host read).
 at::Tensor grad_norm(ParallelModel& pm, Mesh& mesh);
-// The same, read on the host.
-double global_grad_norm(ParallelModel& pm, Mesh& mesh);
 
 // Sum of one flat buffer over `comm`, in buckets of bucket_bytes.
 void all_reduce_flat(std::vector<at::Tensor>& tensors, Communicator& comm, int64_t bucket_bytes = 32 << 20);

@@ -16,9 +16,4 @@ namespace meshtrain {
 // The all-to-all dispatcher over `ep` (which must outlive the model).
 std::shared_ptr<TokenDispatcher> make_all_to_all_dispatcher(Communicator& ep);
 
-// Differentiable exchanges (backward: the reverse exchange), for tests too.
-at::Tensor all_to_all_v_autograd(const at::Tensor& x, Communicator& comm, const std::vector<int64_t>& send_rows,
-                                 const std::vector<int64_t>& recv_rows);
-at::Tensor all_to_all_autograd(const at::Tensor& x, Communicator& comm);
-
 }  // namespace meshtrain

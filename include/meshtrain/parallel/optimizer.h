@@ -36,14 +36,16 @@ ResidentBytes parameter_bytes(const ParallelModel& pm);
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // The dp reduction this optimizer needs (ZeRO: reduce-scatter; replicated:
+  // The dp reduction this optimizer needs (ZeRO-1: reduce-scatter; FSDP: the
+  // root unit's reduce-scatter, the layers' ran during backward; replicated:
   // done by synchronize_gradients) and the global L2 norm of the gradients,
   // each parameter counted once: a 0-dim fp64 tensor on the device. Collective.
   virtual at::Tensor reduce_gradients() = 0;
   // AdamW with learning rate lr; a no-op on the device where found_inf (0-dim
   // fp32, optional) is non-zero; the gradients are divided by grad_scale
   // (0-dim fp32, optional: clipping) as the update reads them, not in a pass
-  // of their own. Collective for ZeRO.
+  // of their own. Collective for ZeRO-1 and FSDP stage 2 (they gather the
+  // updated slices).
   virtual void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) = 0;
   // Updates made (a host read of the device counter: checkpoints only).
   virtual int64_t steps_taken() const = 0;
@@ -58,7 +60,7 @@ class Optimizer {
   // Checkpoints do not depend on sharding.
   virtual std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> moments_to_save(HostCopies& host) = 0;
   virtual void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) = 0;
-  // The replicated AdamW inside, or nullptr (ZeRO).
+  // The replicated AdamW inside, or nullptr (ZeRO-1, FSDP).
   virtual AdamW* adamw() { return nullptr; }
   // Parameters, gradients and optimizer state this rank holds now, in bytes.
   virtual ResidentBytes resident_bytes() const = 0;

@@ -19,7 +19,7 @@ struct ParamInfo {
   at::Tensor tensor;   // the parameter (this rank's shard)
   ParamLayout layout;  // global shape, tp split, saved name
   bool decay = true;   // weight decay applies (matrices; not norms)
-  bool sequence_parallel_grad = false;  // grad is partial over tp (norms under sequence parallelism)
+  bool sequence_parallel_grad = false;  // grad is partial over tp: layout.reads_sequence_shard under sequence parallelism
   // FSDP (zero_stage 2/3) reduces this gradient itself, during backward: the
   // step's gradient synchronisation and norm leave it alone.
   bool fsdp_reduced = false;

@@ -1,6 +1,7 @@
-// Activation checkpointing: "full" and "selective" give the losses and
-// gradients of "none" (dense and MoE + MLA, dropout included), the MoE aux loss
-// keeps its gradient, and the activations live after a forward shrink.
+// Activation recomputation (activation_checkpointing, model/recompute.h):
+// "full" and "selective" give the losses and gradients of "none" (dense and
+// MoE + MLA, dropout included), the MoE aux loss keeps its gradient, and the
+// activations live after a forward shrink.
 //
 // Memory is measured honestly: a MemoryReportingInfoBase on this thread sees
 // every CPU allocation and free (the hook the profiler's memory view uses), so
