@@ -70,7 +70,9 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
   non_negative(m.router_z_loss, "model_config.router_z_loss");
   MT_CHECK(m.rope_theta > 0, "model_config.rope_theta must be > 0, got ", m.rope_theta);
   MT_CHECK(m.init_std > 0, "model_config.init_std must be > 0, got ", m.init_std);
-  if (m.swiglu()) MT_CHECK(!m.linear_bias, "model_config.mlp_activation 'swiglu' has no biases: set linear_bias false");
+  if (m.gated_mlp())
+    MT_CHECK(!m.linear_bias, "model_config.mlp_activation '", choice_name(m.mlp_activation),
+             "' (gated) has no biases: set linear_bias false");
   at_least(m.n_kv_head, 0, "model_config.n_kv_head");
   MT_CHECK(m.n_head % m.kv_heads() == 0, "model_config.n_head (", m.n_head,
            ") must be a multiple of model_config.n_kv_head (", m.kv_heads(), "): each kv head serves a group of heads");

@@ -10,6 +10,17 @@ namespace meshtrain {
 
 namespace {
 
+// Hugging Face's hidden_act for an MLP activation ("" where it has none).
+std::string hf_hidden_act(MlpActivation a) {
+  switch (a) {
+    case MlpActivation::Gelu:
+      return "gelu_pytorch_tanh";
+    case MlpActivation::Swiglu:
+      return "silu";
+  }
+  return "";
+}
+
 // meshtrain's RMSNorm epsilon (layers.h); HF configs carry theirs.
 constexpr double kNormEps = 1e-6;
 
@@ -39,13 +50,15 @@ std::vector<std::string> hf_unmappable(const ModelConfig& m) {
   if (m.linear_bias) why.push_back("linear_bias true: stock Llama / DeepSeek-V3 linear layers have no biases");
   if (m.norm_bias) why.push_back("norm_bias true: stock RMSNorms have no bias");
   if (m.attention == AttentionKind::Mha) {
+    if (hf_hidden_act(m.mlp_activation).empty())
+      why.push_back(std::string("mlp_activation '") + choice_name(m.mlp_activation) + "': Llama has no hidden_act for it");
     if (m.ffn == FfnKind::Moe)
       why.push_back("ffn 'moe' with attention 'mha': stock Llama has no experts and DeepSeek-V3 needs attention 'mla'");
     return why;
   }
   // MLA: DeepSeek-V3.
-  if (!m.swiglu())
-    why.push_back("mlp_activation 'gelu' with attention 'mla': DeepSeek-V3's MLPs and experts are SwiGLU "
+  if (m.mlp_activation != MlpActivation::Swiglu)
+    why.push_back(std::string("mlp_activation '") + choice_name(m.mlp_activation) + "' with attention 'mla': DeepSeek-V3's MLPs and experts are SwiGLU "
                   "(set model_config.mlp_activation 'swiglu')");
   if (!m.mla_latent_norm)
     why.push_back("mla_latent_norm false: DeepSeek-V3 normalises both MLA latents (q_a_layernorm, kv_a_layernorm)");
@@ -99,8 +112,8 @@ nlohmann::json hf_config_json(const ModelConfig& m, int64_t eos_token_id) {
     j["num_key_value_heads"] = m.kv_heads();
     j["head_dim"] = m.head_dim();
     j["intermediate_size"] = m.hidden_dim();
-    j["hidden_act"] = m.swiglu() ? "silu" : "gelu_pytorch_tanh";
-    j["mlp_bias"] = !m.swiglu();  // the GELU MLP's constant up projection is a bias
+    j["hidden_act"] = hf_hidden_act(m.mlp_activation);
+    j["mlp_bias"] = !m.gated_mlp();  // the GELU MLP's constant up projection is a bias
     j["pretraining_tp"] = 1;
     return j;
   }

@@ -98,7 +98,7 @@ NamedTensors to_hf_tensors(const ModelConfig& m, const TensorSource& mt) {
         put(s + "up_proj.weight", at::zeros({hid, d}, g.options()));
         put(s + "down_proj.weight", at::zeros({d, hid}, g.options()));
       }
-    } else if (m.swiglu()) {
+    } else if (m.gated_mlp()) {
       put(p + "mlp.gate_proj.weight", mt(q + "mlp.w_gate.weight"));
       put(p + "mlp.up_proj.weight", mt(q + "mlp.w_in.weight"));
       put(p + "mlp.down_proj.weight", mt(q + "mlp.w_out.weight"));
@@ -196,7 +196,7 @@ std::map<std::string, at::Tensor> from_hf_tensors(const ModelConfig& m, const Te
         put(e + "shared.w_in.weight", hf(s + "up_proj.weight"));
         put(e + "shared.w_out.weight", hf(s + "down_proj.weight"));
       }
-    } else if (m.swiglu()) {
+    } else if (m.gated_mlp()) {
       put(q + "mlp.w_gate.weight", hf(p + "mlp.gate_proj.weight"));
       put(q + "mlp.w_in.weight", hf(p + "mlp.up_proj.weight"));
       put(q + "mlp.w_out.weight", hf(p + "mlp.down_proj.weight"));

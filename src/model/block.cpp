@@ -5,20 +5,21 @@
 
 #include "block.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/activation.h"
 
 namespace meshtrain {
 
-DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix) {
+DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
+    : activation_(cfg.mlp_activation) {
   const int64_t d = cfg.model_dimension, hidden = cfg.dense_hidden_dim();
   w_in_ = register_module("w_in", factory.column(prefix + ".w_in", d, hidden, cfg.init_std, cfg.linear_bias));
-  if (cfg.swiglu())
+  if (cfg.gated_mlp())
     w_gate_ = register_module("w_gate", factory.column(prefix + ".w_gate", d, hidden, cfg.init_std, cfg.linear_bias));
   w_out_ = register_module("w_out", factory.row(prefix + ".w_out", hidden, d, residual_std(cfg), cfg.linear_bias));
 }
 
 at::Tensor DenseMLP::forward(const at::Tensor& x, const at::Tensor& residual) {
-  const at::Tensor hid =
-      w_gate_ ? at::silu(w_gate_->forward(x)) * w_in_->forward(x) : at::gelu(w_in_->forward(x), "tanh");
+  const at::Tensor hid = apply_activation(activation_, w_in_->forward(x), w_gate_ ? w_gate_->forward(x) : at::Tensor());
   return residual.defined() ? w_out_->forward_residual(hid, residual) : w_out_->forward(hid);
 }
 

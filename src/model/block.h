@@ -26,6 +26,7 @@ class DenseMLP : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& residual = {});
 
  private:
+  MlpActivation activation_;
   std::shared_ptr<Linear> w_in_, w_gate_, w_out_;
 };
 

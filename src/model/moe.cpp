@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/activation.h"
 #include "meshtrain/model/mixed_precision.h"
 
 namespace meshtrain {
@@ -30,11 +31,6 @@ at::Tensor group_limited(const at::Tensor& choice, int64_t n_group, int64_t topk
   const auto best = std::get<1>(group_scores.topk(topk_group, -1));
   const auto keep = at::zeros_like(group_scores).scatter(1, best, 1.0).to(at::kBool);
   return choice.masked_fill(~keep.unsqueeze(-1).expand({N, n_group, E / n_group}).reshape({N, E}), 0.0);
-}
-
-// gelu(tanh) of `in`, or swiglu's silu(gate) * in when gate is defined.
-at::Tensor hidden_activation(const at::Tensor& in, const at::Tensor& gate) {
-  return gate.defined() ? at::silu(gate) * in : at::gelu(in, "tanh");
 }
 
 }  // namespace
@@ -118,7 +114,7 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   w_in_ = experts_->register_parameter("w_in", factory.expert_param(prefix + ".experts.w_in", {E, h, d}, 1, std));
   w_out_ = experts_->register_parameter("w_out",
                                         factory.expert_param(prefix + ".experts.w_out", {E, d, h}, 2, std_out));
-  if (cfg.swiglu())
+  if (cfg.gated_mlp())
     w_gate_ =
         experts_->register_parameter("w_gate", factory.expert_param(prefix + ".experts.w_gate", {E, h, d}, 1, std));
   if (cfg.router_bias) {
@@ -138,7 +134,7 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
     shared_ = register_module("shared", std::make_shared<torch::nn::Module>());
     shared_in_ =
         shared_->register_module("w_in", factory.column(prefix + ".shared.w_in", d, cfg.n_shared * h, std, b));
-    if (cfg.swiglu())
+    if (cfg.gated_mlp())
       shared_gate_ =
           shared_->register_module("w_gate", factory.column(prefix + ".shared.w_gate", d, cfg.n_shared * h, std, b));
     shared_out_ =
@@ -173,7 +169,7 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   at::Tensor pre = at::bmm(mp.operand(xin), mp.operand(w_in_).transpose(1, 2));  // [E_local, ep*S, h]
   // Empty slots get the bias too; nothing reads their outputs.
   if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
-  const at::Tensor hid = hidden_activation(pre, gate_in);
+  const at::Tensor hid = apply_activation(cfg_.mlp_activation, pre, gate_in);
   const at::Tensor out =
       dispatcher_->combine_slots(at::bmm(hid, mp.operand(w_out_).transpose(1, 2)));  // [E, S, d]
   const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
@@ -216,7 +212,7 @@ at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts
   };
   at::Tensor pre = gmm(x, w_in_);
   if (b_in_.defined()) pre = pre + b_in_.index_select(0, row_expert).to(pre.scalar_type());
-  const at::Tensor hid = hidden_activation(pre, w_gate_.defined() ? gmm(x, w_gate_) : at::Tensor());
+  const at::Tensor hid = apply_activation(cfg_.mlp_activation, pre, w_gate_.defined() ? gmm(x, w_gate_) : at::Tensor());
   return gmm(hid, w_out_);
 }
 
@@ -271,7 +267,7 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   // outside the hand-written region.
   if (shared_in_)
     y = y + shared_out_->forward(
-                hidden_activation(shared_in_->forward(x), shared_gate_ ? shared_gate_->forward(x) : at::Tensor()));
+                apply_activation(cfg_.mlp_activation, shared_in_->forward(x), shared_gate_ ? shared_gate_->forward(x) : at::Tensor()));
   // Jaxformer's shared "expert": a linear map summed over its n_shared
   // chunks, replicated like the router (whole sequences in, own shard out).
   // "linear_discarded" keeps the parameters but not the term, as

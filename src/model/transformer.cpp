@@ -169,7 +169,7 @@ LayerParamCount layer_param_count(const ModelConfig& cfg, int64_t i) {
     const int64_t kv = cfg.kv_heads() * hd;
     p.split += 2 * d * d + 2 * d * kv + (d + 2 * kv) * b;  // wq, wk, wv (+ biases), wo
   }
-  const int64_t m = cfg.swiglu() ? 3 : 2;          // w_in, w_out (+ swiglu's w_gate)
+  const int64_t m = cfg.gated_mlp() ? 3 : 2;  // w_in, w_out (+ a gated activation's w_gate)
   if (is_moe_layer(cfg, i)) {
     const int64_t E = cfg.n_experts, ns = cfg.n_shared;
     p.replicated += d * E + E * b;                 // router

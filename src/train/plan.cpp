@@ -57,7 +57,7 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
     }
   }
   // Per hidden unit: gelu's input and output; swiglu's gate, silu(gate), up and product.
-  const double per_hidden = m.swiglu() ? 4 : 2;
+  const double per_hidden = m.gated_mlp() ? 4 : 2;
   if (is_moe_layer(m, i)) {
     const double k = static_cast<double>(m.k), E = static_cast<double>(m.n_experts);
     const double ns = static_cast<double>(m.n_shared);

@@ -84,7 +84,7 @@ void expect_round_trip(const ModelConfig& m) {
   const ModelConfig again = model_config_from_hf(hf_config_json(m, 49), m);
   EXPECT_EQ(count_params(again).total, count_params(m).total);
   EXPECT_EQ(again.kv_heads(), m.kv_heads());
-  EXPECT_EQ(again.swiglu(), m.swiglu());
+  EXPECT_EQ(again.mlp_activation, m.mlp_activation);
 }
 
 TEST(HfMapping, LlamaRoundTrips) { expect_round_trip(llama()); }

@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include "meshtrain/core/check.h"
+#include "meshtrain/model/activation.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/transformer.h"
 
@@ -278,6 +280,20 @@ TEST_P(Stages, ComposedStagesGiveTheFullModelsLossAndGradients) {
 INSTANTIATE_TEST_SUITE_P(Configs, Stages,
                          ::testing::Values(CountCase{"mha", "dense", true}, CountCase{"mha", "dense", false},
                                            CountCase{"mla", "moe", true}));
+
+// The one formula per activation that the dense MLP and the experts share.
+TEST(Activation, FormulasAndGating) {
+  torch::manual_seed(3);
+  const at::Tensor in = torch::randn({4, 6}), gate = torch::randn({4, 6});
+  EXPECT_TRUE(at::allclose(apply_activation(MlpActivation::Gelu, in, {}),
+                           0.5 * in * (1 + at::tanh(std::sqrt(2.0 / M_PI) * (in + 0.044715 * in.pow(3))))));
+  EXPECT_TRUE(at::allclose(apply_activation(MlpActivation::Swiglu, in, gate), gate * at::sigmoid(gate) * in));
+  EXPECT_FALSE(is_gated(MlpActivation::Gelu));
+  EXPECT_TRUE(is_gated(MlpActivation::Swiglu));
+  // A gated activation without its gate (or the reverse) is a bug, not a silent GELU.
+  EXPECT_THROW(apply_activation(MlpActivation::Swiglu, in, {}), Error);
+  EXPECT_THROW(apply_activation(MlpActivation::Gelu, in, gate), Error);
+}
 
 TEST(Aux, AccumulatesFromUndefined) {
   ForwardAux a;

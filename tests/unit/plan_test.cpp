@@ -71,7 +71,7 @@ int64_t numel(torch::nn::Module& m) {
 std::string name(const Config& c) {
   return std::string(choice_name(c.model.attention)) + "/" + choice_name(c.model.ffn) +
          (c.model.tie_embeddings ? "/tied" : "/untied") +
-         (c.model.swiglu() ? "/swiglu" : "") +
+         (c.model.gated_mlp() ? "/swiglu" : "") +
          (c.model.dropout_rate > 0 ? "/dropout" : "") + "/T" + std::to_string(c.model.T);
 }
 

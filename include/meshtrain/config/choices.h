@@ -25,6 +25,10 @@ enum class MoeLayers { All, LastInBlock };                      // model_config.
 enum class SharedExpert { Mlp, Linear, LinearDiscarded };       // model_config.shared_expert
 enum class ActiveParamsScope { Model, Layers };                 // model_config.active_params_scope
 enum class MlpActivation { Gelu, Swiglu };                      // model_config.mlp_activation
+// A gated activation computes act(w_gate x) * (w_in x): the MLP and the experts
+// get a third projection, w_gate (the parameter count, plan and the Hugging
+// Face tensor mapping read this). Its formula: model/activation.h.
+constexpr bool is_gated(MlpActivation a) { return a == MlpActivation::Swiglu; }
 enum class DataFormat { Llmc, NanoGpt };                        // data_config.format
 enum class DeviceChoice { Auto, Cpu, Cuda };                    // device_config.device
 enum class CollectivesChoice { Auto, Nccl, Mpi };               // device_config.collectives

@@ -74,7 +74,7 @@ struct ModelConfig {
   int64_t head_dim() const { return model_dimension / n_head; }
   int64_t hidden_dim() const { return mlp_hidden > 0 ? mlp_hidden : 4 * model_dimension; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  bool swiglu() const { return mlp_activation == MlpActivation::Swiglu; }
+  bool gated_mlp() const { return is_gated(mlp_activation); }  // w_gate exists (config/choices.h)
   // Hidden units of the dense MLP (an MoE model's dense layers: dense_mlp_hidden when set).
   int64_t dense_hidden_dim() const { return ffn == FfnKind::Moe && dense_mlp_hidden > 0 ? dense_mlp_hidden : hidden_dim(); }
 };
