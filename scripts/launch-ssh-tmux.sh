@@ -22,14 +22,15 @@ On every host, in parallel, over ssh (passwordless ssh assumed, as mpirun needs)
   2. in it: export the --env variables, clone URL_OR_PATH into the host's
      workdir if absent, `git fetch` and `git reset --hard REF`, then
      scripts/setup.sh and scripts/build.sh meshtrain (not with --binary);
-     success leaves the marker /tmp/meshtrain-ready-NAME on that host.
+     success leaves the marker /tmp/meshtrain-ready-NAME-ID on that host (ID:
+     this launch's, so an earlier launch's markers never count).
 The MPI world spans all hosts: only the FIRST host starts the job. Its session
 waits until every host has its ready marker (it checks the others over ssh,
 which mpirun needs anyway), then runs one mpirun with one part per host:
   mpirun --host h1:S -np S --wdir W1 W1/build/meshtrain train --config FILE ... : --host h2:S ...
 which starts the ranks on all hosts (rank 0 on the first). The other hosts only
 prepare. Every wait is bounded and names the host it waited for: a host that
-fails to prepare (it leaves /tmp/meshtrain-failed-NAME), cannot be reached 3
+fails to prepare (it leaves /tmp/meshtrain-failed-NAME-ID), cannot be reached 3
 times in a row, or is not ready after --prepare-timeout makes the first host
 give up without starting mpirun; attach to see why. A host that cannot be
 reached at launch makes the launcher stop the sessions it started, name the
@@ -159,15 +160,21 @@ for h in "${hosts[@]}"; do
   [[ "$h" =~ ^[A-Za-z0-9_.:-]+$ ]] || die "bad host name '$h'"
 done
 
+# This launch's id (seconds and pid): it names the ready/failed markers on the hosts.
+launch_id="$(date +%s)-$$"
+
 host_workdir() { echo "${workdir//\{host\}/$1}"; }
 
 # The lines sent to a host's shell, one command each.
 remote_lines() {
   local host="$1" first="$2"
-  local ready="/tmp/meshtrain-ready-$session" failed="/tmp/meshtrain-failed-$session"
+  # One pair of markers per launch (launch_id): a marker left by an earlier
+  # launch of the same session can never pass for this one's.
+  local ready="/tmp/meshtrain-ready-$session-$launch_id" failed="/tmp/meshtrain-failed-$session-$launch_id"
+  local stale="/tmp/meshtrain-ready-$session-* /tmp/meshtrain-failed-$session-*"
   if ((kill)); then
     echo "tmux kill-session -t $session 2>/dev/null || true"
-    echo "rm -f $ready $failed"
+    echo "rm -f $stale"
     return
   fi
   # The workdir is left unquoted for the tmux shell so "~" expands there.
@@ -180,7 +187,7 @@ remote_lines() {
   prepare+=" && git reset --hard $(sq "$ref")"
   prepare+=" && $build && touch $ready; } || { touch $failed; echo \"$host failed to prepare\"; }"
   echo "tmux kill-session -t $session 2>/dev/null || true"
-  echo "rm -f $ready $failed"
+  echo "rm -f $stale"
   echo "tmux new-session -d -s $session bash"
   echo "tmux send-keys -t $session:0 $(sq "$prepare") C-m"
   if ((first)); then
@@ -285,7 +292,7 @@ if ((${#failed[@]})); then
     for h in "${hosts[@]}"; do
       [[ " ${failed[*]} " == *" $h "* ]] && continue
       # shellcheck disable=SC2029  # the session name is expanded here on purpose
-      ssh "${ssh_opts[@]}" "$(ssh_target "$h")" "tmux kill-session -t $session 2>/dev/null; rm -f /tmp/meshtrain-ready-$session" \
+      ssh "${ssh_opts[@]}" "$(ssh_target "$h")" "tmux kill-session -t $session 2>/dev/null; rm -f /tmp/meshtrain-ready-$session-*" \
         </dev/null >/dev/null 2>&1 || true
     done
     echo "launch-ssh-tmux.sh: stopped the session '$session' on the other host(s); nothing runs" >&2

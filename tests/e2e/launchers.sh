@@ -121,7 +121,16 @@ expect_has "ssh-tmux: per-host workdirs by default, --env exported and passed to
   '^node-a: .*export MESHTRAIN_OFFLINE=1; .*git clone r ~/meshtrain/node-a' '^node-b: .*git clone r ~/meshtrain/node-b' \
   '^node-a: .*-x MESHTRAIN_OFFLINE '
 out2="$(bash "$SSH" --hosts node-a,node-b "${ssh_args[@]}" --dry-run -- --n_device_axis 2 2 2 2>&1)"
-if [ "$out" = "$out2" ]; then ok "ssh-tmux: --hosts equals --hostfile"; else bad "ssh-tmux: --hosts differs from --hostfile" "$out2"; fi
+# Each launch names its markers with its own id (seconds-pid): compare without it.
+launch_ids() { sed -E 's/(meshtrain-(ready|failed)-mtrun)-[0-9]+-[0-9]+/\1-ID/g' <<<"$1"; }
+if [ "$(launch_ids "$out")" = "$(launch_ids "$out2")" ]; then ok "ssh-tmux: --hosts equals --hostfile"
+else bad "ssh-tmux: --hosts differs from --hostfile" "$out2"; fi
+expect_has "ssh-tmux: markers named per launch, stale ones removed" "$out" \
+  '^node-a: .*touch /tmp/meshtrain-ready-mtrun-[0-9]+-[0-9]+;' '^node-b: rm -f /tmp/meshtrain-ready-mtrun-\* '
+if [ "$(grep -o 'meshtrain-ready-mtrun-[0-9]*-[0-9]*' <<<"$out" | sort -u)" != \
+     "$(grep -o 'meshtrain-ready-mtrun-[0-9]*-[0-9]*' <<<"$out2" | sort -u)" ]; then
+  ok "ssh-tmux: two launches use different markers"
+else bad "ssh-tmux: two launches share a marker name" "$out2"; fi
 out="$(bash "$SSH" --hosts node-a,node-b --session mtrun --kill --dry-run 2>&1)"
 expect_has "ssh-tmux: --kill" "$out" '^node-a: tmux kill-session -t mtrun' '^node-b: tmux kill-session -t mtrun'
 expect_lacks "ssh-tmux: --kill starts nothing" "$out" 'new-session|mpirun'
