@@ -69,7 +69,19 @@ if(MESHTRAIN_CUDA)
   message(STATUS "libtorch (CUDA link): ${MT_TORCH_ROOT}")
   message(STATUS "CUDA runtime: ${MT_CUDART_LIBRARY}")
   message(STATUS "NCCL ${MT_NCCL_VERSION}: ${MT_NCCL_LIBRARY} (headers ${MT_NCCL_INCLUDE_DIR})")
-  target_include_directories(mt_torch SYSTEM INTERFACE ${MT_CUDART_INCLUDE_DIR})
+  # The runtime wheel (nvidia/cu13/include) ships cuda_runtime.h without the
+  # crt/ headers it includes (they come with nvcc): take them from a CUDA
+  # toolkit of the same major version, after the wheel's folder.
+  get_filename_component(MT_NVCC_ROOT "${CMAKE_CUDA_COMPILER}" DIRECTORY)
+  find_path(MT_CUDA_CRT_ROOT crt/host_config.h NO_DEFAULT_PATH
+            PATHS ${MT_CUDART_INCLUDE_DIR} $ENV{CUDA_HOME}/include $ENV{CUDA_PATH}/include
+                  ${MT_NVCC_ROOT}/../include /usr/local/cuda/include)
+  if(NOT MT_CUDA_CRT_ROOT)
+    message(FATAL_ERROR "MESHTRAIN_CUDA=ON: ${MT_CUDART_INCLUDE_DIR}/cuda_runtime.h needs crt/host_config.h, "
+                        "which is in neither that folder nor a CUDA toolkit (CUDA_HOME, CUDA_PATH, nvcc's "
+                        "folder, /usr/local/cuda). Install the CUDA toolkit or set CUDA_HOME.")
+  endif()
+  target_include_directories(mt_torch SYSTEM INTERFACE ${MT_CUDART_INCLUDE_DIR} ${MT_CUDA_CRT_ROOT})
   # --no-as-needed: nothing references libtorch_cuda's symbols directly, but
   # loading it is what registers torch's CUDA backend.
   target_link_libraries(mt_torch INTERFACE "-Wl,--no-as-needed,${MT_TORCH_CUDA}" ${MT_C10_CUDA} ${MT_TORCH_CPU}
@@ -157,6 +169,12 @@ endif()
 file(GLOB MT_VENV_SITES ${CMAKE_SOURCE_DIR}/.deps/venv/lib/python3*/site-packages)
 list(APPEND MT_PY_SITES ${MT_VENV_SITES})
 set(MT_HAVE_PARQUET OFF)
+# OFF: a binary that must run where another pyarrow (or none) is installed,
+# e.g. one built here and carried to a GPU machine.
+option(MESHTRAIN_PARQUET "Read .parquet inputs through pyarrow's Arrow/Parquet C++ when found" ON)
+if(NOT MESHTRAIN_PARQUET)
+  set(MT_PY_SITES)
+endif()
 foreach(site ${MT_PY_SITES})
   if(MT_HAVE_PARQUET)
     break()
@@ -174,6 +192,8 @@ foreach(site ${MT_PY_SITES})
     set(MT_HAVE_PARQUET ON)
   endif()
 endforeach()
-if(NOT MT_HAVE_PARQUET)
+if(NOT MESHTRAIN_PARQUET)
+  message(STATUS "Parquet: off (MESHTRAIN_PARQUET=OFF), .parquet inputs are refused")
+elseif(NOT MT_HAVE_PARQUET)
   message(STATUS "Parquet: pyarrow's Arrow/Parquet C++ not found (looked in: ${MT_PY_SITES}), .parquet inputs are refused")
 endif()

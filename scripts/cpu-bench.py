@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""meshtrain's CPU training step vs plain PyTorch eager on the same model.
+"""meshtrain's training step vs plain PyTorch on the same model.
 
 Runs `meshtrain bench` on a dense MHA config and the same model written in
 PyTorch (pre-norm RMSNorm, half-split RoPE, tanh-GELU MLP, tied embeddings,
@@ -9,6 +9,13 @@ tokens/s of each. Usage (from the repo root, after scripts/build.sh):
 
   $(scripts/setup-pyenv.sh | tail -1) scripts/cpu-bench.py [--config configs/tiny.json]
       [--threads 1] [--steps 10] [--warmup 2] [--bin build/meshtrain] [--set key=value ...]
+
+`--torch-only --device cuda [--compile]` times only the PyTorch model, on the
+GPU, as the anchors of scripts/gpu-check.sh: the config's model_dtype
+bfloat16 becomes autocast to bf16 over fp32 weights (meshtrain's precision
+policy), AdamW is the fused one, attention is SDPA (flash on H100), and
+`--compile` wraps the loss in torch.compile (the anchor llm.c compares to).
+It prints one JSON line: {"anchor": "eager"|"compile", "tokens_per_sec": ...}.
 """
 import argparse
 import json
@@ -62,11 +69,17 @@ def meshtrain_tokens_per_sec(binary, cfg, data, threads, steps, warmup, work):
     return row["tokens_per_sec"]
 
 
-def torch_tokens_per_sec(cfg, threads, steps, warmup):
+def torch_tokens_per_sec(cfg, threads, steps, warmup, device="cpu", compile_model=False):
+    import contextlib
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
+    cuda = device == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    bf16 = cuda and cfg["model_config"].get("model_dtype", "float32") == "bfloat16"
     m = cfg["model_config"]
     d, H, V = m["model_dimension"], m["n_head"], max(m["vocab_size"], 320)
     L = m["blocks"] * m["layers_per_block"]
@@ -80,18 +93,19 @@ def torch_tokens_per_sec(cfg, threads, steps, warmup):
 
     g = torch.Generator().manual_seed(0)
     def p(*shape, s=std):
-        return torch.nn.Parameter(torch.randn(*shape, generator=g) * s)
+        return torch.nn.Parameter((torch.randn(*shape, generator=g) * s).to(device))
     res_std = std / math.sqrt(2 * L)
     params = {"embed": p(V, d)}
     for i in range(L):
-        params.update({f"{i}.n1": torch.nn.Parameter(torch.ones(d)), f"{i}.n2": torch.nn.Parameter(torch.ones(d)),
+        params.update({f"{i}.n1": torch.nn.Parameter(torch.ones(d, device=device)),
+                       f"{i}.n2": torch.nn.Parameter(torch.ones(d, device=device)),
                        f"{i}.wq": p(d, d), f"{i}.wk": p(d, d), f"{i}.wv": p(d, d), f"{i}.wo": p(d, d, s=res_std),
                        f"{i}.win": p(hidden, d), f"{i}.wout": p(d, hidden, s=res_std)})
-    params["nf"] = torch.nn.Parameter(torch.ones(d))
+    params["nf"] = torch.nn.Parameter(torch.ones(d, device=device))
 
     inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
     ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    cos, sin = torch.cat([ang.cos()] * 2, -1).to(device), torch.cat([ang.sin()] * 2, -1).to(device)
 
     def rope(x):
         x1, x2 = x.chunk(2, -1)
@@ -111,26 +125,36 @@ def torch_tokens_per_sec(cfg, threads, steps, warmup):
             x = rms(h, params[f"{i}.n2"])
             h = h + F.linear(F.gelu(F.linear(x, params[f"{i}.win"]), approximate="tanh"), params[f"{i}.wout"])
         z = F.linear(rms(h, params["nf"]), params["embed"])
-        return F.cross_entropy(z.view(-1, V), targets.view(-1), reduction="sum")
+        return F.cross_entropy(z.view(-1, V).float(), targets.view(-1), reduction="sum")
 
+    loss_fn = torch.compile(forward) if compile_model else forward
     decay = [v for v in params.values() if v.dim() >= 2]
     no_decay = [v for v in params.values() if v.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    tokens = torch.randint(0, V, (B, T), generator=g)
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+    tokens = torch.randint(0, V, (B, T), generator=g).to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step():
         opt.zero_grad(set_to_none=True)
         for s in range(0, B, mb):
-            (forward(tokens[s:s + mb], tokens[s:s + mb]) / (B * T)).backward()
+            with autocast:
+                loss = loss_fn(tokens[s:s + mb], tokens[s:s + mb]) / (B * T)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     for _ in range(warmup):
         step()
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
+    sync()
     return B * T * steps / (time.perf_counter() - t0)
 
 
@@ -143,10 +167,18 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], help="override a config key: model_config.n_head=4")
+    ap.add_argument("--torch-only", action="store_true", help="time only the PyTorch model (the GPU anchors)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile the PyTorch model")
     a = ap.parse_args()
+    cfg = load_config(a.config, a.set)
+    if a.torch_only:
+        pt = torch_tokens_per_sec(cfg, a.threads, a.steps, a.warmup, a.device, a.compile)
+        print(json.dumps({"anchor": "compile" if a.compile else "eager", "device": a.device,
+                          "tokens_per_sec": pt, "config": os.path.basename(a.config)}))
+        return
     if not os.access(a.bin, os.X_OK):
         sys.exit(f"cpu-bench: no meshtrain binary at {a.bin} (build it with scripts/build.sh meshtrain)")
-    cfg = load_config(a.config, a.set)
     with tempfile.TemporaryDirectory() as work:
         data = prepare_data(a.bin, work)
         mt = meshtrain_tokens_per_sec(a.bin, cfg, data, a.threads, a.steps, a.warmup, work)

@@ -5,6 +5,12 @@
 #   here (online, Debian/Ubuntu with apt):  scripts/gpu-carry.sh [PACKAGE...]
 #       downloads the .debs (default: libpcre2-dev libzstd-dev zlib1g-dev,
 #       the -dev packages prepare-data's PCRE2/zstd/zlib need) into .carry/debs
+#   here, after scripts/check-cuda-build.sh: scripts/gpu-carry.sh --binary [BUILD_DIR]
+#       copies BUILD_DIR/meshtrain (default build-cuda; configure it with
+#       -DMESHTRAIN_PARQUET=OFF: pyarrow's version differs there) and the
+#       shared libraries it loads that are neither PyTorch's, CUDA's, MPI's
+#       nor the C library's (spdlog, fmt) into .carry/bin, for a GPU machine
+#       that builds slowly: scripts/gpu-check.sh DIR --bin .carry/bin/meshtrain
 #   there (offline):                        scripts/gpu-carry.sh --unpack
 #       unpacks them into the local prefix .carry/prefix (dpkg -x, or ar + tar
 #       without dpkg); scripts/gpu-check.sh does this itself and builds with
@@ -54,9 +60,27 @@ unpack() {
   echo "gpu-carry: unpacked ${#debs[@]} package(s) into $PREFIX/usr"
 }
 
+# The binary and the libraries of this machine it needs beside PyTorch's.
+binary() {
+  local build="${1:-$ROOT/build-cuda}" bin="$CARRY/bin"
+  [ -x "$build/meshtrain" ] || { echo "gpu-carry: no $build/meshtrain (scripts/check-cuda-build.sh builds it)" >&2; return 1; }
+  ldd "$build/meshtrain" | grep -q libtorch_cuda.so ||
+    { echo "gpu-carry: $build/meshtrain is not a CUDA build (it does not load libtorch_cuda.so)" >&2; return 1; }
+  ldd "$build/meshtrain" | grep -q 'libparquet' &&
+    { echo "gpu-carry: $build/meshtrain loads pyarrow's libparquet; configure with -DMESHTRAIN_PARQUET=OFF" >&2; return 1; }
+  rm -rf "$bin"
+  mkdir -p "$bin"
+  cp "$build/meshtrain" "$bin/"
+  strip --strip-unneeded "$bin/meshtrain" 2>/dev/null || true
+  ldd "$build/meshtrain" | awk '/=> \// {print $3}' | grep -E 'lib(spdlog|fmt)\.so' | xargs -r cp -L -t "$bin/"
+  du -sh "$bin" | sed 's/^/gpu-carry: /'
+  echo "gpu-carry: carry $CARRY; there: scripts/gpu-check.sh DIR --bin $bin/meshtrain"
+}
+
 case "${1:-}" in
   --unpack) unpack; exit $? ;;
-  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  --binary) binary "${2:-}"; exit $? ;;
+  -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
 esac
 
 command -v apt-get >/dev/null || { echo "gpu-carry: apt-get is needed here to download .debs" >&2; exit 1; }

@@ -5,25 +5,33 @@
 # measured steps) for configs/gpt2-124m.json and
 # configs/moe1b-1gpu.json (the moe1B shape cut to fit one 80 GB GPU, checked
 # with `plan`), prints one table and writes summary.json plus one log per step
-# into DIR. A failing step is reported and the next one still runs; the exit
-# code is non-zero if any step failed.
+# into DIR. Beside meshtrain's GPT-2 124M it times the same model written in
+# PyTorch (scripts/cpu-bench.py --torch-only), eager and with torch.compile,
+# in the same call: the anchors, with meshtrain's ratio to each. A failing
+# step is reported and the next one still runs; the exit code is non-zero if
+# any step failed.
 # Before the build, the pre-flight (scripts/gpu-preflight.sh) checks every
 # build need and names the fix of each missing one; `--preflight` runs only
 # that, in seconds. Offline needs that Ubuntu images lack (PCRE2, zstd, zlib
 # -dev files) come from .carry/ (scripts/gpu-carry.sh, run where apt works).
 # nvcc is taken from PATH, $CUDA_HOME/bin or /usr/local/cuda/bin; a build
 # without the fused CUDA kernels fails (bench would time aten composites).
-# Usage: scripts/gpu-check.sh DIR [--steps N]  |  scripts/gpu-check.sh --preflight
+# `--bin PATH` skips the build and the CUDA tests and benchmarks a binary
+# built elsewhere (scripts/gpu-carry.sh --binary), its libraries found
+# beside it and in the PyTorch of PYTHON.
+# Usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH]  |  scripts/gpu-check.sh --preflight
 # Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT=""
 STEPS=20
+PREBUILT=""
 while (($#)); do
   case "$1" in
     --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
+    --bin) PREBUILT="${2:?--bin needs the path of a meshtrain binary}"; shift 2 ;;
     --preflight) exec "$ROOT/scripts/gpu-preflight.sh" ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
@@ -35,6 +43,10 @@ OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python3}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 BIN="$BUILD/meshtrain"
+if [ -n "$PREBUILT" ]; then
+  [ -x "$PREBUILT" ] || { echo "gpu-check.sh: --bin $PREBUILT is not an executable" >&2; exit 2; }
+  BIN="$(cd "$(dirname "$PREBUILT")" && pwd)/$(basename "$PREBUILT")"
+fi
 DATA="$OUT/data"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MESHTRAIN_OFFLINE=1
 cd "$ROOT" || exit 2
@@ -93,9 +105,12 @@ build() {
     args+=(-DMESHTRAIN_DEPS_PREFIX="$ROOT/.carry/prefix/usr")
   fi
   command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  command -v make >/dev/null || args+=(-G Ninja)
+  # Keep going past a failing file: one run names every file that fails.
+  local keep_going=(-k)
+  command -v make >/dev/null || { args+=(-G Ninja); keep_going=(-k 0); }
   # Configure-time output names the NCCL found and its version.
-  cmake -S "$ROOT" -B "$BUILD" "${args[@]}" && cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}" || return 1
+  cmake -S "$ROOT" -B "$BUILD" "${args[@]}" &&
+    cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}" -- "${keep_going[@]}" || return 1
   # The fused kernels must be in: a binary without them benchmarks aten's composites.
   [ -f "$BUILD/libmt_ops_cuda.a" ] || { echo "the build has no fused CUDA kernels ($BUILD/libmt_ops_cuda.a)"; return 1; }
   grep -q '^MESHTRAIN_REQUIRE_CUDA_KERNELS:BOOL=ON' "$BUILD/CMakeCache.txt"
@@ -136,24 +151,60 @@ plan_fits() {  # CONFIG
 
 # The performance model's estimate first (bench --device meta), then the
 # measured steps: the table puts them side by side to calibrate the model.
+# Three more steps run under the profiler (after the timed ones): where the
+# step's device time goes, by kernel category, and the gaps between kernels;
+# the Chrome trace lands in DIR/profile_NAME.
 bench() {  # NAME CONFIG
   "$BIN" bench --config "$2" --device meta || return 1
   "$BIN" bench --config "$2" --steps "$STEPS" --set device_config.device=cuda \
-    --set "data_config.data_dir=$DATA" --set "output_dir=$OUT/runs" --n_device_axis 1 1 1 || return 1
+    --set "data_config.data_dir=$DATA" --set "output_dir=$OUT/runs" --n_device_axis 1 1 1 \
+    --profile "$OUT/profile_$1" || return 1
+}
+
+# The PyTorch anchors on the GPU: the same GPT-2 model, eager and compiled.
+anchor() {  # CONFIG [--compile]
+  "$PY" "$ROOT/scripts/cpu-bench.py" --torch-only --device cuda --config "$1" \
+    --steps "$STEPS" --warmup 3 "${@:2}"
+}
+
+# A binary built elsewhere: it loads PyTorch's CUDA libraries from PYTHON's
+# torch and the rest from beside itself; every library must resolve.
+prebuilt() {
+  local site
+  site="$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" || return 1
+  LD_LIBRARY_PATH="$(dirname "$BIN"):$site/torch/lib:$site/nvidia/nccl/lib:$site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
+  echo "binary: $BIN"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd "$BIN"
+  ! ldd "$BIN" | grep 'not found'
+}
+
+# The measurements, once a binary is there.
+measure() {
+  step corpus corpus
+  step bench_gpt2-124m bench gpt2-124m configs/gpt2-124m.json
+  step anchor_eager_gpt2-124m anchor configs/gpt2-124m.json
+  step anchor_compile_gpt2-124m anchor configs/gpt2-124m.json --compile
+  step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
+  step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
 }
 
 step preflight "$ROOT/scripts/gpu-preflight.sh"
 step environment environment
+if [ -n "$PREBUILT" ]; then
+  # step runs the function in this shell: the LD_LIBRARY_PATH it exports stays.
+  step prebuilt prebuilt
+  printf 'cuda_tests\tnot run (--bin: no test binaries)\t0\t\n' >> "$STEP_ROWS"
+  measure
 # A stale binary from an earlier build must not be benchmarked.
-if grep -q '^preflight	ok' "$STEP_ROWS" && step build build && [ -x "$BIN" ]; then
+elif grep -q '^preflight	ok' "$STEP_ROWS" && step build build && [ -x "$BIN" ]; then
   step cuda_tests cuda_tests
-  step corpus corpus
-  step bench_gpt2-124m bench gpt2-124m configs/gpt2-124m.json
-  step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
-  step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
+  measure
 else
   grep -q '^build	' "$STEP_ROWS" || printf 'build\tnot run (preflight failed)\t0\t\n' >> "$STEP_ROWS"
-  for s in cuda_tests corpus bench_gpt2-124m plan_moe1b-1gpu bench_moe1b-1gpu; do
+  for s in cuda_tests corpus bench_gpt2-124m anchor_eager_gpt2-124m anchor_compile_gpt2-124m \
+           plan_moe1b-1gpu bench_moe1b-1gpu; do
     failures=$((failures + 1))
     printf '%s\tnot run (build failed)\t0\t\n' "$s" >> "$STEP_ROWS"
   done
@@ -191,17 +242,36 @@ for s in steps:
     r["name"] = s["step"][len("bench_"):]
     r["status"] = s["status"]
     bench.append(r)
+# The anchors: PyTorch's tokens/s on the same model, and meshtrain's ratio.
+for s in steps:
+    if not s["step"].startswith("anchor_") or not s["log"]:
+        continue
+    _, kind, name = s["step"].split("_", 2)
+    rows = []
+    path = os.path.join(out, s["log"])
+    if os.path.exists(path):
+        rows = [json.loads(l) for l in open(path, errors="replace") if l.startswith('{"anchor"')]
+    mt = next((b for b in bench if b["name"] == name), {})
+    r = {"name": f"{name} (PyTorch {kind})", "device": "cuda", "status": s["status"]}
+    if rows:
+        r["tokens_per_sec"] = rows[-1]["tokens_per_sec"]
+        if mt.get("tokens_per_sec"):
+            mt[f"ratio_to_{kind}"] = mt["tokens_per_sec"] / r["tokens_per_sec"]
+            if mt.get("mfu") is not None:  # the same model: the same FLOPs per token
+                r["mfu"] = mt["mfu"] * r["tokens_per_sec"] / mt["tokens_per_sec"]
+    bench.append(r)
 summary = {"ok": all(s["status"] == "ok" for s in steps), "steps": steps, "bench": bench}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 
 print()
-print(f"{'step':<20} {'status':<22} {'seconds':>7}")
+print(f"{'step':<26} {'status':<22} {'seconds':>7}")
 for s in steps:
-    print(f"{s['step']:<20} {s['status']:<22} {s['seconds']:>7}")
+    print(f"{s['step']:<26} {s['status']:<22} {s['seconds']:>7}")
 print()
 cols = [("name", "{}"), ("device", "{}"), ("tokens_per_sec", "{:.0f}"), ("est_tokens_per_sec", "{:.0f}"),
         ("tflops_per_device", "{:.1f}"),
-        ("mfu", "{:.3f}"), ("peak_memory_bytes", "{:.2e}"), ("last_loss", "{:.3f}")]
+        ("mfu", "{:.3f}"), ("peak_memory_bytes", "{:.2e}"), ("last_loss", "{:.3f}"),
+        ("ratio_to_eager", "{:.3f}"), ("ratio_to_compile", "{:.3f}")]
 print(" | ".join(c for c, _ in cols))
 for r in bench:
     cells = []

@@ -8,6 +8,7 @@
 // Errors are exceptions; here they become one log line and a non-zero exit,
 // and with several ranks an MPI_Abort so no rank waits forever.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -450,6 +451,12 @@ struct BenchCommand : Command {
     sub->add_option("--peak-tflops", opts.peak_tflops,
                     "device peak TFLOP/s for MFU (default: known GPUs; with --device meta: 989, an H100's dense bf16)")
         ->check(number_at_least(0));
+    sub->add_option("--profile", opts.profile_dir,
+                    "after the timed steps, profile --profile-steps more: device time per kernel category (GEMM, "
+                    "attention, comm, copy, other) and the gaps between kernels, the largest kernels, and each "
+                    "rank's Chrome trace written into this folder");
+    sub->add_option("--profile-steps", opts.profile_steps, "steps under the profiler (default 3)")
+        ->check(integer_at_least(1));
     sub->add_option("--device", device,
                     "meta: the performance model, no GPU needed. Runs one full-size step on the meta device (one "
                     "unsharded rank, n_device_axis taken as [1,1,1]) and counts GEMM/attention FLOPs, bytes of every "

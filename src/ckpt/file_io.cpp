@@ -1,5 +1,6 @@
 #include "file_io.h"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <unistd.h>
 

@@ -1,6 +1,7 @@
 #include "base64.h"
 
 #include <array>
+#include <cstdint>
 
 namespace meshtrain::detail {
 namespace {

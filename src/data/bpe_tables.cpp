@@ -1,6 +1,7 @@
 #include "bpe_tables.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <unordered_map>
 

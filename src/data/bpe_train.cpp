@@ -2,6 +2,7 @@
 // words. Pair counts are kept incrementally (a merge only revisits the words
 // that contain the merged pair) and the best pair comes from a lazy max-heap,
 // so a few thousand merges over a few MB of text take seconds on one core.
+#include <cstdint>
 #include <limits>
 #include <queue>
 #include <unordered_map>

@@ -1,5 +1,6 @@
 #include "byte_source.h"
 
+#include <cstdint>
 #include <zlib.h>
 #include <zstd.h>
 

@@ -6,6 +6,7 @@
 // {n,m}+, so patterns are translated each way.
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -10,6 +10,7 @@
 #ifdef MESHTRAIN_HAVE_PARQUET
 #include <arrow/api.h>
 #include <arrow/io/file.h>
+#include <cstdint>
 #include <parquet/arrow/reader.h>
 #endif
 

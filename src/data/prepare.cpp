@@ -1,5 +1,6 @@
 #include "meshtrain/data/prepare.h"
 
+#include <cstdint>
 #include <unistd.h>
 
 #include <algorithm>

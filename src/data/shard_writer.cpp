@@ -1,5 +1,6 @@
 #include "meshtrain/data/shard_writer.h"
 
+#include <cstdint>
 #include <filesystem>
 
 #include "meshtrain/core/check.h"

@@ -1,5 +1,6 @@
 #include "meshtrain/data/shards.h"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

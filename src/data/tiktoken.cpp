@@ -1,6 +1,7 @@
 // Tokenizer::from_tiktoken: the vocabulary files of OpenAI's tiktoken. The
 // published ones are recognised by the sha256 tiktoken checks them against,
 // and take their published pattern and special-token ids.
+#include <cstdint>
 #include <fstream>
 #include <limits>
 #include <sstream>

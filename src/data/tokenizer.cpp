@@ -4,6 +4,7 @@
 #include "meshtrain/data/tokenizer.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <queue>
 

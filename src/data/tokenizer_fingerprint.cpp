@@ -1,6 +1,7 @@
 #include "meshtrain/data/tokenizer_fingerprint.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 

@@ -2,6 +2,7 @@
 // records the pre-tokenizer pattern and the special tokens with their ids;
 // version 1 files (no pattern: they predate the regex pre-tokenizer) load
 // with the GPT-2 pattern their hand-written rules approximated.
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,7 @@
 #include "meshtrain/optim/rampup.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "meshtrain/core/check.h"
 

@@ -11,6 +11,7 @@
 #include "interleaved_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 #include <tuple>
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -103,12 +104,33 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   double a2a = 0;
   for (const auto& [op, s] : session.mesh().ep().seconds_by_op())
     if (op.rfind("all_to_all", 0) == 0) a2a += s;
-  at::Tensor t = at::tensor({secs, r.peak_memory_bytes, a2a}, at::kDouble);
-  session.mesh().cpu_world().all_reduce(t, ReduceOp::Max);
+  Mesh& mesh = session.mesh();
+  std::vector<std::pair<std::string, Communicator*>> axes = {
+      {"dp", &mesh.dp()}, {"pp", &mesh.pp()}, {"tp", &mesh.tp()}, {"ep", &mesh.ep()}};
+  if (mesh.shape().ep > 1) axes.emplace_back("expert_dp", &mesh.expert_dp());
+  std::vector<double> maxed = {secs, r.peak_memory_bytes, a2a};
+  for (const auto& [axis, comm] : axes) maxed.push_back(static_cast<double>(comm->bytes_moved()));
+  at::Tensor t = at::tensor(maxed, at::kDouble);
+  mesh.cpu_world().all_reduce(t, ReduceOp::Max);
   secs = t[0].item<double>();
   r.peak_memory_bytes = t[1].item<double>();
   r.all_to_all_seconds = t[2].item<double>();
+  for (size_t i = 0; i < axes.size(); ++i)
+    r.comm_bytes_per_step[axes[i].first] = t[static_cast<int64_t>(3 + i)].item<double>() / static_cast<double>(opts.steps);
   r.expert_parallel = cfg.device.expert_parallel;
+  if (!opts.profile_dir.empty()) {
+    MT_CHECK(opts.profile_steps >= 1, "bench --profile-steps must be >= 1, got ", opts.profile_steps);
+    fs::create_directories(opts.profile_dir);
+    char file[32];
+    std::snprintf(file, sizeof file, "trace_rank_%05d.json", runtime.rank());
+    session.mesh().cpu_world().barrier();
+    StepProfiler profiler(dev.is_cuda());
+    const auto p0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < opts.profile_steps; ++i) one_step();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    r.profile = profiler.stop(opts.profile_steps, wall, (fs::path(opts.profile_dir) / file).string(), opts.profile_top);
+    r.profiled = true;
+  }
 
   r.world = cfg.device.world();
   r.steps = opts.steps;
@@ -143,6 +165,10 @@ std::string to_string(const BenchResult& r) {
   o.precision(1);
   o << "  peak memory        " << r.peak_memory_bytes / (1024.0 * 1024.0) << " MiB (" << r.peak_memory_kind
     << ", max over ranks)\n";
+  o << "  comm bytes/step   ";
+  for (const auto& [axis, b] : r.comm_bytes_per_step) o << " " << axis << " " << b / (1024.0 * 1024.0) << " MiB";
+  o << " (payload per rank, max over ranks)\n";
+  if (r.profiled) o << to_string(r.profile);
   return o.str();
 }
 
@@ -160,6 +186,8 @@ std::string to_json(const BenchResult& r) {
   j["mfu"] = r.mfu >= 0 ? nlohmann::json(r.mfu) : nlohmann::json(nullptr);
   j["peak_memory_bytes"] = r.peak_memory_bytes;
   j["peak_memory_kind"] = r.peak_memory_kind;
+  j["comm_bytes"] = r.comm_bytes_per_step;
+  if (r.profiled) j["profile"] = to_json(r.profile);
   j["last_loss"] = r.last_loss;
   j["expert_parallel"] = r.expert_parallel;
   j["all_to_all_seconds"] = r.all_to_all_seconds;

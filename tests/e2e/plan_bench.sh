@@ -77,4 +77,43 @@ check "bench on CPU leaves MFU out" test "$(field "$out" mfu)" = None
 out=$("$BIN" bench --config tiny.json --steps 2 --warmup 0 --peak-tflops 1 2>&1)
 check "bench --peak-tflops gives an MFU" python3 -c "import sys; sys.exit(0 if float('$(field "$out" mfu)') > 0 else 1)"
 check "bench leaves no run dir behind" test ! -e runs/bench
+
+# bench --profile: the profiled steps' time by category, and a Chrome trace.
+out=$("$BIN" bench --config tiny.json --steps 1 --warmup 1 --profile prof --profile-steps 2 2>&1)
+check "bench --profile exits 0" test $? -eq 0
+echo "$out" | grep -A8 '^profile:' | sed 's/^/       # /'
+check "bench --profile prints the categories and the gaps" grep -q '^  gaps ' <<<"$out"
+check "bench --profile: the trace is Chrome JSON with events" python3 -c "
+import json; t = json.load(open('prof/trace_rank_00000.json')); assert len(t['traceEvents']) > 100"
+check "bench --profile: JSON profile, GEMMs found, self times within the step" python3 -c "
+import json, sys
+p = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith('{')][-1]['profile']
+assert p['steps'] == 2 and p['source'] == 'cpu_operators_self', p
+ms = p['ms_per_step']
+assert ms['gemm'] > 0 and ms['attention'] > 0, ms
+assert abs(sum(ms.values()) - p['busy_ms_per_step']) < 1e-6
+assert 0 < p['busy_ms_per_step'] <= p['step_ms'] * 1.01, p
+assert any(t['name'] == 'aten::mm' and t['category'] == 'gemm' for t in p['top'])" "$out"
+# comm_bytes: each axis's payload per step and rank. dp 2 all-reduces every
+# fp32 gradient once per step (plus the step's few statistics); tp 2 moves
+# activations instead, and the axes of size 1 move nothing.
+params=$(field "$("$BIN" plan --config tiny.json --json 2>&1)" total_params)
+out=$(timeout 300 "${MPIRUN[@]}" -np 2 "$BIN" bench --config tiny.json --n_device_axis 2 1 1 --steps 2 --warmup 1 2>&1)
+check "bench on dp 2 exits 0" test $? -eq 0
+comm=$(field "$out" comm_bytes)
+echo "       # dp 2: comm_bytes $comm, $params parameters"
+check "dp 2: dp moves 4 bytes per parameter per step, tp and pp nothing" python3 -c "
+import ast, sys
+c, p = ast.literal_eval(sys.argv[1]), int(sys.argv[2])
+assert 4 * p <= c['dp'] <= 4 * p + 1024 and c['tp'] == 0 and c['pp'] == 0, (c, 4 * p)" "$comm" "$params"
+out=$(timeout 300 "${MPIRUN[@]}" -np 2 "$BIN" bench --config tiny.json --n_device_axis 1 1 2 --steps 2 --warmup 1 2>&1)
+comm=$(field "$out" comm_bytes)
+echo "       # tp 2: comm_bytes $comm"
+check "tp 2: tp moves bytes, dp and pp nothing" python3 -c "
+import ast, sys
+c = ast.literal_eval(sys.argv[1])
+assert c['tp'] > 0 and c['dp'] == 0 and c['pp'] == 0, c" "$comm"
+
+out=$("$BIN" bench --config tiny.json --steps 1 --warmup 0 --profile prof --profile-steps 0 2>&1)
+check "bench --profile-steps 0 is refused, naming the flag" grep -q -- "--profile-steps" <<<"$out"
 finish

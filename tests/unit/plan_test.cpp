@@ -317,3 +317,21 @@ TEST(Plan, StaticBytesMatchATinyTrainer) {
 
 }  // namespace
 }  // namespace meshtrain
+
+// bench --profile sorts kernels by name: CUDA kernels as CUPTI names them and
+// aten operators on CPU.
+TEST(Profile, KernelCategories) {
+  using meshtrain::kernel_category;
+  EXPECT_EQ(kernel_category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"), "gemm");
+  EXPECT_EQ(kernel_category("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"), "gemm");
+  EXPECT_EQ(kernel_category("aten::addmm"), "gemm");
+  EXPECT_EQ(kernel_category("aten::mm"), "gemm");
+  EXPECT_EQ(kernel_category("aten::mm_backward_like"), "other");  // exact names only on CPU
+  EXPECT_EQ(kernel_category("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>"), "attention");
+  EXPECT_EQ(kernel_category("aten::_scaled_dot_product_flash_attention_for_cpu"), "attention");
+  EXPECT_EQ(kernel_category("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"), "comm");
+  EXPECT_EQ(kernel_category("Memcpy DtoD (Device -> Device)"), "copy");
+  EXPECT_EQ(kernel_category("aten::copy_"), "copy");
+  EXPECT_EQ(kernel_category("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"),
+            "other");
+}

@@ -6,10 +6,12 @@
 // update, i.e. a training step without logging, evaluation or checkpoints; the
 // run directory is a temporary folder removed at the end.
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/runtime.h"
+#include "meshtrain/train/profile.h"
 
 namespace meshtrain {
 
@@ -17,6 +19,12 @@ struct BenchOptions {
   int64_t steps = 10;
   int64_t warmup = 2;
   double peak_tflops = 0;  // per device; 0: from the device table (unknown on CPU: no MFU)
+  // Not empty: after the timed steps, profile_steps more steps run under the
+  // profiler (so the timing above stays clean); each rank writes its trace
+  // into this folder and the result carries rank 0's summary.
+  std::string profile_dir;
+  int64_t profile_steps = 3;
+  size_t profile_top = 20;
 };
 
 struct BenchResult {
@@ -36,6 +44,12 @@ struct BenchResult {
   int64_t expert_parallel = 1;
   double all_to_all_seconds = 0;    // expert parallelism's token exchanges, slowest rank
   double all_to_all_share() const { return seconds > 0 ? all_to_all_seconds / seconds : 0; }
+  // Payload bytes per step that this rank's collectives and point-to-point
+  // transfers moved, by mesh axis ("dp", "pp", "tp", "ep", and "expert_dp"
+  // when ep > 1), max over ranks, over the timed steps.
+  std::map<std::string, double> comm_bytes_per_step;
+  bool profiled = false;
+  ProfileSummary profile;           // this rank's, when profiled
 };
 
 // Dense bf16 tensor-core peak per device for known GPU names (H100 / H200 SXM
