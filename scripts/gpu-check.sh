@@ -134,13 +134,16 @@ cuda_tests() {
 # own text (bench measures speed; any tokens will do).
 corpus() {
   [ -f "$DATA/tokenizer.json" ] && return 0
-  local input=/usr/share/games/fortunes
+  local input=/usr/share/games/fortunes i
   if [ ! -d "$input" ]; then
     input="$OUT/corpus"
     mkdir -p "$input"
-    find "$ROOT/src" "$ROOT/include" "$ROOT/README.md" -type f -exec cat {} + > "$input/repo.txt"
+    # Four copies: validation needs a full batch of GPT-2's 32 x 1024 tokens.
+    for i in 1 2 3 4; do
+      find "$ROOT/src" "$ROOT/include" "$ROOT/README.md" -type f -exec cat {} + > "$input/repo$i.txt"
+    done
   fi
-  "$BIN" prepare-data --input "$input" --output "$DATA" --vocab-size 4096
+  "$BIN" prepare-data --input "$input" --output "$DATA" --vocab-size 4096 --val-fraction 0.2
 }
 
 plan_fits() {  # CONFIG
@@ -260,7 +263,9 @@ for s in steps:
             if mt.get("mfu") is not None:  # the same model: the same FLOPs per token
                 r["mfu"] = mt["mfu"] * r["tokens_per_sec"] / mt["tokens_per_sec"]
     bench.append(r)
-summary = {"ok": all(s["status"] == "ok" for s in steps), "steps": steps, "bench": bench}
+# --bin leaves the CUDA tests out on purpose: that is no failure.
+summary = {"ok": all(s["status"] == "ok" or s["status"].startswith("not run (--bin") for s in steps),
+           "steps": steps, "bench": bench}
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 
 print()

@@ -168,15 +168,22 @@ preflight || { say "nothing started"; exit 1; }
 
 # What an attempt's log says: the newest checkpoint saved, the step it
 # started from, the last step trained, and the first error line.
-last_saved() { grep -ho 'saved checkpoint of step [0-9]*' "$@" 2>/dev/null | awk '{ s = $NF } END { print s + 0 }'; }
-started_at() { grep -ho 'training [0-9]* -> ' "$1" 2>/dev/null | awk '{ print $2; exit }'; }
-last_step() { grep -ho 'Step [0-9]*' "$1" 2>/dev/null | awk '{ s = $NF } END { print s + 0 }'; }
+# (grep finding nothing must not end this script: set -e and pipefail hold.)
+last_saved() { { grep -ho 'saved checkpoint of step [0-9]*' "$@" 2>/dev/null || true; } | awk '{ s = $NF } END { print s + 0 }'; }
+started_at() { { grep -ho 'training [0-9]* -> ' "$1" 2>/dev/null || true; } | awk '{ print $2; exit }'; }
+# The last step logged, else the step the attempt resumed from: a step's line
+# is written once the next step is enqueued, so an attempt that fails in its
+# second step logs none.
+last_step() {
+  { grep -ho 'Step [0-9]*' "$1" 2>/dev/null || true; } | awk -v s="$(started_at "$1")" '{ s = $NF } END { print s + 0 }'
+}
 first_error() {
   local p line
   for p in 'exited on signal|watchdog:|\[error\]|not ready' 'terminated|aborted|Killed|error'; do
-    line="$(grep -h -m1 -E "$p" "$1" 2>/dev/null | head -c 300)"
+    line="$({ grep -h -m1 -E "$p" "$1" 2>/dev/null || true; } | head -c 300)" || true
     [ -n "$line" ] && { echo "$line"; return; }
   done
+  return 0
 }
 
 # A stop request (SIGTERM, SIGINT, SIGUSR1 to this script) goes to mpirun as

@@ -101,24 +101,26 @@ MT_HD void rope_at(const T* x, T* out, const float* cos, const float* sin, float
   out[f + half] = st<T>(b * c + a * sn);
 }
 
-// One pair per work item (the CUDA kernel: a thread per pair).
+// Pairs [f0, f0 + count) of one row (cut at the row's end), the row's index
+// arithmetic (64-bit divisions) once for all of them. The CUDA kernel gives
+// each thread kRopePairsPerThread adjacent pairs of a row; the CPU kernel a
+// whole row.
 template <class T>
-MT_HD void rope_pair(const Strided& s, int64_t i, const T* x, T* out, const float* cos, const float* sin,
-                     int64_t offset, bool inverse) {
-  const RopeRow r = rope_row_start(s, i / s.half);
-  const int64_t t = (r.pos + offset) * s.half;
-  rope_at(x + r.x, out + r.out, cos + t, sin + t, inverse ? -1.0f : 1.0f, s.half, i % s.half);
-}
-
-// One row per work item (the CPU kernel): the index arithmetic once per row,
-// then a plain loop over the row's pairs.
-template <class T>
-MT_HD void rope_row(const Strided& s, int64_t row, const T* x, T* out, const float* cos, const float* sin,
-                    int64_t offset, bool inverse) {
+MT_HD void rope_pairs_of_row(const Strided& s, int64_t row, int64_t f0, int64_t count, const T* x, T* out,
+                             const float* cos, const float* sin, int64_t offset, bool inverse) {
   const RopeRow r = rope_row_start(s, row);
   const int64_t t = (r.pos + offset) * s.half;
   const float sign = inverse ? -1.0f : 1.0f;
-  for (int64_t f = 0; f < s.half; ++f) rope_at(x + r.x, out + r.out, cos + t, sin + t, sign, s.half, f);
+  const int64_t end = f0 + count < s.half ? f0 + count : s.half;
+  for (int64_t f = f0; f < end; ++f) rope_at(x + r.x, out + r.out, cos + t, sin + t, sign, s.half, f);
+}
+constexpr int64_t kRopePairsPerThread = 8;
+
+// One row per work item (the CPU kernel).
+template <class T>
+MT_HD void rope_row(const Strided& s, int64_t row, const T* x, T* out, const float* cos, const float* sin,
+                    int64_t offset, bool inverse) {
+  rope_pairs_of_row(s, row, 0, s.half, x, out, cos, sin, offset, inverse);
 }
 
 // ---- RMSNorm with an optional residual add ---------------------------------

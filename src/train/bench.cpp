@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -83,19 +84,31 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
 
   double last_loss = 0;
   int64_t step = 0;
+  // As train() does: a step's statistics are read (its one host read) once
+  // the next step is enqueued; drain() reads the last one.
+  std::optional<StepStats> unread;
+  auto drain = [&] {
+    if (!unread) return;
+    unread->read();
+    last_loss = unread->loss;
+    unread.reset();
+  };
   auto one_step = [&] {
     session.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
     StepStats s = train_step(session);
-    // Norm, clipping and the update exactly as train() does them.
+    // Norm, clipping, the update and the MoE balancing exactly as train() does them.
     apply_update(session, s, learning_rate(cfg.lr, step++));
-    s.read();  // as train() logs every step: one host read
-    last_loss = s.loss;
+    update_score_bias(session, s);
+    drain();
+    unread = std::move(s);
   };
   for (int64_t i = 0; i < opts.warmup; ++i) one_step();
+  drain();
   session.mesh().cpu_world().barrier();
   session.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opts.steps; ++i) one_step();
+  drain();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   BenchResult r;
@@ -127,6 +140,7 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
     StepProfiler profiler(dev.is_cuda());
     const auto p0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < opts.profile_steps; ++i) one_step();
+    drain();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
     r.profile = profiler.stop(opts.profile_steps, wall, (fs::path(opts.profile_dir) / file).string(), opts.profile_top);
     r.profiled = true;

@@ -17,30 +17,34 @@ namespace meshtrain {
 void update_score_bias(Session& session, const StepStats& s) {
   const ModelConfig& m = session.config().model;
   if (!m.router_bias || m.router_bias_update_rate <= 0) return;
-  // A step skipped for a non-finite loss or norm changes nothing, the bias included.
-  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) return;
   at::NoGradGuard no_grad;
-  // Where each of this stage's MoE layers is in expert_fraction (all MoE
-  // layers, global order), in this stage's order: the order of its score
-  // biases, which MoE tags where it creates them (ParamLayout::router_score_bias).
-  std::vector<size_t> moe_index;
-  for (int64_t i : session.model().model->range().layers()) {
-    if (!is_moe_layer(m, i)) continue;
-    size_t before = 0;
-    for (int64_t l = 0; l < i; ++l) before += is_moe_layer(m, l) ? 1 : 0;
-    moe_index.push_back(before);
-  }
+  // On the device, from the step's sums, so the step needs no host read: a
+  // step skipped for a non-finite loss or norm changes nothing (the update is
+  // multiplied by 0 there), the bias included.
+  at::Tensor finite = at::isfinite(s.sums.ce);
+  if (s.grad_norm_t.defined()) finite = finite.logical_and(at::isfinite(s.grad_norm_t.reshape({1})));
+  const at::Tensor keep = finite.to(at::kFloat);
   const double mean = 1.0 / static_cast<double>(m.n_experts);
+  // This stage's score biases are in its MoE layers' order (MoE tags them
+  // where it creates them, ParamLayout::router_score_bias); expert_tokens
+  // has one row per layer of the model, the layer's global counts.
+  std::vector<int64_t> moe_layers;
+  for (int64_t i : session.model().model->range().layers())
+    if (is_moe_layer(m, i)) moe_layers.push_back(i);
   size_t k = 0;
   for (auto& p : session.model().params) {
     if (!p.layout.router_score_bias) continue;
-    MT_ASSERT(k < moe_index.size(), "more MoE score biases than MoE layers on this stage");
-    const size_t j = moe_index[k++];
-    if (j >= s.expert_fraction.size()) continue;
-    const at::Tensor load = at::tensor(s.expert_fraction[j], at::kDouble).to(at::kFloat);
-    p.tensor.add_((mean - load).sign().to(p.tensor.device(), p.tensor.scalar_type()) * m.router_bias_update_rate);
+    MT_ASSERT(k < moe_layers.size(), "more MoE score biases than MoE layers on this stage");
+    const int64_t layer = moe_layers[k++];
+    if (layer >= s.sums.expert_tokens.size(0)) continue;
+    const at::Tensor counts = s.sums.expert_tokens[layer];  // fp64: the load in double, then float, as read() does
+    const at::Tensor total = counts.sum();
+    const at::Tensor load = (counts / total.clamp_min(1)).to(at::kFloat);
+    const at::Tensor moved = keep * (total > 0).to(at::kFloat);  // no assignments: nothing to balance
+    p.tensor.add_(((mean - load).sign() * moved).to(p.tensor.device(), p.tensor.scalar_type()) *
+                  m.router_bias_update_rate);
   }
-  MT_ASSERT(k == moe_index.size(), "this stage has ", moe_index.size(), " MoE layers but ", k, " score biases");
+  MT_ASSERT(k == moe_layers.size(), "this stage has ", moe_layers.size(), " MoE layers but ", k, " score biases");
 }
 
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "meshtrain/core/check.h"
@@ -58,25 +59,28 @@ void Trainer::open_run_dir() {
                                    MetricsStart{step(), session_.options().fresh});
 }
 
-void Trainer::read_step(StepStats& s) {
+void Trainer::finish_step(PendingStep& p, double seconds) {
   const Config& cfg = config();
-  s.read();
+  StepStats& s = p.stats;
+  s.read();  // the step's one host read: every step is logged (metrics.jsonl)
   if (std::isfinite(s.loss) && std::isfinite(s.grad_norm)) {
     nan_skips_in_a_row_ = 0;
-    return;
+  } else {
+    // The update was skipped on the device (found_inf).
+    MT_CHECK(cfg.nan_policy != NanPolicy::Stop, "non-finite loss or gradient at step ", p.number, " (loss ", s.loss,
+             ", grad norm ", s.grad_norm, "); nan_policy is \"stop\"");
+    ++nan_skips_in_a_row_;
+    spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip, {} of at most {} "
+                 "in a row)", p.number, s.loss, s.grad_norm, nan_skips_in_a_row_, cfg.max_nan_skips);
+    // Skipping forever would burn the run's budget on a diverged model and exit 0.
+    MT_CHECK(nan_skips_in_a_row_ < cfg.max_nan_skips, "nan_policy skip: steps ", p.number + 1 - nan_skips_in_a_row_,
+             " to ", p.number, " (", nan_skips_in_a_row_, " in a row, max_nan_skips) all had a non-finite loss or ",
+             "gradient; giving up. The checkpoints saved so far are untouched; lower lr.max_lr or resume from an ",
+             "earlier checkpoint");
   }
-  // The update was skipped on the device (found_inf); step() + 1: the number
-  // this step gets in the log and metrics.jsonl.
-  MT_CHECK(cfg.nan_policy != NanPolicy::Stop, "non-finite loss or gradient at step ", step() + 1, " (loss ", s.loss,
-           ", grad norm ", s.grad_norm, "); nan_policy is \"stop\"");
-  ++nan_skips_in_a_row_;
-  spdlog::warn("step {}: non-finite loss ({}) or grad norm ({}): update skipped (nan_policy skip, {} of at most {} "
-               "in a row)", step() + 1, s.loss, s.grad_norm, nan_skips_in_a_row_, cfg.max_nan_skips);
-  // Skipping forever would burn the run's budget on a diverged model and exit 0.
-  MT_CHECK(nan_skips_in_a_row_ < cfg.max_nan_skips, "nan_policy skip: steps ", step() + 2 - nan_skips_in_a_row_,
-           " to ", step() + 1, " (", nan_skips_in_a_row_, " in a row, max_nan_skips) all had a non-finite loss or ",
-           "gradient; giving up. The checkpoints saved so far are untouched; lower lr.max_lr or resume from an ",
-           "earlier checkpoint");
+  losses_.push_back(s.loss);
+  grad_norms_.push_back(s.grad_norm);
+  log_->step(p.number, s, p.lr, seconds, /*pipeline=*/mesh().shape().pp > 1);
 }
 
 double Trainer::train() {
@@ -89,35 +93,46 @@ double Trainer::train() {
   }
   spdlog::info("training {} -> {} steps, {} tokens per step, run dir {}", step(), total,
                cfg.data.train_batch_size * cfg.grad_step * cfg.data.T, cfg.run_dir());
-  double last = std::nan("");
   if (const int sig = session_.stop_agreed()) {
     spdlog::warn("stop requested (signal {}) before the first step: nothing trained, nothing to save", sig);
-    return last;
+    return std::nan("");
   }
+  using Clock = std::chrono::steady_clock;
+  std::optional<PendingStep> pending;  // the step enqueued last, not read yet
+  auto mark = Clock::now();            // when the last step read was logged
+  auto finish = [&] {
+    const auto now = Clock::now();
+    finish_step(*pending, std::chrono::duration<double>(now - mark).count());
+    mark = now;
+    StepStats read = std::move(pending->stats);
+    pending.reset();
+    return read;
+  };
   while (step() < total) {
-    const auto t0 = std::chrono::steady_clock::now();
+    if (!pending) mark = Clock::now();  // nothing in flight: this step's time starts now
     const double lr = learning_rate(cfg.lr, step());
     StepStats s = meshtrain::train_step(session_);
     meshtrain::apply_update(session_, s, lr);
     session_.test_hooks().after_update(step() + 1, model());
-    read_step(s);  // the step's one host read: every step is logged (metrics.jsonl)
-    update_score_bias(session_, s);
+    update_score_bias(session_, s);  // on the device: no read needed
     ++session_.progress().step;
-    last = s.loss;
-    losses_.push_back(s.loss);
-    grad_norms_.push_back(s.grad_norm);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log_->step(step(), s, lr, secs, /*pipeline=*/mesh().shape().pp > 1);
-    if (after_step(s) != 0) break;
+    // The previous step's read waits for its kernels while this step's are queued.
+    if (pending) finish();
+    pending = PendingStep{std::move(s), lr, step()};
+    const int64_t n = step();
+    const int stop = session_.stop_agreed();
+    // Evaluation, saving and stopping see every step before them logged.
+    if (n % cfg.checkpoint_steps == 0 || n == total || stop) {
+      if (after_step(finish(), stop) != 0) break;
+    }
   }
-  return last;
+  return losses_.empty() ? std::nan("") : losses_.back();
 }
 
-int Trainer::after_step(const StepStats& s) {
+int Trainer::after_step(const StepStats& s, int stop) {
   const Config& cfg = config();
   const int64_t n = step();
   Watchdog& watchdog = session_.watchdog();
-  int stop = session_.stop_agreed();
   const bool boundary = n % cfg.checkpoint_steps == 0 || n == cfg.training_steps;
   // A stop skips what is left to do but the save, so it is prompt and loses no step.
   if (boundary && !stop) {

@@ -101,8 +101,11 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
                     const std::string& what) {
       std::vector<at::Tensor> cpu, gpu;
       for (const auto& l : leaves) {
-        cpu.push_back(l.to(dt).detach().requires_grad_(true));
-        gpu.push_back(l.to(dt).to(cuda).detach().requires_grad_(true));
+        // Norm weights (the 1-D leaves) stay fp32 under bf16, as the
+        // precision policy keeps them: the kernels take only fp32 weights.
+        const at::ScalarType ldt = l.dim() == 1 ? at::kFloat : dt;
+        cpu.push_back(l.to(ldt).detach().requires_grad_(true));
+        gpu.push_back(l.to(ldt).to(cuda).detach().requires_grad_(true));
       }
       const auto yc = f(cpu), yg = f(gpu);
       at::Tensor lc = at::zeros({}, at::kDouble), lg = at::zeros({}, at::TensorOptions(cuda).dtype(at::kDouble));
@@ -141,6 +144,23 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
            return std::vector{r * 0.5, y};
          },
          "residual_rms_norm");
+    // The kernels' work splits at real sizes: rope with head size 64 (four
+    // threads' chunks of pairs per row, q/k transposed as attention reads
+    // them); RMSNorm at 768 (a warp per row, 24 columns a lane, 4096 rows:
+    // more rows than partial sums) and at 3072 (a block per row).
+    const auto tables64 = [&](const at::Tensor& ref) { return ops::rope_tables(64, 40, 10000.0, ref.device()); };
+    both({randn({3, 40, 4, 64})},
+         [&](const auto& v) { return std::vector{ops::rope(v[0].transpose(1, 2), tables64(v[0]), 0, 2)}; },
+         "rope head 64");
+    for (int64_t D : {768, 3072}) {
+      const at::Tensor wd = randn({D}) + 1;
+      both({randn({4100, D}), randn({4100, D}), wd},
+           [&](const auto& v) {
+             auto [h, y] = ops::add_rms_norm(v[0], v[1], v[2], {}, 1e-6);
+             return std::vector{h, y};
+           },
+           "add_rms_norm D " + std::to_string(D));
+    }
     // The head: losses and gradients of the chunked GEMM + cross-entropy (the
     // row kernel inside), chunks not dividing the rows.
     const at::Tensor t = at::randint(0, 301, {37}, gen, at::kLong);

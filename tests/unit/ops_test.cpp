@@ -8,6 +8,7 @@
 #include "meshtrain/model/layers.h"
 #include "meshtrain/ops/fused.h"
 #include "ops/kernels.h"
+#include "ops/strided.h"
 
 namespace meshtrain {
 namespace {
@@ -66,6 +67,28 @@ TEST(Ops, RopeMatchesAtenOnAnyLayoutAndOffset) {
       ops::impl::rope_out_cpu(y, t.cos, t.sin, offset, c.seq, true, back);
       expect_close(back, c.x, 1e-5, "rope inverse");
     }
+}
+
+// The CUDA kernel's split of rope (kRopePairsPerThread adjacent pairs of a
+// row per thread, the last chunk of a row cut short) covers every pair once:
+// run here thread by thread, it equals the CPU kernel's row loop.
+TEST(Ops, RopeChunkedPairsEqualRows) {
+  const at::Tensor base = randn({2, 5, 3, 40}, 4);  // half 20: chunks of 8, 8, 4
+  const auto t = ops::rope_tables(40, 9, 10000.0, at::kCPU);
+  for (const at::Tensor& x : {base, base.transpose(1, 2)}) {
+    const int64_t seq = x.size(1) == 5 ? 1 : 2;
+    at::Tensor rows_out = at::empty_like(x), chunked = at::full_like(x, std::nanf(""));
+    ops::impl::rope_out_cpu(x, t.cos, t.sin, 2, seq, false, rows_out);
+    const ops::rows::Strided s = ops::impl::strided_layout(x, chunked, seq);
+    const int64_t chunks = (s.half + ops::rows::kRopePairsPerThread - 1) / ops::rows::kRopePairsPerThread;
+    const int64_t n = ops::rows::rope_pairs(s) / s.half * chunks;
+    for (int64_t i = 0; i < n; ++i)
+      ops::rows::rope_pairs_of_row(s, i / chunks, (i % chunks) * ops::rows::kRopePairsPerThread,
+                                   ops::rows::kRopePairsPerThread, x.const_data_ptr<float>(),
+                                   chunked.data_ptr<float>(), t.cos.const_data_ptr<float>(),
+                                   t.sin.const_data_ptr<float>(), 2, false);
+    EXPECT_TRUE(at::equal(chunked, rows_out)) << "seq dim " << seq;
+  }
 }
 
 TEST(Ops, RopeBf16IsFp32MathRoundedOnce) {

@@ -2,8 +2,11 @@
 // The training loop, top to bottom as in llm.c: for each step, one optimizer
 // step (train/step.h: grad_step accumulation rounds through the pipeline,
 // gradient sync, clip, NaN skip, update), its log line (train/step_log.h);
-// every checkpoint_steps: evaluate, checkpoint, sample. Everything the loop
+// every checkpoint_steps: evaluate, checkpoint, sample. A step's statistics
+// are read (and logged) after the next step is enqueued, except before an
+// evaluation, a checkpoint, a stop or the end. Everything the loop
 // runs on is assembled by the Session (train/session.h).
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,11 +56,19 @@ class Trainer {
  private:
   // Locks the run dir (one training per run dir) and opens metrics.jsonl.
   void open_run_dir();
-  // Reads s and applies nan_policy to a non-finite step (throws for "stop").
-  void read_step(StepStats& s);
-  // After step `step`: evaluation, checkpoint and sample where due; returns
-  // the stop signal agreed (0: none), the loop's end.
-  int after_step(const StepStats& s);
+  // A step whose statistics are not read yet: step n is read once step n+1
+  // is enqueued, so the device never waits for the host between steps.
+  struct PendingStep {
+    StepStats stats;
+    double lr = 0;
+    int64_t number = 0;  // the step's number in the log (1-based)
+  };
+  // Reads the step (its one host read), applies nan_policy to a non-finite
+  // step (throws for "stop") and logs it; seconds: since the previous step's log.
+  void finish_step(PendingStep& p, double seconds);
+  // After step `step`, stop: the signal agreed (0: none): evaluation,
+  // checkpoint and sample where due; returns the stop signal (0: go on).
+  int after_step(const StepStats& s, int stop);
 
   Session session_;
   std::unique_ptr<RunLock> run_lock_;  // rank 0, while training
