@@ -47,13 +47,19 @@ constexpr int kWarpRowThreads = 256;
 // BlockLanes' reduction keeps one partial per warp in kWarp floats.
 static_assert(kMaxRowThreads / kWarp <= kWarp, "a block's warps must fit one scratch slot each");
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Over the 32 lanes of a warp (on the host, where the row templates compile
+// too, there is one lane).
+__host__ __device__ __forceinline__ float warp_sum(float v) {
+#ifdef __CUDA_ARCH__
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+#endif
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
+__host__ __device__ __forceinline__ float warp_max(float v) {
+#ifdef __CUDA_ARCH__
   for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+#endif
   return v;
 }
 
@@ -141,20 +147,7 @@ struct WarpLanes {
 #endif
   }
   __host__ __device__ int64_t lanes() const { return kWarp; }
-  __host__ __device__ float sum(float v) const {
-#ifdef __CUDA_ARCH__
-    return warp_sum(v);
-#else
-    return v;
-#endif
-  }
-  __host__ __device__ float max(float v) const {
-#ifdef __CUDA_ARCH__
-    return warp_max(v);
-#else
-    return v;
-#endif
-  }
+  __host__ __device__ float sum(float v) const { return warp_sum(v); }
 };
 
 __device__ __forceinline__ int64_t warp_id() {
