@@ -245,6 +245,28 @@ for s in steps:
     r["name"] = s["step"][len("bench_"):]
     r["status"] = s["status"]
     bench.append(r)
+# The performance model fitted to the profile: the efficiencies and the gap
+# per kernel that make bench --device meta's formula give the measured step
+# (pass them back as --efficiency, --attention-efficiency,
+# --memory-efficiency, --kernel-gap-us).
+for r in bench:
+    m, p = r.get("model"), r.get("profile")
+    if not m or not p:
+        continue
+    ms, a = p["ms_per_step"], m.get("assumed", {})
+    peak, bw = a.get("peak_tflops", 989.0), a.get("bandwidth_tbps", 3.35)
+    fit = {}
+    if ms.get("gemm"):
+        fit["gemm_efficiency"] = m["gemm_tflop"] / (ms["gemm"] * 1e-3) / peak
+    if ms.get("attention"):
+        fit["attention_efficiency"] = m["attention_tflop"] / (ms["attention"] * 1e-3) / peak
+    mem_ms = ms.get("other", 0) + ms.get("copy", 0)
+    if mem_ms:
+        fit["memory_efficiency"] = m["non_gemm_gb"] / (mem_ms * 1e-3) / 1e3 / bw
+    if m.get("kernels"):
+        fit["kernel_gap_us"] = p["gap_ms_per_step"] * 1e3 / m["kernels"]
+    r["fitted"] = fit
+
 # The anchors: PyTorch's tokens/s on the same model, and meshtrain's ratio.
 for s in steps:
     if not s["step"].startswith("anchor_") or not s["log"]:
@@ -284,6 +306,14 @@ for r in bench:
         v = r.get(c)
         cells.append("-" if v is None else (f.format(v) if not isinstance(v, str) else v))
     print(" | ".join(cells))
+fitted = [r for r in bench if r.get("fitted")]
+if fitted:
+    print()
+    print("performance model fitted to the profiles (assumed -> fitted):")
+    for r in fitted:
+        a = r["model"].get("assumed", {})
+        cells = [f"{k} {a.get(k, float('nan')):.3g} -> {v:.3g}" for k, v in r["fitted"].items()]
+        print(f"  {r['name']}: " + ", ".join(cells))
 print()
 print(f"summary: {os.path.join(out, 'summary.json')}")
 PYEOF

@@ -460,11 +460,18 @@ struct BenchCommand : Command {
     sub->add_option("--device", device,
                     "meta: the performance model, no GPU needed. Runs one full-size step on the meta device (one "
                     "unsharded rank, n_device_axis taken as [1,1,1]) and counts GEMM/attention FLOPs, bytes of every "
-                    "other kernel, kernels and host syncs; est_step_ms = (GEMM+attention FLOPs) / (efficiency x peak) "
-                    "+ non-GEMM bytes / bandwidth, nothing overlapped, launch latency ignored")
+                    "other kernel, kernels and host syncs; est_step_ms = GEMM FLOPs / (efficiency x peak) + attention "
+                    "FLOPs / (attention-efficiency x peak) + non-GEMM bytes / (memory-efficiency x bandwidth) + "
+                    "kernels x kernel-gap-us, nothing overlapped")
         ->check(CLI::IsMember({"meta"}));
     sub->add_option("--efficiency", meta.efficiency,
-                    "--device meta: fraction of the peak GEMMs and attention reach (default 0.6)");
+                    "--device meta: fraction of the peak the GEMMs reach (default 0.75, fitted to an H100)");
+    sub->add_option("--attention-efficiency", meta.attention_efficiency,
+                    "--device meta: fraction of the peak attention reaches (default 0.25, fitted to an H100)");
+    sub->add_option("--memory-efficiency", meta.memory_efficiency,
+                    "--device meta: fraction of the bandwidth the memory-bound kernels reach (default 0.40)");
+    sub->add_option("--kernel-gap-us", meta.kernel_gap_us,
+                    "--device meta: idle device time per kernel in microseconds (default 7.7)");
     sub->add_option("--bandwidth-tbps", meta.bandwidth_tbps,
                     "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
     sub->add_option("--top-ops", meta.top_ops, "--device meta: operators listed in the table (default 15)")

@@ -22,6 +22,11 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
   MT_CHECK(opts.peak_tflops > 0, "bench --peak-tflops must be > 0, got ", opts.peak_tflops);
   MT_CHECK(opts.bandwidth_tbps > 0, "bench --bandwidth-tbps must be > 0, got ", opts.bandwidth_tbps);
   MT_CHECK(opts.efficiency > 0 && opts.efficiency <= 1, "bench --efficiency must be in (0, 1], got ", opts.efficiency);
+  MT_CHECK(opts.attention_efficiency > 0 && opts.attention_efficiency <= 1,
+           "bench --attention-efficiency must be in (0, 1], got ", opts.attention_efficiency);
+  MT_CHECK(opts.memory_efficiency > 0 && opts.memory_efficiency <= 1,
+           "bench --memory-efficiency must be in (0, 1], got ", opts.memory_efficiency);
+  MT_CHECK(opts.kernel_gap_us >= 0, "bench --kernel-gap-us must be >= 0, got ", opts.kernel_gap_us);
   install_meta_kernels();
   TempDir tmp;
   Config cfg = cfg_in;
@@ -48,10 +53,13 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
   }
   r.opts = opts;
   r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
-  const double compute_s = (r.totals.gemm_flop + r.totals.attention_flop) / (opts.efficiency * opts.peak_tflops * 1e12);
-  const double memory_s = r.totals.other_bytes / (opts.bandwidth_tbps * 1e12);
-  r.est_step_ms = (compute_s + memory_s) * 1e3;
-  r.est_tokens_per_sec = static_cast<double>(r.tokens_per_step) / (compute_s + memory_s);
+  const double peak = opts.peak_tflops * 1e12;
+  const double step_s = r.totals.gemm_flop / (opts.efficiency * peak) +
+                        r.totals.attention_flop / (opts.attention_efficiency * peak) +
+                        r.totals.other_bytes / (opts.memory_efficiency * opts.bandwidth_tbps * 1e12) +
+                        static_cast<double>(r.totals.kernels) * opts.kernel_gap_us * 1e-6;
+  r.est_step_ms = step_s * 1e3;
+  r.est_tokens_per_sec = static_cast<double>(r.tokens_per_step) / step_s;
   return r;
 }
 
@@ -62,8 +70,13 @@ std::string to_string(const MetaBenchResult& r) {
   });
   std::ostringstream o;
   o << std::fixed;
-  o << "bench --device meta: one training step, " << r.tokens_per_step << " tokens, modelled on " << r.opts.peak_name
-    << " (" << r.opts.peak_tflops << " TFLOP/s x " << r.opts.efficiency << ", " << r.opts.bandwidth_tbps << " TB/s)\n";
+  const MetaBenchOptions& a = r.opts;
+  o << std::setprecision(2);
+  o << "bench --device meta: one training step, " << r.tokens_per_step << " tokens, modelled on " << a.peak_name
+    << " (" << a.peak_tflops << " TFLOP/s, " << a.bandwidth_tbps << " TB/s)\n";
+  o << "  assumed: GEMMs at " << a.efficiency << " of peak, attention at " << a.attention_efficiency
+    << ", memory-bound kernels at " << a.memory_efficiency << " of the bandwidth, " << a.kernel_gap_us
+    << " us between kernels, nothing overlapped\n";
   o << "  " << std::left << std::setw(52) << "operator" << std::right << std::setw(8) << "calls" << std::setw(12)
     << "GB" << std::setw(12) << "TFLOP" << "\n";
   const size_t n = std::min(rows.size(), static_cast<size_t>(std::max<int64_t>(0, r.opts.top_ops)));
@@ -96,6 +109,12 @@ std::string to_json(const MetaBenchResult& r) {
   j["est_step_ms"] = r.est_step_ms;
   j["est_tokens_per_sec"] = r.est_tokens_per_sec;
   j["peak"] = r.opts.peak_name;
+  j["assumed"] = {{"peak_tflops", r.opts.peak_tflops},
+                  {"bandwidth_tbps", r.opts.bandwidth_tbps},
+                  {"gemm_efficiency", r.opts.efficiency},
+                  {"attention_efficiency", r.opts.attention_efficiency},
+                  {"memory_efficiency", r.opts.memory_efficiency},
+                  {"kernel_gap_us", r.opts.kernel_gap_us}};
   return j.dump();
 }
 
