@@ -43,6 +43,17 @@ bed_ip() { echo "10.77.$((BED_ID % 250)).${1#h}"; }
 bed_up() {
   BED="$1" BED_N="$2"
   bed_check
+  # Each host mounts a private /tmp and /dev/shm (its local disk): a test bed
+  # or a checkout there is invisible to the hosts.
+  local p
+  for p in "$BED" "$PWD"; do
+    case "$(realpath -m "$p")/" in
+      /tmp/* | /dev/shm/*)
+        echo "FAIL: multi-host test bed: $p is under /tmp or /dev/shm, which every test host mounts privately," \
+          "so the hosts cannot see it; build and test from a checkout outside /tmp"
+        exit 1 ;;
+    esac
+  done
   BED_ID=$(($$ % 250))
   trap bed_down EXIT
   rm -rf "$BED"
