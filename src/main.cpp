@@ -452,22 +452,17 @@ struct BenchCommand : Command {
                     "device peak TFLOP/s for MFU (default: known GPUs; with --device meta: 989, an H100's dense bf16)")
         ->check(number_at_least(0));
     sub->add_option("--profile", opts.profile_dir,
-                    "after the timed steps, profile --profile-steps more: device time per kernel category (GEMM, "
-                    "attention, comm, copy, other) and the gaps between kernels, the largest kernels, and each "
-                    "rank's Chrome trace written into this folder");
+                    "profile --profile-steps more steps: time per kernel category, gaps, largest kernels; each "
+                    "rank's Chrome trace goes into this folder");
     sub->add_option("--profile-steps", opts.profile_steps, "steps under the profiler (default 3)")
         ->check(integer_at_least(1));
     sub->add_option("--device", device,
-                    "meta: the performance model, no GPU needed. Runs one full-size step on the meta device (one "
-                    "unsharded rank, n_device_axis taken as [1,1,1]) and counts GEMM/attention FLOPs, bytes of every "
-                    "other kernel, kernels and host syncs; est_step_ms = GEMM FLOPs / (efficiency x peak) + attention "
-                    "FLOPs / (attention-efficiency x peak) + non-GEMM bytes / (memory-efficiency x bandwidth) + "
-                    "kernels x kernel-gap-us, nothing overlapped")
+                    "meta: the performance model, no GPU needed: one full-size step of one unsharded rank on the "
+                    "meta device, its FLOPs, bytes, kernels and host syncs priced by the efficiencies below")
         ->check(CLI::IsMember({"meta"}));
-    sub->add_option("--efficiency", meta.efficiency,
-                    "--device meta: fraction of the peak the GEMMs reach (default 0.75, fitted to an H100)");
+    sub->add_option("--efficiency", meta.efficiency, "--device meta: GEMMs' fraction of the peak (default 0.75)");
     sub->add_option("--attention-efficiency", meta.attention_efficiency,
-                    "--device meta: fraction of the peak attention reaches (default 0.25, fitted to an H100)");
+                    "--device meta: attention's fraction of the peak (default 0.25)");
     sub->add_option("--memory-efficiency", meta.memory_efficiency,
                     "--device meta: fraction of the bandwidth the memory-bound kernels reach (default 0.40)");
     sub->add_option("--kernel-gap-us", meta.kernel_gap_us,
