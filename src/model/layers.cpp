@@ -5,6 +5,7 @@
 #include "meshtrain/core/splitmix.h"
 #include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/mixed_matmul.h"
 
 namespace meshtrain {
 
@@ -15,9 +16,9 @@ class PlainEmbedding : public Embedding {
   PlainEmbedding(at::Tensor w, std::shared_ptr<MixedPrecision> p)
       : weight_(register_parameter("weight", std::move(w))), precision_(std::move(p)) {}
   // In the compute dtype: the residual stream is bf16 under mixed precision
-  // (the cast is the one the tied head makes anyway).
+  // (the padded cast is the one the tied head makes anyway).
   at::Tensor forward(const at::Tensor& tokens) override {
-    return at::embedding(precision_->operand(weight_), tokens);
+    return embedding_rows(weight_, tokens, *precision_, padded_vocab(weight_.size(0)));
   }
   at::Tensor weight() const override { return weight_; }
 

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
@@ -32,6 +35,29 @@ at::Tensor MixedPrecision::operand(const at::Tensor& t) {
   return cache_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, t.to(policy_.compute))).first->second.second;
 }
 
+at::Tensor MixedPrecision::operand_detached(const at::Tensor& t, int64_t rows) {
+  MT_ASSERT(t.defined() && t.dim() >= 1 && t.is_floating_point(), "operand_detached wants a floating parameter");
+  const bool pad = rows > t.size(0);
+  if (!pad && (!policy_.mixed() || t.scalar_type() == policy_.compute)) return t.detach();
+  const auto make = [&] {
+    at::NoGradGuard no_grad;
+    if (!pad) return t.to(policy_.compute);
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[0] = rows;
+    at::Tensor out = at::empty(shape, t.options().dtype(policy_.mixed() ? policy_.compute : t.scalar_type()));
+    out.narrow(0, 0, t.size(0)).copy_(t);
+    out.narrow(0, t.size(0), rows - t.size(0)).zero_();
+    return out;
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  if (depth_ == 0) return make();
+  auto it = detached_.find(t.unsafeGetTensorImpl());
+  if (it != detached_.end() && it->second.second.size(0) == std::max(rows, t.size(0))) return it->second.second;
+  auto& entry = detached_[t.unsafeGetTensorImpl()];
+  entry = {t, make()};
+  return entry.second;
+}
+
 at::Tensor MixedPrecision::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   if (!b.defined()) return at::linear(operand(x), operand(w));
   return at::linear(operand(x), operand(w), operand(b));
@@ -40,11 +66,12 @@ at::Tensor MixedPrecision::linear(const at::Tensor& x, const at::Tensor& w, cons
 void MixedPrecision::forget(const at::Tensor& param) {
   std::lock_guard<std::mutex> lock(mu_);
   cache_.erase(param.unsafeGetTensorImpl());
+  detached_.erase(param.unsafeGetTensorImpl());
 }
 
 size_t MixedPrecision::cached() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return cache_.size();
+  return cache_.size() + detached_.size();
 }
 
 void MixedPrecision::open() {
@@ -55,7 +82,10 @@ void MixedPrecision::open() {
 void MixedPrecision::close() {
   std::lock_guard<std::mutex> lock(mu_);
   MT_ASSERT(depth_ > 0, "CastScope closed more often than opened");
-  if (--depth_ == 0) cache_.clear();
+  if (--depth_ == 0) {
+    cache_.clear();
+    detached_.clear();
+  }
 }
 
 }  // namespace meshtrain

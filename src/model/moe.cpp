@@ -7,6 +7,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/activation.h"
+#include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
 
 namespace meshtrain {
@@ -164,18 +165,21 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   // Dispatch: this rank's experts get every sender's slots ([E_local, ep * S, d]).
   const at::Tensor xin = dispatcher_->dispatch_slots(buf.narrow(0, 0, E * S).view({E, S, d}));
   MixedPrecision& mp = *factory_->precision();
-  const at::Tensor gate_in =
-      w_gate_.defined() ? at::bmm(mp.operand(xin), mp.operand(w_gate_).transpose(1, 2)) : at::Tensor();
-  at::Tensor pre = at::bmm(mp.operand(xin), mp.operand(w_in_).transpose(1, 2));  // [E_local, ep*S, h]
+  // The expert weights' gradients come out of their GEMMs in fp32 (model/mixed_matmul.h).
+  const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp) : at::Tensor();
+  at::Tensor pre = batched_linear(xin, w_in_, mp);  // [E_local, ep*S, h]
   // Empty slots get the bias too; nothing reads their outputs.
   if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
   const at::Tensor hid = apply_activation(cfg_.mlp_activation, pre, gate_in);
   const at::Tensor out =
-      dispatcher_->combine_slots(at::bmm(hid, mp.operand(w_out_).transpose(1, 2)));  // [E, S, d]
-  const at::Tensor rows = at::cat({out.reshape({E * S, d}), at::zeros({1, d}, out.options())});
+      dispatcher_->combine_slots(batched_linear(hid, w_out_, mp));  // [E, S, d]
   // Combine: gates scale each tp rank's partial output before exit_tp sums
-  // them (exact: the combine is linear); dropped assignments read zeros.
-  const at::Tensor each = rows.index_select(0, row) * gate.unsqueeze(1).to(out.scalar_type());
+  // them (exact: the combine is linear). Dropped assignments read a real row
+  // with a zero weight, which adds exactly 0 (and no gradient) without a
+  // copy of the outputs with a zero row appended.
+  const at::Tensor weight = (gate * r.keep.reshape({N * k}).to(gate.scalar_type())).unsqueeze(1);
+  const at::Tensor each =
+      out.reshape({E * S, d}).index_select(0, slot_row.clamp(0, E * S - 1)) * weight.to(out.scalar_type());
   return at::zeros({N, d}, out.options()).index_add(0, token, each);
 }
 

@@ -5,6 +5,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/cross_entropy.h"
+#include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/parallel/mappings.h"
@@ -26,8 +27,11 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     auto& tp = *reinterpret_cast<Communicator*>(comm);
     auto& mp = *reinterpret_cast<MixedPrecision*>(precision);
     const bool grad = h.requires_grad() || w.requires_grad();
-    const at::Tensor hc = mp.operand(h), wc = mp.operand(w);
-    at::Tensor z = at::mm(hc, wc.t());  // [N, local]
+    // The local rows padded as the single-device head pads the vocabulary
+    // (model/cross_entropy.h): the kernels read the first `real` columns and
+    // zero the gradient of the rest.
+    const at::Tensor hc = mp.operand(h), wc = mp.operand_detached(w, padded_vocab(w.size(0)));
+    at::Tensor z = at::mm(hc, wc.t());  // [N, padded local]
     // Targets in other shards become -1: no picked logit, no one-hot here.
     const at::Tensor local_target =
         at::where((targets >= start) & (targets < start + real), targets - start, at::full({}, -1, targets.options()));
@@ -46,6 +50,7 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
       ctx->save_for_backward({hc, wc, z});
       ctx->saved_data["h_dtype"] = h.scalar_type();
       ctx->saved_data["w_dtype"] = w.scalar_type();
+      ctx->saved_data["local"] = w.size(0);
     }
     return lse - sums[1];
   }
@@ -58,7 +63,8 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     // This rank's part of dh (its vocabulary columns); entering the tp
     // region sums the parts.
     const at::Tensor dh = (at::mm(d, w) * g).to(ctx->saved_data["h_dtype"].toScalarType());
-    const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType());
+    const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType())
+                              .narrow(0, 0, ctx->saved_data["local"].toInt());
     return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -73,9 +79,10 @@ class VocabParallelEmbedding : public Embedding {
     // exit's sum over tp leaves exactly the owner's row.
     const at::Tensor outside = (tokens < r_.start) | (tokens >= r_.start + r_.local);
     const at::Tensor local = (tokens - r_.start).masked_fill(outside, 0);
-    // In the matmul dtype, as the single-device embedding (model/layers.cpp).
+    // In the matmul dtype, as the single-device embedding (model/layers.cpp),
+    // from the padded cast a tied head shares.
     const at::Tensor out =
-        at::embedding(factory_->precision()->operand(weight_), local).masked_fill(outside.unsqueeze(-1), 0.0);
+        embedding_rows(weight_, local, *factory_->precision(), padded_vocab(r_.local)).masked_fill(outside.unsqueeze(-1), 0.0);
     return factory_->exit_tp(out);
   }
   at::Tensor weight() const override { return weight_; }

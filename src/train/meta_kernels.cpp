@@ -112,9 +112,13 @@ Tensor grouped_mm(const Tensor& a, const Tensor& b, const std::optional<Tensor>&
 }
 
 // Ops libtorch has no C++ meta kernel for that a training step runs.
-// mm with an fp32 output from bf16 operands (weight gradients, model/cross_entropy.h).
+// mm / bmm with an fp32 output from bf16 operands (weight gradients, model/mixed_matmul.h).
 Tensor mm_dtype(const Tensor& a, const Tensor& b, at::ScalarType dtype) {
   return at::empty({a.size(0), b.size(1)}, a.options().dtype(dtype));
+}
+
+Tensor bmm_dtype(const Tensor& a, const Tensor& b, at::ScalarType dtype) {
+  return at::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(dtype));
 }
 
 Tensor index_select(const Tensor& self, int64_t dim, const Tensor& index) {
@@ -177,6 +181,7 @@ void install_meta_kernels() {
     meta->impl("nonzero", TORCH_FN(nonzero));
     meta->impl("_grouped_mm", TORCH_FN(grouped_mm));
     meta->impl("mm.dtype", TORCH_FN(mm_dtype));
+    meta->impl("bmm.dtype", TORCH_FN(bmm_dtype));
     meta->impl("index_select", TORCH_FN(index_select));
     meta->impl("embedding_dense_backward", TORCH_FN(embedding_backward));
     meta->impl("logical_not", TORCH_FN(logical_not));

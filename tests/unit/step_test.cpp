@@ -7,7 +7,10 @@
 #include "meshtrain/config/load.h"
 #include "meshtrain/dist/runtime.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/mixed_matmul.h"
+#include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/train/meta_bench.h"
 #include "meshtrain/train/meta_kernels.h"
@@ -142,6 +145,91 @@ TEST(Step, MetaAttentionIsFlashWithFlops) {
   EXPECT_DOUBLE_EQ(obs.totals().attention_flop, 2 * tt * 128 + 2 * tt * (3 * 64 + 2 * 64));
   EXPECT_EQ(obs.totals().by_op.count("aten::_scaled_dot_product_flash_attention"), 1u);
   EXPECT_EQ(obs.totals().by_op.count("aten::_scaled_dot_product_flash_attention_backward"), 1u);
+}
+
+// The experts' GEMM with the fp32 master weight: the values and both
+// gradients of plain autograd through a cast (fp32: the same numbers; bf16:
+// the weight gradient is the fp32 sum of the bf16 products, not a bf16 result
+// cast up), and no copy or cast of the gradient afterwards (meta, counted).
+TEST(Step, BatchedLinearGivesTheWeightGradientInFp32) {
+  for (ModelDtype dt : {ModelDtype::Float32, ModelDtype::Bfloat16}) {
+    MixedPrecision mp(PrecisionPolicy::from_model_dtype(dt));
+    const at::ScalarType c = mp.policy().compute;
+    const at::Tensor w = randn({3, 5, 4}, 30).requires_grad_(true);
+    const at::Tensor x = randn({3, 6, 4}, 31).to(c).requires_grad_(true);
+    const at::Tensor g = randn({3, 6, 5}, 32).to(c);
+    at::Tensor y;
+    {
+      CastScope scope(mp);
+      y = batched_linear(x, w, mp);
+    }
+    y.backward(g);
+    EXPECT_EQ(y.scalar_type(), c);
+    EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+    EXPECT_TRUE(w.grad().is_contiguous());
+    const at::Tensor wc = w.detach().to(c), xr = x.detach().clone().requires_grad_(true);
+    const at::Tensor ref = at::bmm(xr, wc.transpose(1, 2));
+    ref.backward(g);
+    EXPECT_TRUE(at::allclose(y.to(at::kFloat), ref.to(at::kFloat), 1e-6, 1e-6)) << choice_name(dt);
+    EXPECT_TRUE(at::allclose(x.grad().to(at::kFloat), xr.grad().to(at::kFloat), 1e-6, 1e-6)) << choice_name(dt);
+    const at::Tensor dw = at::bmm(g.to(at::kFloat).transpose(1, 2), x.detach().to(at::kFloat));
+    EXPECT_TRUE(at::allclose(w.grad(), dw, 1e-6, 1e-6)) << choice_name(dt);
+  }
+  install_meta_kernels();
+  MixedPrecision mp(PrecisionPolicy::from_model_dtype(ModelDtype::Bfloat16));
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const at::Tensor w = at::empty({4, 64, 32}, meta.dtype(at::kFloat)).requires_grad_(true);
+  const at::Tensor x = at::empty({4, 16, 32}, meta.dtype(at::kBFloat16)).requires_grad_(true);
+  OpObserver obs(at::Device(at::kMeta));
+  {
+    CastScope scope(mp);
+    batched_linear(x, w, mp).backward(at::empty({4, 16, 64}, meta.dtype(at::kBFloat16)));
+  }
+  // The forward's cast of w (4 B read, 2 B written per element) is the only copy.
+  ASSERT_EQ(obs.totals().by_op.count("aten::copy_"), 1u);
+  EXPECT_DOUBLE_EQ(obs.totals().by_op.at("aten::copy_").bytes, 4 * 64 * 32 * 6.0);
+  EXPECT_EQ(obs.totals().by_op.at("aten::copy_").calls, 1);
+}
+
+// The head over an odd vocabulary: GEMMs over padded_vocab(V) columns, losses
+// and gradients of exactly V (fp32: the unpadded aten values; bf16: one
+// padded cast shared by the tied embedding and the head, gradients fp32 [V, d]).
+TEST(Step, PaddedVocabularyHeadCountsOnlyTheRealColumns) {
+  EXPECT_EQ(padded_vocab(100277), 100352);
+  EXPECT_EQ(padded_vocab(50304), 50304);
+  EXPECT_EQ(padded_vocab(1), 128);
+  for (ModelDtype dt : {ModelDtype::Float32, ModelDtype::Bfloat16}) {
+    auto mp = std::make_shared<MixedPrecision>(PrecisionPolicy::from_model_dtype(dt));
+    const int64_t V = 200, d = 8, N = 12;
+    LayerFactory f;
+    f.set_seed(3);
+    f.set_precision(mp);
+    auto emb = f.embedding("embed", V, d, 0.5);
+    auto head = f.head("head", d, V, 0.5, emb);
+    const at::Tensor tokens = at::randint(0, V, {N}, at::make_generator<at::CPUGeneratorImpl>(8), at::kLong);
+    const at::Tensor targets = (tokens * 7 + 3) % V;
+    at::Tensor loss;
+    {
+      CastScope scope(*mp);
+      const at::Tensor h = emb->forward(tokens);
+      loss = head->token_losses(h.view({1, N, d}), targets.view({1, N})).sum();
+      // bf16: one padded cast for the lookup and the head; fp32: the head's padded copy.
+      EXPECT_EQ(mp->cached(), 1u);
+    }
+    loss.backward();
+    const at::Tensor w = emb->weight();
+    EXPECT_EQ(w.grad().sizes(), w.sizes());
+    EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+    // Reference: unpadded, in fp32 from the compute-dtype operands.
+    const at::Tensor wr = w.detach().to(mp->policy().compute).to(at::kFloat).requires_grad_(true);
+    const at::Tensor hr = at::embedding(wr, tokens).to(mp->policy().compute).to(at::kFloat);
+    const at::Tensor ref = at::cross_entropy_loss(at::mm(hr, wr.t()), targets, {}, at::Reduction::Sum);
+    ref.backward();
+    const double tol = dt == ModelDtype::Float32 ? 1e-5 : 2e-2;
+    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), tol * std::abs(ref.item<double>())) << choice_name(dt);
+    EXPECT_TRUE(at::allclose(w.grad(), wr.grad(), tol, tol)) << choice_name(dt) << " max diff "
+                                                           << (w.grad() - wr.grad()).abs().max().item<double>();
+  }
 }
 
 }  // namespace

@@ -15,16 +15,21 @@ namespace meshtrain {
 class MixedPrecision;
 
 // h [N, d], weight [V, d], targets [N] int64 -> per-token losses [N] fp32.
+// The GEMMs run over padded_vocab(V) columns; the losses read the first V.
 // chunk_rows <= 0: chunks of about 128M logits (a bound on one kernel's size,
 // and on evaluation's buffer, which holds one chunk). The GEMMs take their
 // operands in `precision`'s compute dtype (nullptr: as they come).
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
                                  int64_t chunk_rows = 0, MixedPrecision* precision = nullptr);
 
-// dW = dy^T x for a weight of dtype param_dtype, accumulated in fp32 when
-// dy and x are bf16/fp16 and the weight fp32: a GEMM with an fp32 output
-// where the backend has one (CUDA, meta), else (CPU) the exact fp32 upcast
-// of the operands, so every device sums the products in fp32.
-at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype);
+// The vocabulary the head's GEMMs compute with: vocab rounded up to a
+// multiple of 128, so the logits' rows, the cast weight and the weight
+// gradient keep the leading dimensions tensor-core GEMMs are aligned for (an
+// odd vocabulary such as 100277 costs them their aligned kernels). The padded
+// rows of the weight are zero and their logits are never counted: losses,
+// gradients and sampling see exactly `vocab` columns; the parameters keep
+// their real size.
+int64_t padded_vocab(int64_t vocab);
+
 
 }  // namespace meshtrain

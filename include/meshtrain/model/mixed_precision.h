@@ -58,6 +58,13 @@ class MixedPrecision {
   // t in the compute dtype when t is floating point; a parameter's cast is
   // shared inside a CastScope while grad mode is on.
   at::Tensor operand(const at::Tensor& t);
+  // A parameter's compute-dtype copy without autograd history, its rows
+  // zero-padded to `rows` (0: as many as it has), for the functions of
+  // model/mixed_matmul.h, which take the fp32 parameter itself and return its
+  // fp32 gradient. Shared inside a CastScope by every such use (a tied
+  // embedding and head share one). Under fp32 compute: t itself, or a padded
+  // copy.
+  at::Tensor operand_detached(const at::Tensor& t, int64_t rows = 0);
   // at::linear(x, w, b) with the operands in the compute dtype (b may be undefined).
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
   // Drops the cached cast of `param`: its next use casts it anew (FSDP).
@@ -76,6 +83,7 @@ class MixedPrecision {
   mutable std::mutex mu_;
   int depth_ = 0;
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> cache_;  // impl -> (source, cast)
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> detached_;  // operand_detached's
 };
 
 // The lifetime of the cast cache: the casts made while the outermost scope

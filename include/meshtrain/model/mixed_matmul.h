@@ -1,0 +1,35 @@
+#pragma once
+// Products with an fp32 master parameter used in the compute dtype
+// (model/mixed_precision.h), as autograd functions that take the parameter
+// itself and return its gradient in fp32 straight from the GEMM (or the
+// embedding's scatter). Through a plain cast, autograd would instead produce
+// a bf16 gradient and cast it back (a read and a write of every weight), and,
+// for a weight used transposed, hand AccumulateGrad a transposed gradient
+// that it copies into the parameter's layout (another fp32 read and write).
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace meshtrain {
+
+class MixedPrecision;
+
+// dW = dy^T x for a weight of dtype param_dtype, accumulated in fp32 when
+// dy and x are bf16/fp16 and the weight fp32: a GEMM with an fp32 output
+// where the backend has one (CUDA, meta), else (CPU) the exact fp32 upcast
+// of the operands, so every device sums the products in fp32. dy [.., out],
+// x [.., in] (leading dims flattened) -> [out, in]; with `batched`, dy
+// [E, S, out] and x [E, S, in] -> [E, out, in].
+at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype, bool batched = false);
+
+// x [E, S, in] times each w[e] [out, in] transposed -> [E, S, out] in the
+// compute dtype (the experts' batched GEMM); w's gradient comes out fp32.
+at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision);
+
+// Rows `index` of the table w [V, d] in the compute dtype (the embedding
+// lookup; index any shape of int64 in [0, V)); w's gradient comes out fp32,
+// summed in fp32. The cast table is padded to `rows` rows so that a tied
+// head's padded GEMM (model/cross_entropy.h) shares it.
+at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows);
+
+}  // namespace meshtrain

@@ -1,0 +1,88 @@
+// Products with fp32 master parameters in the compute dtype (see mixed_matmul.h).
+#include "meshtrain/model/mixed_matmul.h"
+
+#include <torch/torch.h>
+
+#include "meshtrain/core/check.h"
+#include "meshtrain/model/mixed_precision.h"
+
+namespace meshtrain {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool mixed_grad(const at::Tensor& a, at::ScalarType param_dtype) {
+  return a.scalar_type() != param_dtype && param_dtype == at::kFloat &&
+         (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf);
+}
+
+class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t precision) {
+    auto& mp = *reinterpret_cast<MixedPrecision*>(precision);
+    const at::Tensor xc = mp.operand(x), wc = mp.operand_detached(w);
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->saved_data["w_dtype"] = w.scalar_type();
+    return at::bmm(xc, wc.transpose(1, 2));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor g = grads[0].to(x.scalar_type());
+    const at::Tensor dx = at::bmm(g, w).to(ctx->saved_data["x_dtype"].toScalarType());
+    return {dx, weight_grad(g, x, ctx->saved_data["w_dtype"].toScalarType(), /*batched=*/true), at::Tensor()};
+  }
+};
+
+class EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& index, int64_t precision,
+                            int64_t rows) {
+    auto& mp = *reinterpret_cast<MixedPrecision*>(precision);
+    ctx->save_for_backward({index});
+    ctx->saved_data["vocab"] = w.size(0);
+    ctx->saved_data["w_dtype"] = w.scalar_type();
+    return at::embedding(mp.operand_detached(w, rows), index);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor index = ctx->get_saved_variables()[0];
+    // The rows' gradients summed in the parameter's dtype (fp32), not in bf16.
+    const at::Tensor g = grads[0].to(ctx->saved_data["w_dtype"].toScalarType());
+    const at::Tensor dw = at::embedding_dense_backward(g, index, ctx->saved_data["vocab"].toInt(), -1, false);
+    return {dw, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype, bool batched) {
+  MT_ASSERT(!batched || (dy.dim() == 3 && x.dim() == 3), "batched weight_grad wants [E, S, .] operands, got ",
+            dy.sizes(), " and ", x.sizes());
+  const at::Tensor a = batched ? dy.transpose(1, 2) : dy.reshape({-1, dy.size(-1)}).t();
+  const at::Tensor b = batched ? x : x.reshape({-1, x.size(-1)});
+  const auto mm = [batched](const at::Tensor& l, const at::Tensor& r) { return batched ? at::bmm(l, r) : at::mm(l, r); };
+  if (mixed_grad(a, param_dtype) && (a.is_cuda() || a.is_meta()))
+    return batched ? at::bmm(a, b, at::kFloat) : at::mm(a, b, at::kFloat);
+  // bf16 -> fp32 is exact, so this is the same sum of products in fp32.
+  if (mixed_grad(a, param_dtype)) return mm(a.to(at::kFloat), b.to(at::kFloat));
+  return mm(a, b).to(param_dtype);
+}
+
+at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision) {
+  MT_ASSERT(x.dim() == 3 && w.dim() == 3 && x.size(0) == w.size(0) && x.size(2) == w.size(2),
+            "batched_linear: x ", x.sizes(), " and w ", w.sizes(), " do not match");
+  return BatchedLinear::apply(x, w, reinterpret_cast<int64_t>(&precision));
+}
+
+at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows) {
+  MT_ASSERT(w.dim() == 2, "embedding_rows wants a [V, d] table, got ", w.sizes());
+  if (!precision.policy().mixed()) return at::embedding(w, index);
+  return EmbeddingRows::apply(w, index, reinterpret_cast<int64_t>(&precision), rows);
+}
+
+}  // namespace meshtrain
