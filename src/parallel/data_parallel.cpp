@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include "meshtrain/core/check.h"
 #include "meshtrain/parallel/grad_buckets.h"
+#include "vocab_parallel.h"
 
 namespace meshtrain {
 
@@ -62,12 +64,13 @@ void synchronize_gradients(ParallelModel& pm, Mesh& mesh, bool dp) {
     for (auto& p : pm.params)
       if (p.layout.global_name == "embed.weight") g = p.tensor.grad();
     // Tensors live where the parameters do: NCCL only moves device memory.
+    // The table's size follows from the config (this tp rank's vocabulary
+    // rows), so the stages in between need no device read to size theirs.
     const auto opts = pm.params.front().tensor.options();
-    at::Tensor buf = g.defined() ? g.clone() : at::Tensor();
-    int64_t n = buf.defined() ? buf.numel() : 0;
-    at::Tensor count = at::full({1}, n, opts.dtype(at::kLong));
-    mesh.pp().all_reduce(count, ReduceOp::Max);
-    if (!buf.defined()) buf = at::zeros({count.item<int64_t>()}, opts.dtype(at::kFloat));
+    const ModelConfig& mc = pm.model->config();
+    const int64_t n = vocab_range(mc.vocab_size, mesh.shape().tp, mesh.coord().tp).local * mc.model_dimension;
+    MT_ASSERT(!g.defined() || g.numel() == n, "tied embedding gradient: ", g.numel(), " elements, expected ", n);
+    at::Tensor buf = g.defined() ? g.clone() : at::zeros({n}, opts.dtype(at::kFloat));
     at::Tensor flat = buf.reshape({-1}).contiguous();
     mesh.pp().all_reduce(flat);
     if (g.defined()) g.copy_(flat.view_as(g));

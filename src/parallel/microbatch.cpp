@@ -28,8 +28,14 @@ RoundSums& RoundSums::operator+=(const RoundSums& o) {
   for (size_t l = 0; l < o.expert_tokens.size(); ++l)
     if (o.expert_tokens[l].defined()) expert_tokens[l] = plus(expert_tokens[l], o.expert_tokens[l]);
   peak_live_microbatches = std::max(peak_live_microbatches, o.peak_live_microbatches);
-  wait_seconds += o.wait_seconds;
+  waits.insert(waits.end(), o.waits.begin(), o.waits.end());
   return *this;
+}
+
+double RoundSums::wait_seconds() const {
+  double s = 0;
+  for (const auto& w : waits) s += w();
+  return s;
 }
 
 double sum_value(const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; }

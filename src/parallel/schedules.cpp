@@ -86,7 +86,9 @@ class StageRunner {
   }
 
   RoundSums& sums() {
-    sums_.wait_seconds = clock_.seconds();
+    // Read when the step is read (microbatch.h): the clock leaves with the sums.
+    auto clock = std::make_shared<WaitClock>(std::move(clock_));
+    sums_.waits.push_back([clock] { return clock->seconds(); });
     return sums_;
   }
 

@@ -80,6 +80,7 @@ void StepStats::read() {
   for (at::Tensor* f : sums.fields()) flat.push_back(f->flatten());
   if (grad_norm_t.defined()) flat.push_back(grad_norm_t.reshape({1}).to(at::kDouble));
   const at::Tensor host = at::cat(flat).cpu();  // the one device-to-host read of the step
+  if (pipeline_wait) pipeline_wait_seconds = pipeline_wait();
   const double* a = host.data_ptr<double>();
   const double ce = a[0], aux = a[1], z = a[2], dropped = a[3], assigned = a[4];
   loss = tokens > 0 ? ce / tokens : 0.0;
@@ -122,6 +123,7 @@ StepStats train_step(Session& s) {
   spec.z_scale = cfg.model.router_z_loss / global_seqs;
   spec.backward_thread = s.options().backward_thread;
   RoundSums total;
+  std::function<double()> wait;
   for (int64_t r = 0; r < cfg.grad_step; ++r) {
     spec.final_round = r + 1 == cfg.grad_step;  // gradients final: dp sum during backward (grad_buckets.h)
     Batch b = next_train_batch(s, batch, round_batch_at(cfg, progress.consumed_samples, r + 1));
@@ -132,19 +134,24 @@ StepStats train_step(Session& s) {
     total += run_round(pm, mesh, cfg, in.to(s.device(), /*non_blocking=*/true), tg.to(s.device(), true), spec);
   }
   progress.consumed_samples += batch * cfg.grad_step;
-  double wait = 0;
   if (mesh.shape().pp > 1) {
     // The pipeline bubble as the stages see it: time blocked waiting for a
-    // neighbour, on the rank that waited most.
-    at::Tensor w = at::full({1}, total.wait_seconds, at::kDouble);
-    mesh.cpu_world().all_reduce(w, ReduceOp::Max);
-    wait = w.item<double>();
+    // neighbour, on the rank that waited most. Known when the step is read
+    // (on CUDA, from events the stream has passed by then): every rank reads
+    // every step, at the same point, so the host all-reduce lines up.
+    wait = [waits = total.waits, &mesh] {
+      double local = 0;
+      for (const auto& f : waits) local += f();
+      at::Tensor w = at::full({1}, local, at::kDouble);
+      mesh.cpu_world().all_reduce(w, ReduceOp::Max);
+      return w.item<double>();
+    };
   }
   // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in apply_update().
   synchronize_gradients(pm, mesh, /*dp=*/cfg.zero_stage_on(mesh.shape().dp) == 0);
   s.test_hooks().after_backward(progress.step + 1, pm);
   StepStats stats = reduce_stats(s, total, global_tokens, T);
-  stats.pipeline_wait_seconds = wait;
+  stats.pipeline_wait = std::move(wait);
   stats.batch_size = batch;
   return stats;
 }

@@ -174,7 +174,7 @@ TEST(Interleaved, ReportsBubbleAgainst1f1b) {
     world->barrier();
     double wait = 0;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds;
+    for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     at::Tensor stats = at::tensor({seconds / rounds, wait / seconds}, at::kDouble);
     world->all_reduce(stats, ReduceOp::Max);

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "meshtrain/config/config.h"
@@ -26,8 +27,13 @@ struct RoundSums {
   std::vector<at::Tensor> expert_tokens;       // per local MoE layer: [E] fp64, per expert
   int64_t peak_live_microbatches = 0;          // activations held at once (schedule tests)
   // Blocked in pipeline send/recv (bubble measurement): host wall-clock on
-  // CPU, CUDA events on GPU (src/parallel/wait_clock.h).
-  double wait_seconds = 0;
+  // CPU, CUDA events on GPU (src/parallel/wait_clock.h). One reader per
+  // round, called when the step is read: on CUDA the events' times are known
+  // only once the stream has passed them, and asking earlier would be a host
+  // sync in the middle of the step.
+  std::vector<std::function<double()>> waits;
+  // Seconds of all rounds so far (on CUDA: waits for their last event).
+  double wait_seconds() const;
 
   // Adds another round's (or microbatch's) sums; the peak is a maximum.
   RoundSums& operator+=(const RoundSums& o);

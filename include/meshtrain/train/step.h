@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "meshtrain/train/session.h"
@@ -37,7 +38,10 @@ struct StepStats {
 
   // Known on the host when the step is built.
   double tokens = 0;                 // tokens of the step (every one reaches the loss on some rank)
-  double pipeline_wait_seconds = 0;  // most time any rank spent blocked on a pipeline neighbour
+  // pp > 1: the most time any rank spent blocked on a pipeline neighbour,
+  // found by read() (a host all-reduce over every rank, which all reach in
+  // their read of the same step; on CUDA, events the read has waited for).
+  std::function<double()> pipeline_wait;
   int64_t batch_size = 0;            // sequences per accumulation round (rampup_batch_size)
   int64_t seq_len = 0;               // tokens per sequence (seq_len_warmup)
 
@@ -48,6 +52,7 @@ struct StepStats {
   double dropped_fraction = 0;
   std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global order), per expert
   double grad_norm = 0;  // global gradient norm before clipping (after apply_update)
+  double pipeline_wait_seconds = 0;
   bool read_done = false;
   // Fills the values above from the device sums (one host read); idempotent.
   void read();
