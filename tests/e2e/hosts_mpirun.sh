@@ -4,7 +4,8 @@
 # both hosts equals one process (dp x tp and pp split across the hosts, losses
 # and gradient norms); launch-mpirun.sh end to end with a hostfile of slots=1
 # and --ranks-per-host 2, --env reaching every rank; an unreachable host named
-# within the connect timeout; a run dir on each host's local disk refused at
+# within the connect timeout, or left out with --drop-unreachable (the run
+# goes on at a smaller dp); a run dir on each host's local disk refused at
 # start-up naming the host. Skipped (exit 77, reason printed) only where
 # namespaces cannot be made.
 source "$(dirname "$0")/common.sh" "$@"
@@ -67,6 +68,19 @@ rc=$? took=$(($(date +%s) - start))
 check "unreachable host: launch fails (rc $rc) in ${took} s (connect timeout 3 s)" test $rc -ne 0 -a $rc -ne 124 -a $took -le 15
 check "unreachable host: named, nothing started" \
   bash -c "grep -q 'host $(bed_ip 9) is not ready' dead.log && grep -q 'nothing started' dead.log && ! test -e runs/dead"
+
+# --drop-unreachable: the same dead host is left out and the run goes on with
+# h1 alone, its dp shrunk to fit (dp 2 x tp 2 over 4 ranks -> dp 1 x tp 2).
+on_host_for 120 h1 bash "$SRC/scripts/launch-mpirun.sh" --hostfile hostfile.dead --ranks-per-host 2 --config tiny.json \
+  --binary "$BIN" --log-dir "$PWD/drop-logs" --connect-timeout 3 --drop-unreachable \
+  -- "${S[@]}" --name drop --n_device_axis 2 1 2 > drop.log 2>&1
+rc=$?
+check "--drop-unreachable: the run goes on without the dead host (rc $rc)" test $rc -eq 0
+check "--drop-unreachable: logs the host left out and the new world and mesh" grep -q \
+  "left out unreachable host(s) $(bed_ip 9); going on with 1 host(s) (h1): world 2, mesh dp 1 x pp 1 x tp 2 (was dp 2)" drop.log
+[ $rc -eq 0 ] || tail -15 drop.log
+out=$(same runs/drop/metrics.jsonl runs/one/metrics.jsonl) && ok "--drop-unreachable: dp 1 x tp 2 = one process ($out)" ||
+  bad "--drop-unreachable: != one process" "$out"
 
 # output_dir on each host's own /tmp: refused at start-up, naming h2.
 on_host_for 120 h1 "${X[@]}" --host h1:1,h2:1 -np 2 "$BIN" train --config tiny.json "${S[@]}" --name local \
