@@ -20,6 +20,7 @@
 
 BED="" BED_ID="" BED_N=0
 BED_ANCHORS=()
+BED_LOCK_FD=""
 
 bed_skip() { echo "SKIP: multi-host test bed: $*"; exit 77; }
 
@@ -35,6 +36,19 @@ bed_check() {
     echo "FAIL: sshd is not installed: run scripts/setup.sh (it installs openssh-server for these tests)"
     exit 1
   }
+}
+
+# One test bed on this machine at a time, whichever checkout's tests make it
+# (ctest's RESOURCE_LOCK covers one ctest only): a lock on a file in /run held
+# by the test's shell alone. The hosts' processes do not inherit it, so a
+# test killed outright frees it.
+bed_lock() {
+  local lock=/run/meshtrain-testbed.lock wait="${MESHTRAIN_BED_WAIT:-240}"
+  exec {BED_LOCK_FD}>>"$lock"
+  flock -n "$BED_LOCK_FD" && return 0
+  echo "test bed: another test bed is up on this machine ($(cat "$lock.owner" 2>/dev/null)); waiting up to $wait s"
+  flock -w "$wait" "$BED_LOCK_FD" ||
+    { echo "FAIL: multi-host test bed: another one ($(cat "$lock.owner" 2>/dev/null)) held $lock for $wait s"; exit 1; }
 }
 
 bed_ns() { echo "mtb${BED_ID}$1"; }  # network namespace of host $1 (sw: the switch)
@@ -54,7 +68,11 @@ bed_up() {
         exit 1 ;;
     esac
   done
+  bed_lock
+  echo "pid $$, $BED" >/run/meshtrain-testbed.lock.owner
+  # A free id: a bed left by a test killed outright keeps its namespaces.
   BED_ID=$(($$ % 250))
+  while ip netns list | grep -q "^mtb${BED_ID}sw\b"; do BED_ID=$(((BED_ID + 1) % 250)); done
   trap bed_down EXIT
   rm -rf "$BED"
   mkdir -p "$BED/bin" "$BED/sshd"
@@ -99,7 +117,7 @@ CONF
       hostname $h
       mount -t tmpfs -o size=512m tmpfs /tmp && mount -t tmpfs -o size=512m tmpfs /dev/shm &&
       mount --bind $BED/etc_hosts /etc/hosts || exit 1
-      exec sleep infinity" &
+      exec sleep infinity" {BED_LOCK_FD}>&- &
     BED_ANCHORS+=($!)
     disown $!  # bed_down kills it: no "Killed" line from the shell
     cat >"$BED/sshd/$h.conf" <<CONF
@@ -136,13 +154,13 @@ on_host() {
   local h="$1"
   shift
   # The anchor is bash's child `sleep`, exec'd: its pid is the one started.
-  nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@"
+  nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@" {BED_LOCK_FD}>&-
 }
 
 on_host_for() {
   local secs="$1" h="$2"
   shift 2
-  timeout "$secs" nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@"
+  timeout "$secs" nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@" {BED_LOCK_FD}>&-
 }
 
 bed_link() {  # HOST down|up
