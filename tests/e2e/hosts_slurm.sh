@@ -7,8 +7,10 @@
 #    (no SIGKILL), they save and exit 0, the job requeues itself, and the run
 #    ends with the uninterrupted run's losses (a requeued attempt kept
 #    --fresh and started over: it never finished);
-#  - preemption by a job in a higher-priority partition: the job comes back
-#    and finishes with the uninterrupted run's losses;
+#  - preemption by a job in a higher-priority partition, with srun and with
+#    the mpirun launcher: the ranks save, the job comes back and finishes
+#    with the uninterrupted run's losses (under mpirun they were killed
+#    before saving, and the next attempt started over);
 #  - a requeued job's attempts are appended to one log named by its job id.
 # Slow steps (MESHTRAIN_TEST_STEP_SLEEP_MS, first attempt only) cost no CPU.
 # Skipped (exit 77,
@@ -54,28 +56,38 @@ check "sbatch: one rank on each node" grep -q "rank 1 on h2" "$(log_of "$id")"
 out=$(same runs/sb/metrics.jsonl runs/one/metrics.jsonl) && ok "sbatch across h1,h2 = one process ($out)" ||
   bad "sbatch across h1,h2 != one process" "$out"
 
-# Preemption: 50 steps (slow in the first attempt) in the "low" partition; at step 5 a job in
-# "high" needs both nodes. SLURM requeues the low job (its ranks get SIGTERM
-# and KillWait to save); it comes back after the high job and finishes.
-id=$(MESHTRAIN_BINARY="$PWD/slowfirst" SLOW_MS=200 submit "$SRC/scripts/launch-slurm.sbatch" tiny.json "${S[@]}" \
-  --training_steps 50 --name pre --n_device_axis 2 1 1)
-log=$(log_of "$id")
-for _ in $(seq 300); do grep -q "Step 5," "$log" 2>/dev/null && break; sleep 0.2; done
-hid=$(submit -p high --nodes=2 --wrap "srun hostname")
-hst=$(slurm_wait_job "$hid" 60)
-st=$(slurm_wait_job "$id" 120)
-check "preempted job: the high-priority job ran ($hst; ${SECONDS} s into the test)" test "$hst" = COMPLETED
-check "preempted job: preempted, requeued and COMPLETED ($st, restarts $(field "$id" Restarts))" \
-  bash -c "test '$st' = COMPLETED -a '$(field "$id" Restarts)' -ge 1 && grep -q 'DUE TO PREEMPTION' $log"
-check "preempted job: the second attempt resumed where the first saved" \
-  bash -c "grep -q 'stop requested (signal .*): step [0-9]* saved' $log && grep -q 'resumed from .*step_' $log"
-check "preempted job: no 'time limit near', no requeue error (SLURM requeued it first)" \
-  bash -c "! grep -qE 'time limit near|requeue .* failed|Job is pending execution' $log"
-check "preempted job: the run reached step 50" test -d runs/pre/checkpoints/step_00000050
-wait $refs || bad "the uninterrupted runs under mpirun" "$(tail -5 ref.log)"
-out=$(same runs/pre/metrics.jsonl runs/ref/metrics.jsonl 0) &&
-  ok "preempted job: losses and grad norms = the uninterrupted run ($out)" ||
-  { bad "preempted job: losses differ from the uninterrupted run" "$out"; grep -v "Step " "$log" | tail -30; }
+# Preemption: 50 steps (slow in the first attempt) in the "low" partition; at
+# step 5 a job in "high" needs both nodes. SLURM requeues the low job (its
+# ranks get SIGTERM and KillWait to save); it comes back after the high job
+# and finishes. With srun, and with the mpirun launcher (mpirun gets the
+# SIGTERM too and killed the ranks 1 s later: nothing saved, the next attempt
+# started over).
+preempted() {  # LAUNCHER NAME
+  local l="$1" n="$2" id hid hst st log out
+  id=$(MESHTRAIN_LAUNCHER="$l" MESHTRAIN_BINARY="$PWD/slowfirst" SLOW_MS=200 submit "$SRC/scripts/launch-slurm.sbatch" \
+    tiny.json "${S[@]}" --training_steps 50 --name "$n" --n_device_axis 2 1 1)
+  log=$(log_of "$id")
+  for _ in $(seq 300); do grep -q "Step 5," "$log" 2>/dev/null && break; sleep 0.2; done
+  hid=$(submit -p high --nodes=2 --wrap "srun hostname")
+  hst=$(slurm_wait_job "$hid" 60)
+  st=$(slurm_wait_job "$id" 120)
+  check "preempted job ($l): the high-priority job ran ($hst; ${SECONDS} s into the test)" test "$hst" = COMPLETED
+  check "preempted job ($l): preempted, requeued and COMPLETED ($st, restarts $(field "$id" Restarts))" \
+    bash -c "test '$st' = COMPLETED -a '$(field "$id" Restarts)' -ge 1 && grep -q 'DUE TO PREEMPTION' $log"
+  check "preempted job ($l): the ranks saved, the second attempt resumed from it" \
+    bash -c "grep -q 'resumed from runs/$n/checkpoints/step_' $log && grep -q 'training [1-9][0-9]* -> 50 steps' $log"
+  check "preempted job ($l): no 'time limit near', no requeue error (SLURM requeued it first)" \
+    bash -c "! grep -qE 'time limit near|requeue .* failed|Job is pending execution' $log"
+  check "preempted job ($l): the run reached step 50" test -d "runs/$n/checkpoints/step_00000050"
+  wait $refs 2>/dev/null
+  test -f runs/ref/checkpoints/step_00000050/model.json -o -d runs/ref/checkpoints/step_00000050 ||
+    bad "the uninterrupted run under mpirun" "$(tail -5 ref.log)"
+  out=$(same "runs/$n/metrics.jsonl" runs/ref/metrics.jsonl 0) &&
+    ok "preempted job ($l): losses and grad norms = the uninterrupted run ($out)" ||
+    { bad "preempted job ($l): losses differ from the uninterrupted run" "$out"; grep -v "Step " "$log" | tail -30; }
+}
+preempted srun pre
+preempted mpirun prempi
 
 # A real time limit: --time=1 with SIGUSR1 50 s before it (SLURM checks time
 # limits every 30 s, so it comes 10 to 40 s into an attempt); 50 steps of
@@ -102,6 +114,6 @@ out=$(same runs/tl/metrics.jsonl runs/ref/metrics.jsonl 0) &&
 # non-array jobs were named NAME-ID_4294967294.out).
 check "time limit: one log meshtrain-$id.out with every attempt's header" \
   bash -c "test \$(grep -c '^launch-slurm.sbatch: job $id ' $log) -eq \$(($(field "$id" Restarts) + 1)) &&
-           test \$(ls meshtrain-*.out | wc -l) -eq 3"
+           test \$(ls meshtrain-*.out | wc -l) -eq 4"
 
 finish
