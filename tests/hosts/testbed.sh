@@ -19,7 +19,7 @@
 # uses the bed's own key, known_hosts and host names, never ~/.ssh.
 
 BED="" BED_ID="" BED_N=0
-BED_ANCHORS=()
+BED_ANCHORS=() BED_UTS=()
 BED_LOCK_FD=""
 
 bed_skip() { echo "SKIP: multi-host test bed: $*"; exit 77; }
@@ -138,6 +138,8 @@ CONF
   for k in $(seq "$BED_N"); do
     h="h$k"
     for _ in $(seq 50); do [ "$(on_host "$h" hostname 2>/dev/null)" = "$h" ] && break; sleep 0.1; done
+    # The host's UTS namespace names its processes, the anchor's death aside.
+    BED_UTS[k - 1]="$(readlink "/proc/$(bed_anchor "$h")/ns/uts")"
     on_host "$h" /usr/sbin/sshd -f "$BED/sshd/$h.conf" -E "$BED/sshd/$h.log" ||
       { echo "FAIL: sshd on $h did not start: $(cat "$BED/sshd/$h.log")"; exit 1; }
   done
@@ -169,22 +171,32 @@ bed_link() {  # HOST down|up
 
 # Every process that lives in a host's namespaces (its UTS namespace tells).
 bed_pids() {
-  local uts p
-  uts="$(readlink "/proc/$(bed_anchor "$1")/ns/uts" 2>/dev/null)" || return 0
+  local uts="${BED_UTS[$((${1#h} - 1))]:-}" p
+  [ -n "$uts" ] || uts="$(readlink "/proc/$(bed_anchor "$1")/ns/uts" 2>/dev/null)" || return 0
   for p in /proc/[0-9]*; do
     [ "$(readlink "$p/ns/uts" 2>/dev/null)" = "$uts" ] && echo "${p#/proc/}"
   done
 }
 
 bed_down() {
-  local k h pids
+  local k h pids left
   [ -n "$BED_ID" ] || return 0
-  for k in $(seq "$BED_N"); do
-    h="h$k"
-    [ -n "${BED_ANCHORS[$((k - 1))]:-}" ] || continue
-    mapfile -t pids < <(bed_pids "$h")
-    ((${#pids[@]})) && kill -9 "${pids[@]}" 2>/dev/null
+  # Again until none is left: a daemon (slurmd starting a job) may fork
+  # while the others are killed, and the anchor (in the list) goes first.
+  for _ in $(seq 20); do
+    left=0
+    for k in $(seq "$BED_N"); do
+      h="h$k"
+      [ -n "${BED_ANCHORS[$((k - 1))]:-}" ] || continue
+      mapfile -t pids < <(bed_pids "$h")
+      ((${#pids[@]})) || continue
+      left=1
+      kill -9 "${pids[@]}" 2>/dev/null
+    done
+    ((left)) || break
+    sleep 0.1
   done
+  ((${#BED_ANCHORS[@]})) && kill -9 "${BED_ANCHORS[@]}" 2>/dev/null
   wait 2>/dev/null
   for k in $(seq "$BED_N"); do ip netns del "$(bed_ns "h$k")" 2>/dev/null; done
   ip netns del "$(bed_ns sw)" 2>/dev/null
