@@ -304,7 +304,7 @@ for ((k = 0; ; k++)); do
   if ((unreachable)); then
     ((rc == 0)) && rc=1
     # Name the host (a restart checks the hosts anyway).
-    ((max_restarts == 0 || stopping)) && { preflight || true; }
+    ((max_restarts == 0 || stopping || k >= max_restarts)) && { preflight || true; }
     unreachable=0
   fi
   mpi_pid=""

@@ -75,6 +75,15 @@ check "--drop-unreachable: logs the host left out and the new world and mesh" gr
 out=$(same runs/drop/metrics.jsonl runs/one/metrics.jsonl) && ok "--drop-unreachable: dp 1 x tp 2 = one process ($out)" ||
   bad "--drop-unreachable: != one process" "$out"
 
+# ... unless the ranks left cannot hold pp x tp: refused, naming why.
+on_host_for 60 h1 bash "$SRC/scripts/launch-mpirun.sh" --hostfile hostfile.dead --ranks-per-host 1 --config tiny.json \
+  --binary "$BIN" --log-dir "$PWD/nodrop-logs" --connect-timeout 3 --drop-unreachable \
+  -- "${S[@]}" --name nodrop --n_device_axis 1 2 1 > nodrop.log 2>&1
+rc=$?
+check "--drop-unreachable, pp 2 on one rank left: refused (rc $rc), nothing started" \
+  bash -c "test $rc -eq 1 && grep -q 'the 1 rank(s) left are not a multiple of pp x tp = 2 x 1' nodrop.log &&
+           grep -q 'nothing started' nodrop.log && ! test -e runs/nodrop"
+
 # output_dir on each host's own /tmp: refused at start-up, naming h2.
 on_host_for 120 h1 "${X[@]}" --host h1:1,h2:1 -np 2 "$BIN" train --config tiny.json "${S[@]}" --name local \
   --output_dir /tmp/runs --n_device_axis 2 1 1 > local.log 2>&1
