@@ -19,8 +19,9 @@
 
 slurm_up() {
   local p
-  for p in munged slurmctld slurmd sbatch srun scontrol; do
-    command -v "$p" >/dev/null || PATH="$PATH:/usr/sbin" command -v "$p" >/dev/null ||
+  case ":$PATH:" in *:/usr/sbin:*) ;; *) PATH="$PATH:/usr/sbin" ;; esac  # the daemons
+  for p in munged slurmctld slurmd sbatch srun scontrol sinfo; do
+    command -v "$p" >/dev/null ||
       bed_skip "SLURM test cluster: '$p' is not installed (scripts/setup.sh installs slurmctld slurmd slurm-client munge)"
   done
   local S="$BED/slurm" k h
