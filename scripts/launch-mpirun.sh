@@ -9,7 +9,8 @@ usage() {
   cat <<'USAGE'
 Usage: scripts/launch-mpirun.sh --hostfile FILE --ranks-per-host N --config FILE
                                 [--binary PATH] [--log-dir DIR] [--env K=V ...]
-                                [--connect-timeout S] [--max-restarts N] [--dry-run]
+                                [--connect-timeout S] [--max-restarts N]
+                                [--drop-unreachable] [--dry-run]
                                 [-- extra meshtrain train arguments]
 
 Builds and runs (or with --dry-run only prints) the mpirun command that starts
@@ -32,6 +33,12 @@ Builds and runs (or with --dry-run only prints) the mpirun command that starts
                         (a --fresh is dropped after the first). Stops early
                         when an attempt fails at the same step as the one
                         before with no newer checkpoint (default 0)
+  --drop-unreachable    a host that cannot be reached over ssh at the start
+                        or at a restart is left out and the run goes on with
+                        the other hosts: a smaller dp (pp and tp kept, read
+                        from --n_device_axis, --set or the config), passed as
+                        -- --n_device_axis DP PP TP; the newest checkpoint is
+                        resharded. Without it such a host stops the launch
   --dry-run             print the command, run nothing
   -h, --help            this text
   -- ARGS               passed to `meshtrain train`, e.g.
@@ -39,7 +46,8 @@ Builds and runs (or with --dry-run only prints) the mpirun command that starts
 
 Before starting, every host other than this one is checked over ssh (bounded
 by --connect-timeout): reachable, with the binary and the config at their
-paths; the first host that is not is named and nothing starts.
+paths; a host that is not is named and nothing starts (with
+--drop-unreachable, a host that cannot be reached is left out instead).
 
 The run dir (output_dir/name) must be on storage every host sees at the same
 path (meshtrain checks this at start-up): pass -- --output_dir /shared/runs.
@@ -66,7 +74,7 @@ need_value() {
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 hostfile="" ranks_per_host="" config="" binary="$ROOT/build/meshtrain" log_dir="" dry_run=0
-connect_timeout=10 max_restarts=0
+connect_timeout=10 max_restarts=0 drop_unreachable=0
 envs=() extra=()
 while (($#)); do
   case "$1" in
@@ -78,6 +86,7 @@ while (($#)); do
     --env) need_value "$1" $#; envs+=("$2"); shift 2 ;;
     --connect-timeout) need_value "$1" $#; connect_timeout="$2"; shift 2 ;;
     --max-restarts) need_value "$1" $#; max_restarts="$2"; shift 2 ;;
+    --drop-unreachable) drop_unreachable=1; shift ;;
     --dry-run) dry_run=1; shift ;;
     -h | --help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -100,22 +109,26 @@ done
 # Unique host names, in file order, without comments or slot counts.
 mapfile -t hosts < <(sed -e 's/#.*//' "$hostfile" | awk 'NF { print $1 }' | awk '!seen[$0]++')
 ((${#hosts[@]})) || die "--hostfile '$hostfile' names no hosts"
-np=$((${#hosts[@]} * ranks_per_host))
 [ -n "$log_dir" ] || log_dir="$ROOT/runs/launch-logs/$(date +%Y%m%d-%H%M%S)"
 
 # ssh without prompts, bounded connects, and keep-alives: a host that drops
 # packets fails in --connect-timeout s, one that vanishes mid-run in ~15 s.
 ssh_opts=(-o BatchMode=yes -o "ConnectTimeout=$connect_timeout" -o ServerAliveInterval=5 -o ServerAliveCountMax=3)
-# --host h:N gives every host N slots whatever the hostfile says.
-spec=""
-for h in "${hosts[@]}"; do spec+="${spec:+,}$h:$ranks_per_host"; done
-cmd=(mpirun -np "$np" --host "$spec" --map-by "ppr:${ranks_per_host}:node" --bind-to none)
-# OpenMPI refuses root unless asked; containers often run as root.
-[ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
-cmd+=(--mca plm_rsh_args "${ssh_opts[*]}")
-cmd+=(-x "NCCL_DEBUG=${NCCL_DEBUG:-WARN}" -x "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
-[ -n "${NCCL_SOCKET_IFNAME:-}" ] && cmd+=(-x "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME")
-for kv in "${envs[@]}"; do cmd+=(-x "$kv"); done
+# The mpirun command over the current hosts (--drop-unreachable shrinks them).
+build_cmd() {
+  local h spec=""
+  np=$((${#hosts[@]} * ranks_per_host))
+  # --host h:N gives every host N slots whatever the hostfile says.
+  for h in "${hosts[@]}"; do spec+="${spec:+,}$h:$ranks_per_host"; done
+  cmd=(mpirun -np "$np" --host "$spec" --map-by "ppr:${ranks_per_host}:node" --bind-to none)
+  # OpenMPI refuses root unless asked; containers often run as root.
+  [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
+  cmd+=(--mca plm_rsh_args "${ssh_opts[*]}")
+  cmd+=(-x "NCCL_DEBUG=${NCCL_DEBUG:-WARN}" -x "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
+  [ -n "${NCCL_SOCKET_IFNAME:-}" ] && cmd+=(-x "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME")
+  for kv in "${envs[@]}"; do cmd+=(-x "$kv"); done
+}
+build_cmd
 
 # The meshtrain command of attempt K (0: the first): a restart resumes, so
 # it drops --fresh.
@@ -143,8 +156,11 @@ is_local() {
   [ "$1" = localhost ] || [ "$1" = 127.0.0.1 ] || [ "$1" = "$(hostname)" ] || [ "$1" = "$(hostname -s)" ] ||
     ip -o addr show 2>/dev/null | awk '{ split($4, a, "/"); print a[1] }' | grep -qxF "$1"
 }
+# Sets unreachable_hosts (ssh could not connect: exit 255) and failed (every
+# host that is not ready); returns 1 when any host is not ready.
 preflight() {
-  local h dir pids=() names=() i bad=0 check
+  local h dir pids=() names=() i rc check
+  unreachable_hosts=() failed=()
   dir="$(mktemp -d)"
   # Relative paths are taken from this directory on every host, as mpirun does.
   check="cd $(printf '%q' "$PWD") || exit 3; test -x $(printf '%q' "$binary") || { echo 'no binary $binary'; exit 3; }"
@@ -156,15 +172,68 @@ preflight() {
     pids+=($!) names+=("$h")
   done
   for i in "${!pids[@]}"; do
-    if ! wait "${pids[$i]}"; then
-      say "host ${names[$i]} is not ready (checked over ssh, connect timeout ${connect_timeout} s): $(tr '\n' ' ' <"$dir/${names[$i]}")"
-      bad=1
-    fi
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    ((rc)) || continue
+    say "host ${names[$i]} is not ready (checked over ssh, connect timeout ${connect_timeout} s): $(tr '\n' ' ' <"$dir/${names[$i]}")"
+    failed+=("${names[$i]}")
+    ((rc == 255)) && unreachable_hosts+=("${names[$i]}")
   done
   rm -rf "$dir"
-  return $bad
+  ((${#failed[@]} == 0))
 }
-preflight || { say "nothing started"; exit 1; }
+
+# The mesh [dp, pp, tp] the run asks for: the last -- --n_device_axis, else
+# the last -- --set device_config.n_device_axis=[...], else the config's.
+mesh_of() {
+  local i flag="" set=""
+  for ((i = 0; i < ${#extra[@]}; i++)); do
+    case "${extra[$i]}" in
+      --n_device_axis) flag="${extra[*]:i+1:3}" ;;
+      --set) [[ "${extra[i + 1]:-}" == device_config.n_device_axis=* ]] && set="${extra[i + 1]#*=}" ;;
+    esac
+  done
+  if [ -n "$flag" ]; then echo "$flag"
+  elif [ -n "$set" ]; then tr -d '[] ' <<<"$set" | tr ',' ' '
+  else
+    python3 -c 'import json, sys
+print(*json.load(open(sys.argv[1])).get("device_config", {}).get("n_device_axis", [1, 1, 1]))' "$config"
+  fi
+}
+
+# --drop-unreachable: leaves out the hosts preflight could not reach and
+# passes the smaller dp (pp and tp kept); fails when that is impossible.
+drop_hosts() {
+  local h keep=() dp pp tp world new_dp i args=()
+  for h in "${hosts[@]}"; do [[ " ${unreachable_hosts[*]} " == *" $h "* ]] || keep+=("$h"); done
+  read -r dp pp tp < <(mesh_of) || true
+  [[ "$dp$pp$tp" =~ ^[0-9]+$ ]] || { say "cannot read the mesh [dp, pp, tp] of the run to shrink it"; return 1; }
+  world=$((${#keep[@]} * ranks_per_host))
+  if ((world == 0 || world % (pp * tp))); then
+    say "cannot leave out ${unreachable_hosts[*]}: the ${world} rank(s) left are not a multiple of pp x tp = $pp x $tp"
+    return 1
+  fi
+  new_dp=$((world / (pp * tp)))
+  hosts=("${keep[@]}")
+  # -- --n_device_axis wins over --set and the config: replace it.
+  for ((i = 0; i < ${#extra[@]}; i++)); do
+    if [ "${extra[$i]}" = --n_device_axis ]; then i=$((i + 3)); continue; fi
+    args+=("${extra[$i]}")
+  done
+  extra=("${args[@]}" --n_device_axis "$new_dp" "$pp" "$tp")
+  build_cmd
+  say "--drop-unreachable: left out unreachable host(s) ${unreachable_hosts[*]}; going on with ${#hosts[@]}" \
+    "host(s) (${hosts[*]}): world $world, mesh dp $new_dp x pp $pp x tp $tp (was dp $dp)"
+}
+
+# preflight; with --drop-unreachable, hosts it could not reach are left out
+# (a host that answers but lacks the binary or config still stops the launch).
+hosts_ready() {
+  preflight && return 0
+  ((drop_unreachable)) && ((${#unreachable_hosts[@]} == ${#failed[@]})) || return 1
+  drop_hosts
+}
+hosts_ready || { say "nothing started"; exit 1; }
 
 # What an attempt's log says: the newest checkpoint saved, the step it
 # started from, the last step trained, and the first error line.
@@ -234,7 +303,8 @@ for ((k = 0; ; k++)); do
   set -e
   if ((unreachable)); then
     ((rc == 0)) && rc=1
-    preflight || true
+    # Name the host (a restart checks the hosts anyway).
+    ((max_restarts == 0 || stopping || k >= max_restarts)) && { preflight || true; }
     unreachable=0
   fi
   mpi_pid=""
@@ -254,7 +324,7 @@ for ((k = 0; ; k++)); do
     exit "$rc"
   fi
   prev_step=$step prev_saved=$saved
-  preflight || { say "restart $((k + 1)): a host is not ready; giving up"; exit 1; }
+  hosts_ready || { say "restart $((k + 1)): a host is not ready; giving up"; exit 1; }
   if ((saved > 0)); then from="step $saved (the newest checkpoint)"; else from="the newest checkpoint of the run dir (this launch saved none)"; fi
   say "restart $((k + 1)) of $max_restarts: resuming from $from"
 done

@@ -40,13 +40,15 @@ quietly() {
 # build caching, commit names, creating .deps/pyenv, the multi-host tests):
 # offline, missing ones are a warning. scripts/gpu-preflight.sh checks a GPU
 # machine's build needs by their files instead of package names.
-# openssh-server and tmux: the multi-host tests (tests/hosts/testbed.sh) run
-# an sshd per test host inside network namespaces; none is started here.
-optional_pkgs=(fortunes fortunes-min shellcheck ccache git python3-venv openssh-server tmux)
+# openssh-server, tmux and SLURM (slurmctld, slurmd, slurm-client, munge): the
+# multi-host tests (tests/hosts/testbed.sh) run an sshd per test host and a
+# two-node SLURM cluster inside network namespaces; no daemon is started here.
+test_pkgs=(openssh-server tmux slurmctld slurmd slurm-client munge)
+optional_pkgs=(fortunes fortunes-min shellcheck ccache git python3-venv "${test_pkgs[@]}")
 
 apt_pkgs=(build-essential cmake git ccache pkg-config python3 python3-venv
           libopenmpi-dev openmpi-bin nlohmann-json3-dev libspdlog-dev libcli11-dev
-          libgtest-dev fortunes fortunes-min shellcheck openssh-server tmux
+          libgtest-dev fortunes fortunes-min shellcheck "${test_pkgs[@]}"
           libpcre2-dev zlib1g-dev libzstd-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -65,6 +65,11 @@ void TestHooks::after_update(int64_t step, ParallelModel& pm) const {
 }
 
 void TestHooks::before_step(int64_t step, int rank) const {
+  // Slow steps without using the CPU: the SLURM tests need a run that outlasts
+  // a time limit's warning. Read here, not in from_environment(), so the
+  // header (included widely) keeps its layout.
+  if (const int64_t ms = env_int("MESHTRAIN_TEST_STEP_SLEEP_MS"); ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   if (step != stall_at_step_ || std::find(stall_ranks_.begin(), stall_ranks_.end(), rank) == stall_ranks_.end())
     return;
   spdlog::warn("test hook: rank {} stalls before step {}", rank, step);

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Across hosts, for real, on the test bed (tests/hosts/testbed.sh: two network
 # namespaces with their own sshd, hostname, /tmp and /dev/shm): mpirun over
-# both hosts equals one process (dp x tp and pp split across the hosts, losses
-# and gradient norms); launch-mpirun.sh end to end with a hostfile of slots=1
-# and --ranks-per-host 2, --env reaching every rank; an unreachable host named
-# within the connect timeout; a run dir on each host's local disk refused at
-# start-up naming the host. Skipped (exit 77, reason printed) only where
-# namespaces cannot be made.
+# both hosts equals one process (pp split across the hosts, losses and
+# gradient norms); launch-mpirun.sh end to end (dp x tp across the hosts =
+# one process) with a hostfile of slots=1 and --ranks-per-host 2, --env
+# reaching every rank; an unreachable host named within the connect timeout,
+# or left out with --drop-unreachable (the run goes on at a smaller dp); a
+# run dir on each host's local disk refused at start-up naming the host.
+# Skipped (exit 77, reason printed) only where namespaces cannot be made.
 source "$(dirname "$0")/common.sh" "$@"
 source "$SRC/tests/hosts/testbed.sh"
 bed_up "$WORK/bed" 2
@@ -21,15 +22,6 @@ same() { python3 "$SRC/tests/hosts/compare.py" "$@"; }
 
 "$BIN" train --config tiny.json "${S[@]}" --name one > one.log 2>&1 || bad "one process" "$(tail one.log)"
 
-# dp 2 x tp 2, two ranks per host.
-on_host_for 120 h1 "${X[@]}" --host h1:2,h2:2 -np 4 "$BIN" train --config tiny.json "${S[@]}" --name dptp \
-  --n_device_axis 2 1 2 > dptp.log 2>&1
-rc=$?
-check "mpirun over h1,h2: dp 2 x tp 2 trains (rc $rc)" test $rc -eq 0
-check "mpirun over h1,h2: ranks on both hosts" grep -q "rank 3 on h2" dptp.log
-out=$(same runs/dptp/metrics.jsonl runs/one/metrics.jsonl) && ok "dp x tp across hosts = one process ($out)" ||
-  bad "dp x tp across hosts != one process" "$out"
-
 # pp 2: one stage per host.
 on_host_for 120 h1 "${X[@]}" --host h1:1,h2:1 -np 2 "$BIN" train --config tiny.json "${S[@]}" --name pp \
   --n_device_axis 1 2 1 > pp.log 2>&1
@@ -38,8 +30,9 @@ check "mpirun over h1,h2: pp 2 trains (rc $rc)" test $rc -eq 0
 out=$(same runs/pp/metrics.jsonl runs/one/metrics.jsonl) && ok "pp across hosts = one process ($out)" ||
   bad "pp across hosts != one process" "$out"
 
-# launch-mpirun.sh: the hostfile says slots=1, --ranks-per-host says 2 (it
-# failed with "not enough slots"); --env reaches every rank on every host.
+# dp 2 x tp 2, two ranks per host, through launch-mpirun.sh (one mpirun): the
+# hostfile says slots=1, --ranks-per-host says 2 (it failed with "not enough
+# slots"); --env reaches every rank on every host.
 printf 'h1 slots=1\nh2 slots=1\n' > hostfile
 cat > envbin <<WRAP
 #!/bin/sh
@@ -53,10 +46,11 @@ on_host_for 120 h1 bash "$SRC/scripts/launch-mpirun.sh" --hostfile hostfile --ra
 rc=$?
 check "launch-mpirun.sh --ranks-per-host 2 over slots=1: trains (rc $rc)" test $rc -eq 0
 [ $rc -eq 0 ] || tail -15 lm.log
+check "launch-mpirun.sh: ranks 2, 3 on h2" bash -c "grep -q 'rank 2 on h2' lm.log && grep -q 'rank 3 on h2' lm.log"
 check "launch-mpirun.sh --env: every rank on both hosts has it" \
   bash -c "test \$(cat env.h1.* env.h2.* 2>/dev/null | grep -c '^hello$') -eq 4"
-out=$(same runs/lm/metrics.jsonl runs/one/metrics.jsonl) && ok "launch-mpirun.sh across hosts = one process ($out)" ||
-  bad "launch-mpirun.sh across hosts != one process" "$out"
+out=$(same runs/lm/metrics.jsonl runs/one/metrics.jsonl) && ok "launch-mpirun.sh: dp x tp across hosts = one process ($out)" ||
+  bad "launch-mpirun.sh: dp x tp across hosts != one process" "$out"
 
 # A host that does not answer: named within the connect timeout, nothing started.
 printf 'h1\n%s\n' "$(bed_ip 9)" > hostfile.dead
@@ -67,6 +61,28 @@ rc=$? took=$(($(date +%s) - start))
 check "unreachable host: launch fails (rc $rc) in ${took} s (connect timeout 3 s)" test $rc -ne 0 -a $rc -ne 124 -a $took -le 15
 check "unreachable host: named, nothing started" \
   bash -c "grep -q 'host $(bed_ip 9) is not ready' dead.log && grep -q 'nothing started' dead.log && ! test -e runs/dead"
+
+# --drop-unreachable: the same dead host is left out and the run goes on with
+# h1 alone, its dp shrunk to fit (dp 2 x tp 2 over 4 ranks -> dp 1 x tp 2).
+on_host_for 120 h1 bash "$SRC/scripts/launch-mpirun.sh" --hostfile hostfile.dead --ranks-per-host 2 --config tiny.json \
+  --binary "$BIN" --log-dir "$PWD/drop-logs" --connect-timeout 3 --drop-unreachable \
+  -- "${S[@]}" --name drop --n_device_axis 2 1 2 > drop.log 2>&1
+rc=$?
+check "--drop-unreachable: the run goes on without the dead host (rc $rc)" test $rc -eq 0
+check "--drop-unreachable: logs the host left out and the new world and mesh" grep -q \
+  "left out unreachable host(s) $(bed_ip 9); going on with 1 host(s) (h1): world 2, mesh dp 1 x pp 1 x tp 2 (was dp 2)" drop.log
+[ $rc -eq 0 ] || tail -15 drop.log
+out=$(same runs/drop/metrics.jsonl runs/one/metrics.jsonl) && ok "--drop-unreachable: dp 1 x tp 2 = one process ($out)" ||
+  bad "--drop-unreachable: != one process" "$out"
+
+# ... unless the ranks left cannot hold pp x tp: refused, naming why.
+on_host_for 60 h1 bash "$SRC/scripts/launch-mpirun.sh" --hostfile hostfile.dead --ranks-per-host 1 --config tiny.json \
+  --binary "$BIN" --log-dir "$PWD/nodrop-logs" --connect-timeout 3 --drop-unreachable \
+  -- "${S[@]}" --name nodrop --n_device_axis 1 2 1 > nodrop.log 2>&1
+rc=$?
+check "--drop-unreachable, pp 2 on one rank left: refused (rc $rc), nothing started" \
+  bash -c "test $rc -eq 1 && grep -q 'the 1 rank(s) left are not a multiple of pp x tp = 2 x 1' nodrop.log &&
+           grep -q 'nothing started' nodrop.log && ! test -e runs/nodrop"
 
 # output_dir on each host's own /tmp: refused at start-up, naming h2.
 on_host_for 120 h1 "${X[@]}" --host h1:1,h2:1 -np 2 "$BIN" train --config tiny.json "${S[@]}" --name local \

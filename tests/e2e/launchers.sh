@@ -210,9 +210,15 @@ echo started >"$TERM_SEEN.started"
 while :; do sleep 0.1; done
 STUB
 printf '#!/bin/sh\necho "scontrol $*" >>"%s"\n' "$WORK/scontrol.log" >"$WORK/fake/scontrol"
-chmod +x "$WORK/fake/mpirun" "$WORK/fake/scontrol"
+# squeue -o %L: the job's time left, which tells what a SIGUSR1 meant.
+printf '#!/bin/sh\necho "$FAKE_LEFT"\n' >"$WORK/fake/squeue"
+chmod +x "$WORK/fake/mpirun" "$WORK/fake/scontrol" "$WORK/fake/squeue"
 export TERM_SEEN="$WORK/term_seen"
-for sig in TERM USR1; do
+# SIGUSR1 is "time limit near" only with little time left (it was printed on any).
+for sig_left in "TERM 19:58:00 SIGTERM (scancel --signal=TERM or preemption)" \
+  "USR1 1:30 time limit near (SIGUSR1, 1:30 left)" "USR1 19:58:00 SIGUSR1, not the time limit (19:58:00 left)"; do
+  read -r sig left cause <<<"$sig_left"
+  export FAKE_LEFT="$left"
   rm -f "$TERM_SEEN" "$TERM_SEEN.started" "$WORK/scontrol.log"
   PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" SLURM_JOB_ID=42 \
     SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1 &
@@ -222,8 +228,9 @@ for sig in TERM USR1; do
   wait "$job"
   rc=$?
   if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = usr1 ] &&
-    [ "$(cat "$WORK/scontrol.log" 2>/dev/null)" = "scontrol requeue 42" ]; then
-    ok "slurm: SIG$sig reaches the ranks as SIGUSR1, the job waits and requeues itself"
+    [ "$(cat "$WORK/scontrol.log" 2>/dev/null)" = "scontrol requeue 42" ] &&
+    grep -qF "launch-slurm.sbatch: $cause: sent SIGUSR1" "$WORK/slurm.out"; then
+    ok "slurm: SIG$sig ($left left) reaches the ranks as SIGUSR1, the job says '$cause', waits and requeues itself"
   else
     bad "slurm: SIG$sig (exit $rc, scontrol: $(cat "$WORK/scontrol.log" 2>/dev/null))" "$(cat "$WORK/slurm.out")"
   fi

@@ -19,7 +19,8 @@
 # uses the bed's own key, known_hosts and host names, never ~/.ssh.
 
 BED="" BED_ID="" BED_N=0
-BED_ANCHORS=()
+BED_ANCHORS=() BED_UTS=()
+BED_LOCK_FD=""
 
 bed_skip() { echo "SKIP: multi-host test bed: $*"; exit 77; }
 
@@ -35,6 +36,19 @@ bed_check() {
     echo "FAIL: sshd is not installed: run scripts/setup.sh (it installs openssh-server for these tests)"
     exit 1
   }
+}
+
+# One test bed on this machine at a time, whichever checkout's tests make it
+# (ctest's RESOURCE_LOCK covers one ctest only): a lock on a file in /run held
+# by the test's shell alone. The hosts' processes do not inherit it, so a
+# test killed outright frees it.
+bed_lock() {
+  local lock=/run/meshtrain-testbed.lock wait="${MESHTRAIN_BED_WAIT:-240}"
+  exec {BED_LOCK_FD}>>"$lock"
+  flock -n "$BED_LOCK_FD" && return 0
+  echo "test bed: another test bed is up on this machine ($(cat "$lock.owner" 2>/dev/null)); waiting up to $wait s"
+  flock -w "$wait" "$BED_LOCK_FD" ||
+    { echo "FAIL: multi-host test bed: another one ($(cat "$lock.owner" 2>/dev/null)) held $lock for $wait s"; exit 1; }
 }
 
 bed_ns() { echo "mtb${BED_ID}$1"; }  # network namespace of host $1 (sw: the switch)
@@ -54,7 +68,11 @@ bed_up() {
         exit 1 ;;
     esac
   done
+  bed_lock
+  echo "pid $$, $BED" >/run/meshtrain-testbed.lock.owner
+  # A free id: a bed left by a test killed outright keeps its namespaces.
   BED_ID=$(($$ % 250))
+  while ip netns list | grep -q "^mtb${BED_ID}sw\b"; do BED_ID=$(((BED_ID + 1) % 250)); done
   trap bed_down EXIT
   rm -rf "$BED"
   mkdir -p "$BED/bin" "$BED/sshd"
@@ -99,7 +117,7 @@ CONF
       hostname $h
       mount -t tmpfs -o size=512m tmpfs /tmp && mount -t tmpfs -o size=512m tmpfs /dev/shm &&
       mount --bind $BED/etc_hosts /etc/hosts || exit 1
-      exec sleep infinity" &
+      exec sleep infinity" {BED_LOCK_FD}>&- &
     BED_ANCHORS+=($!)
     disown $!  # bed_down kills it: no "Killed" line from the shell
     cat >"$BED/sshd/$h.conf" <<CONF
@@ -120,6 +138,8 @@ CONF
   for k in $(seq "$BED_N"); do
     h="h$k"
     for _ in $(seq 50); do [ "$(on_host "$h" hostname 2>/dev/null)" = "$h" ] && break; sleep 0.1; done
+    # The host's UTS namespace names its processes, the anchor's death aside.
+    BED_UTS[k - 1]="$(readlink "/proc/$(bed_anchor "$h")/ns/uts")"
     on_host "$h" /usr/sbin/sshd -f "$BED/sshd/$h.conf" -E "$BED/sshd/$h.log" ||
       { echo "FAIL: sshd on $h did not start: $(cat "$BED/sshd/$h.log")"; exit 1; }
   done
@@ -136,13 +156,13 @@ on_host() {
   local h="$1"
   shift
   # The anchor is bash's child `sleep`, exec'd: its pid is the one started.
-  nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@"
+  nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@" {BED_LOCK_FD}>&-
 }
 
 on_host_for() {
   local secs="$1" h="$2"
   shift 2
-  timeout "$secs" nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@"
+  timeout "$secs" nsenter -t "$(bed_anchor "$h")" -u -m -n --wd="$PWD" -- "$@" {BED_LOCK_FD}>&-
 }
 
 bed_link() {  # HOST down|up
@@ -151,22 +171,32 @@ bed_link() {  # HOST down|up
 
 # Every process that lives in a host's namespaces (its UTS namespace tells).
 bed_pids() {
-  local uts p
-  uts="$(readlink "/proc/$(bed_anchor "$1")/ns/uts" 2>/dev/null)" || return 0
+  local uts="${BED_UTS[$((${1#h} - 1))]:-}" p
+  [ -n "$uts" ] || uts="$(readlink "/proc/$(bed_anchor "$1")/ns/uts" 2>/dev/null)" || return 0
   for p in /proc/[0-9]*; do
     [ "$(readlink "$p/ns/uts" 2>/dev/null)" = "$uts" ] && echo "${p#/proc/}"
   done
 }
 
 bed_down() {
-  local k h pids
+  local k h pids left
   [ -n "$BED_ID" ] || return 0
-  for k in $(seq "$BED_N"); do
-    h="h$k"
-    [ -n "${BED_ANCHORS[$((k - 1))]:-}" ] || continue
-    mapfile -t pids < <(bed_pids "$h")
-    ((${#pids[@]})) && kill -9 "${pids[@]}" 2>/dev/null
+  # Again until none is left: a daemon (slurmd starting a job) may fork
+  # while the others are killed, and the anchor (in the list) goes first.
+  for _ in $(seq 20); do
+    left=0
+    for k in $(seq "$BED_N"); do
+      h="h$k"
+      [ -n "${BED_ANCHORS[$((k - 1))]:-}" ] || continue
+      mapfile -t pids < <(bed_pids "$h")
+      ((${#pids[@]})) || continue
+      left=1
+      kill -9 "${pids[@]}" 2>/dev/null
+    done
+    ((left)) || break
+    sleep 0.1
   done
+  ((${#BED_ANCHORS[@]})) && kill -9 "${BED_ANCHORS[@]}" 2>/dev/null
   wait 2>/dev/null
   for k in $(seq "$BED_N"); do ip netns del "$(bed_ns "h$k")" 2>/dev/null; done
   ip netns del "$(bed_ns sw)" 2>/dev/null
