@@ -106,8 +106,10 @@ def build(cfg, vocab, device="cpu", compute_dtype=torch.float32, aux_weight=0.0)
 
     tables = {dim: rope_tables(dim) for dim in {hd} | ({dhR} if mla and dhR > 0 else set())}
 
-    def rope(x):  # [..., T, dim]
+    def rope(x, keep_dtype=False):  # [..., T, dim]
         cos, sin = tables[x.shape[-1]]
+        if keep_dtype:  # bf16 in, bf16 out: no fp32 q and k for SDPA to cast back
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x.chunk(2, -1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -133,8 +135,8 @@ def build(cfg, vocab, device="cpu", compute_dtype=torch.float32, aux_weight=0.0)
         k_ = heads(F.linear(c, params[f"{i}.w_uk"]), hd)
         v = heads(F.linear(c, params[f"{i}.w_uv"]), hd)
         if r > 0:
-            q = torch.cat([q, rope(heads(F.linear(cq, params[f"{i}.w_qr"]), r))], -1)
-            k_rope = rope(F.linear(x, params[f"{i}.w_kr"]))  # [b, T, r]: one rope key for all heads
+            q = torch.cat([q, rope(heads(F.linear(cq, params[f"{i}.w_qr"]), r), True)], -1)
+            k_rope = rope(F.linear(x, params[f"{i}.w_kr"]), True)  # [b, T, r]: one rope key for all heads
             k_ = torch.cat([k_, k_rope.unsqueeze(1).expand(-1, H, -1, -1)], -1)
         # Flash attention wants one head size for q, k and v: v padded with
         # zero columns (their outputs are zero and cut), as meshtrain does on GPUs.
