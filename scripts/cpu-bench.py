@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """meshtrain's training step vs plain PyTorch on the same model.
 
-Runs `meshtrain bench` on a dense MHA config and the same model written in
-PyTorch (pre-norm RMSNorm, half-split RoPE, tanh-GELU MLP, tied embeddings,
-per-token cross-entropy, global-norm clipping, AdamW over decay / no-decay
-groups), both on the CPU with the same number of threads, and prints the
-tokens/s of each. Usage (from the repo root, after scripts/build.sh):
+Runs `meshtrain bench` on a config and the same model written in PyTorch
+(scripts/torch_anchor_model.py: pre-norm RMSNorm, half-split RoPE, tanh-GELU,
+tied embeddings, MHA or MLA, a dense MLP or capacity-dispatched MoE with
+shared experts and the aux loss; per-token cross-entropy, global-norm
+clipping, AdamW over decay / no-decay groups), both on the CPU with the same
+number of threads, and prints the tokens/s and parameter count of each
+(meshtrain's from `plan --json`). Usage (from the repo root, after
+scripts/build.sh):
 
   $(scripts/setup-pyenv.sh | tail -1) scripts/cpu-bench.py [--config configs/tiny.json]
       [--threads 1] [--steps 10] [--warmup 2] [--bin build/meshtrain] [--set key=value ...]
@@ -15,7 +18,9 @@ GPU, as the anchors of scripts/gpu-check.sh: the config's model_dtype
 bfloat16 becomes autocast to bf16 over fp32 weights (meshtrain's precision
 policy), AdamW is the fused one, attention is SDPA (flash on H100), and
 `--compile` wraps the loss in torch.compile (the anchor llm.c compares to).
-It prints one JSON line: {"anchor": "eager"|"compile", "tokens_per_sec": ...}.
+It prints one JSON line: {"anchor": "eager"|"compile", "tokens_per_sec": ...,
+"pytorch_params": ...}. `--params-only` only counts the PyTorch model's
+parameters, built on the meta device (any size, nothing allocated).
 """
 import argparse
 import json
