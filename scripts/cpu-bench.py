@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """meshtrain's training step vs plain PyTorch on the same model.
 
-Runs `meshtrain bench` on a dense MHA config and the same model written in
-PyTorch (pre-norm RMSNorm, half-split RoPE, tanh-GELU MLP, tied embeddings,
-per-token cross-entropy, global-norm clipping, AdamW over decay / no-decay
-groups), both on the CPU with the same number of threads, and prints the
-tokens/s of each. Usage (from the repo root, after scripts/build.sh):
+Runs `meshtrain bench` on a config and the same model written in PyTorch
+(scripts/torch_anchor_model.py: pre-norm RMSNorm, half-split RoPE, tanh-GELU,
+tied embeddings, MHA or MLA, a dense MLP or capacity-dispatched MoE with
+shared experts and the aux loss; per-token cross-entropy, global-norm
+clipping, AdamW over decay / no-decay groups), both on the CPU with the same
+number of threads, and prints the tokens/s and parameter count of each
+(meshtrain's from `plan --json`). Usage (from the repo root, after
+scripts/build.sh):
 
   $(scripts/setup-pyenv.sh | tail -1) scripts/cpu-bench.py [--config configs/tiny.json]
       [--threads 1] [--steps 10] [--warmup 2] [--bin build/meshtrain] [--set key=value ...]
@@ -15,11 +18,12 @@ GPU, as the anchors of scripts/gpu-check.sh: the config's model_dtype
 bfloat16 becomes autocast to bf16 over fp32 weights (meshtrain's precision
 policy), AdamW is the fused one, attention is SDPA (flash on H100), and
 `--compile` wraps the loss in torch.compile (the anchor llm.c compares to).
-It prints one JSON line: {"anchor": "eager"|"compile", "tokens_per_sec": ...}.
+It prints one JSON line: {"anchor": "eager"|"compile", "tokens_per_sec": ...,
+"pytorch_params": ...}. `--params-only` only counts the PyTorch model's
+parameters, built on the meta device (any size, nothing allocated).
 """
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -69,10 +73,29 @@ def meshtrain_tokens_per_sec(binary, cfg, data, threads, steps, warmup, work):
     return row["tokens_per_sec"]
 
 
+def torch_model(cfg, device, bf16=False):
+    """The PyTorch model of cfg (scripts/torch_anchor_model.py): params and the
+    summed loss of one microbatch (cross-entropy + alpha-weighted aux loss)."""
+    import torch
+    import torch_anchor_model as model
+
+    why = model.unsupported(cfg)
+    if why:
+        sys.exit(f"cpu-bench: {why}")
+    T = cfg["data_config"]["T"]
+    B = cfg["data_config"]["train_batch_size"]
+    mb = cfg["data_config"].get("micro_batch_size", 0) or B
+    # meshtrain's loss: sum(ce) / (B * T) + alpha * sum over layers and
+    # microbatches of the per-sequence-mean aux loss * (mb / B).
+    aux_weight = cfg.get("alpha", 0.0) * mb * T
+    V = max(cfg["model_config"]["vocab_size"], 320)
+    return model.build(cfg, V, device, torch.bfloat16 if bf16 else torch.float32, aux_weight)
+
+
 def torch_tokens_per_sec(cfg, threads, steps, warmup, device="cpu", compile_model=False):
+    """(tokens/s, parameter count) of the PyTorch model's training step."""
     import contextlib
     import torch
-    import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     cuda = device == "cuda"
@@ -80,52 +103,11 @@ def torch_tokens_per_sec(cfg, threads, steps, warmup, device="cpu", compile_mode
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     bf16 = cuda and cfg["model_config"].get("model_dtype", "float32") == "bfloat16"
-    m = cfg["model_config"]
-    d, H, V = m["model_dimension"], m["n_head"], max(m["vocab_size"], 320)
-    L = m["blocks"] * m["layers_per_block"]
-    hidden = m.get("mlp_hidden", 0) or 4 * d
-    hd, T = d // H, cfg["data_config"]["T"]
+    V, T = max(cfg["model_config"]["vocab_size"], 320), cfg["data_config"]["T"]
     B = cfg["data_config"]["train_batch_size"]
     mb = cfg["data_config"].get("micro_batch_size", 0) or B
-    std = m.get("init_std", 0.02)
-    theta = m.get("rope_theta", 10000.0)
-    assert m["attention"] == "mha" and m["ffn"] == "dense", "the PyTorch model covers dense MHA configs"
-
-    g = torch.Generator().manual_seed(0)
-    def p(*shape, s=std):
-        return torch.nn.Parameter((torch.randn(*shape, generator=g) * s).to(device))
-    res_std = std / math.sqrt(2 * L)
-    params = {"embed": p(V, d)}
-    for i in range(L):
-        params.update({f"{i}.n1": torch.nn.Parameter(torch.ones(d, device=device)),
-                       f"{i}.n2": torch.nn.Parameter(torch.ones(d, device=device)),
-                       f"{i}.wq": p(d, d), f"{i}.wk": p(d, d), f"{i}.wv": p(d, d), f"{i}.wo": p(d, d, s=res_std),
-                       f"{i}.win": p(hidden, d), f"{i}.wout": p(d, hidden, s=res_std)})
-    params["nf"] = torch.nn.Parameter(torch.ones(d, device=device))
-
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
-    ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
-    cos, sin = torch.cat([ang.cos()] * 2, -1).to(device), torch.cat([ang.sin()] * 2, -1).to(device)
-
-    def rope(x):
-        x1, x2 = x.chunk(2, -1)
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
-    def rms(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-
-    def forward(tokens, targets):
-        b = tokens.shape[0]
-        h = F.embedding(tokens, params["embed"])
-        for i in range(L):
-            x = rms(h, params[f"{i}.n1"])
-            q, k, v = (F.linear(x, params[f"{i}.w{n}"]).view(b, T, H, hd).transpose(1, 2) for n in "qkv")
-            o = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
-            h = h + F.linear(o.transpose(1, 2).reshape(b, T, d), params[f"{i}.wo"])
-            x = rms(h, params[f"{i}.n2"])
-            h = h + F.linear(F.gelu(F.linear(x, params[f"{i}.win"]), approximate="tanh"), params[f"{i}.wout"])
-        z = F.linear(rms(h, params["nf"]), params["embed"])
-        return F.cross_entropy(z.view(-1, V).float(), targets.view(-1), reduction="sum")
+    params, forward = torch_model(cfg, device, bf16)
+    g = torch.Generator().manual_seed(1)
 
     loss_fn = torch.compile(forward) if compile_model else forward
     decay = [v for v in params.values() if v.dim() >= 2]
@@ -155,7 +137,19 @@ def torch_tokens_per_sec(cfg, threads, steps, warmup, device="cpu", compile_mode
     for _ in range(steps):
         step()
     sync()
-    return B * T * steps / (time.perf_counter() - t0)
+    return B * T * steps / (time.perf_counter() - t0), sum(v.numel() for v in params.values())
+
+
+def meshtrain_params(binary, cfg, work):
+    """meshtrain's own parameter count of cfg (`plan --json`'s total_params)."""
+    cfg = json.loads(json.dumps(cfg))
+    cfg["model_config"]["vocab_size"] = max(cfg["model_config"]["vocab_size"], 320)
+    path = os.path.join(work, "plan.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    out = subprocess.run([binary, "plan", "--config", path, "--json"], check=True, capture_output=True,
+                         text=True).stdout
+    return [json.loads(l) for l in out.splitlines() if l.startswith("{")][-1]["total_params"]
 
 
 def main():
@@ -168,26 +162,35 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--set", action="append", default=[], help="override a config key: model_config.n_head=4")
     ap.add_argument("--torch-only", action="store_true", help="time only the PyTorch model (the GPU anchors)")
+    ap.add_argument("--params-only", action="store_true",
+                    help="only count the PyTorch model's parameters (built on the meta device: any size)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--compile", action="store_true", help="torch.compile the PyTorch model")
     a = ap.parse_args()
     cfg = load_config(a.config, a.set)
+    name = os.path.basename(a.config)
+    if a.params_only:
+        params, _ = torch_model(cfg, "meta")
+        print(json.dumps({"pytorch_params": sum(v.numel() for v in params.values()), "config": name}))
+        return
     if a.torch_only:
-        pt = torch_tokens_per_sec(cfg, a.threads, a.steps, a.warmup, a.device, a.compile)
+        pt, n = torch_tokens_per_sec(cfg, a.threads, a.steps, a.warmup, a.device, a.compile)
         print(json.dumps({"anchor": "compile" if a.compile else "eager", "device": a.device,
-                          "tokens_per_sec": pt, "config": os.path.basename(a.config)}))
+                          "tokens_per_sec": pt, "pytorch_params": n, "config": name}))
         return
     if not os.access(a.bin, os.X_OK):
         sys.exit(f"cpu-bench: no meshtrain binary at {a.bin} (build it with scripts/build.sh meshtrain)")
     with tempfile.TemporaryDirectory() as work:
         data = prepare_data(a.bin, work)
         mt = meshtrain_tokens_per_sec(a.bin, cfg, data, a.threads, a.steps, a.warmup, work)
-    pt = torch_tokens_per_sec(cfg, a.threads, a.steps, a.warmup)
-    print(f"config {os.path.basename(a.config)}, {a.threads} thread(s), {a.steps} steps after {a.warmup} warm-up")
-    print(f"  meshtrain (C++)   {mt:12.1f} tokens/s")
-    print(f"  PyTorch eager     {pt:12.1f} tokens/s")
+        mt_params = meshtrain_params(a.bin, cfg, work)
+    pt, pt_params = torch_tokens_per_sec(cfg, a.threads, a.steps, a.warmup)
+    print(f"config {name}, {a.threads} thread(s), {a.steps} steps after {a.warmup} warm-up")
+    print(f"  meshtrain (C++)   {mt:12.1f} tokens/s   {mt_params:12d} parameters")
+    print(f"  PyTorch eager     {pt:12.1f} tokens/s   {pt_params:12d} parameters")
     print(f"  ratio             {mt / pt:12.3f}")
-    print(json.dumps({"meshtrain_tokens_per_sec": mt, "pytorch_tokens_per_sec": pt, "threads": a.threads}))
+    print(json.dumps({"meshtrain_tokens_per_sec": mt, "pytorch_tokens_per_sec": pt, "threads": a.threads,
+                      "meshtrain_params": mt_params, "pytorch_params": pt_params}))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@
 # measured steps) for configs/gpt2-124m.json and
 # configs/moe1b-1gpu.json (the moe1B shape cut to fit one 80 GB GPU, checked
 # with `plan`), prints one table and writes summary.json plus one log per step
-# into DIR. Beside meshtrain's GPT-2 124M it times the same model written in
-# PyTorch (scripts/cpu-bench.py --torch-only), eager and with torch.compile,
-# in the same call: the anchors, with meshtrain's ratio to each. A failing
+# into DIR. Beside meshtrain's GPT-2 124M and moe1B it times the same models
+# written in PyTorch (scripts/cpu-bench.py --torch-only, the MLA + MoE one
+# with capacity dispatch), eager and with torch.compile, in the same call:
+# the anchors, with meshtrain's ratio to each. A failing
 # step is reported and the next one still runs; the exit code is non-zero if
 # any step failed.
 # Before the build, the pre-flight (scripts/gpu-preflight.sh) checks every
@@ -164,10 +165,12 @@ bench() {  # NAME CONFIG
     --profile "$OUT/profile_$1" || return 1
 }
 
-# The PyTorch anchors on the GPU: the same GPT-2 model, eager and compiled.
+# The PyTorch anchors on the GPU: the same model, eager and compiled. moe1B's
+# take at most 10 timed steps (ANCHOR_STEPS): each builds 1.1B parameters and
+# compile traces 12 MoE layers, inside the GPU call's 10 minutes.
 anchor() {  # CONFIG [--compile]
   "$PY" "$ROOT/scripts/cpu-bench.py" --torch-only --device cuda --config "$1" \
-    --steps "$STEPS" --warmup 3 "${@:2}"
+    --steps "${ANCHOR_STEPS:-$STEPS}" --warmup 3 "${@:2}"
 }
 
 # A binary built elsewhere: it loads PyTorch's CUDA libraries from PYTHON's
@@ -191,6 +194,10 @@ measure() {
   step anchor_compile_gpt2-124m anchor configs/gpt2-124m.json --compile
   step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
   step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
+  ANCHOR_STEPS=$(( STEPS < 10 ? STEPS : 10 ))
+  step anchor_eager_moe1b-1gpu anchor configs/moe1b-1gpu.json
+  step anchor_compile_moe1b-1gpu anchor configs/moe1b-1gpu.json --compile
+  unset ANCHOR_STEPS
 }
 
 step preflight "$ROOT/scripts/gpu-preflight.sh"
@@ -207,7 +214,7 @@ elif grep -q '^preflight	ok' "$STEP_ROWS" && step build build && [ -x "$BIN" ]; 
 else
   grep -q '^build	' "$STEP_ROWS" || printf 'build\tnot run (preflight failed)\t0\t\n' >> "$STEP_ROWS"
   for s in cuda_tests corpus bench_gpt2-124m anchor_eager_gpt2-124m anchor_compile_gpt2-124m \
-           plan_moe1b-1gpu bench_moe1b-1gpu; do
+           plan_moe1b-1gpu bench_moe1b-1gpu anchor_eager_moe1b-1gpu anchor_compile_moe1b-1gpu; do
     failures=$((failures + 1))
     printf '%s\tnot run (build failed)\t0\t\n' "$s" >> "$STEP_ROWS"
   done
@@ -280,6 +287,7 @@ for s in steps:
     r = {"name": f"{name} (PyTorch {kind})", "device": "cuda", "status": s["status"]}
     if rows:
         r["tokens_per_sec"] = rows[-1]["tokens_per_sec"]
+        r["pytorch_params"] = rows[-1].get("pytorch_params")  # meshtrain's count: plan_*.log
         if mt.get("tokens_per_sec"):
             mt[f"ratio_to_{kind}"] = mt["tokens_per_sec"] / r["tokens_per_sec"]
             if mt.get("mfu") is not None:  # the same model: the same FLOPs per token
