@@ -260,7 +260,7 @@ TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesUnsharded) {
       const at::Tensor wp = tied ? pe->weight() : weight_of(*ph);
       const at::Tensor wt = tied ? te->weight() : weight_of(*th);
       const at::Tensor g = gather_grad(f.m.tp(), wt.grad(), 0);
-      expect_close(wp.grad(), g.narrow(0, 0, V), 1e-6, tag + " dW");
+      expect_close(wp.grad(), g.narrow(0, 0, V), 2e-6, tag + " dW");  // likewise (the padded GEMM groups its sums its own way)
       EXPECT_EQ(g.narrow(0, V, g.size(0) - V).abs().sum().item<double>(), 0.0) << tag << " padding gets no gradient";
     }
   }
