@@ -42,6 +42,11 @@ void MixedPrecision::forget(const at::Tensor& param) {
   cache_.erase(param.unsafeGetTensorImpl());
 }
 
+void MixedPrecision::provide(const at::Tensor& param, at::Tensor cast) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_[param.unsafeGetTensorImpl()] = std::make_pair(param, std::move(cast));
+}
+
 size_t MixedPrecision::cached() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cache_.size();
