@@ -9,7 +9,7 @@ usage() {
   cat <<'USAGE'
 Usage: scripts/launch-mpirun.sh --hostfile FILE --ranks-per-host N --config FILE
                                 [--binary PATH] [--log-dir DIR] [--env K=V ...]
-                                [--connect-timeout S] [--max-restarts N]
+                                [--connect-timeout S] [--max-restarts N] [--numa K]
                                 [--drop-unreachable] [--dry-run]
                                 [-- extra meshtrain train arguments]
 
@@ -39,6 +39,15 @@ Builds and runs (or with --dry-run only prints) the mpirun command that starts
                         from --n_device_axis, --set or the config), passed as
                         -- --n_device_axis DP PP TP; the newest checkpoint is
                         resharded. Without it such a host stops the launch
+  --numa K              bind each rank to the NUMA domain of its GPU: the K
+                        domains of a host take ranks-per-host / K ranks each,
+                        in local-rank order (mpirun --map-by ppr:M:numa
+                        --bind-to numa). Local rank i drives GPU i, so this is
+                        the GPU's domain when the GPUs are numbered domain by
+                        domain, as on HGX/DGX boxes (GPUs 0-3 on domain 0,
+                        4-7 on domain 1: --numa 2); `nvidia-smi topo -m`
+                        shows the affinity. K must divide ranks-per-host.
+                        Default: no binding (--bind-to none)
   --dry-run             print the command, run nothing
   -h, --help            this text
   -- ARGS               passed to `meshtrain train`, e.g.
@@ -74,7 +83,7 @@ need_value() {
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 hostfile="" ranks_per_host="" config="" binary="$ROOT/build/meshtrain" log_dir="" dry_run=0
-connect_timeout=10 max_restarts=0 drop_unreachable=0
+connect_timeout=10 max_restarts=0 drop_unreachable=0 numa=""
 envs=() extra=()
 while (($#)); do
   case "$1" in
@@ -87,6 +96,7 @@ while (($#)); do
     --connect-timeout) need_value "$1" $#; connect_timeout="$2"; shift 2 ;;
     --max-restarts) need_value "$1" $#; max_restarts="$2"; shift 2 ;;
     --drop-unreachable) drop_unreachable=1; shift ;;
+    --numa) need_value "$1" $#; numa="$2"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h | --help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -102,6 +112,10 @@ done
 [[ "$ranks_per_host" =~ ^[1-9][0-9]*$ ]] || die "--ranks-per-host must be a positive integer, got '$ranks_per_host'"
 [[ "$connect_timeout" =~ ^[1-9][0-9]*$ ]] || die "--connect-timeout must be a positive integer, got '$connect_timeout'"
 [[ "$max_restarts" =~ ^[0-9]+$ ]] || die "--max-restarts must be a non-negative integer, got '$max_restarts'"
+if [ -n "$numa" ]; then
+  [[ "$numa" =~ ^[1-9][0-9]*$ ]] || die "--numa must be a positive integer (NUMA domains per host), got '$numa'"
+  ((ranks_per_host % numa == 0)) || die "--numa $numa does not divide --ranks-per-host $ranks_per_host"
+fi
 for kv in "${envs[@]}"; do
   [[ "$kv" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE, got '$kv'"
 done
@@ -120,7 +134,11 @@ build_cmd() {
   np=$((${#hosts[@]} * ranks_per_host))
   # --host h:N gives every host N slots whatever the hostfile says.
   for h in "${hosts[@]}"; do spec+="${spec:+,}$h:$ranks_per_host"; done
-  cmd=(mpirun -np "$np" --host "$spec" --map-by "ppr:${ranks_per_host}:node" --bind-to none)
+  if [ -n "$numa" ]; then
+    cmd=(mpirun -np "$np" --host "$spec" --map-by "ppr:$((ranks_per_host / numa)):numa" --bind-to numa)
+  else
+    cmd=(mpirun -np "$np" --host "$spec" --map-by "ppr:${ranks_per_host}:node" --bind-to none)
+  fi
   # OpenMPI refuses root unless asked; containers often run as root.
   [ "$(id -u)" -eq 0 ] && cmd+=(--allow-run-as-root)
   cmd+=(--mca plm_rsh_args "${ssh_opts[*]}")

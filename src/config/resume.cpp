@@ -50,7 +50,7 @@ const std::vector<std::string>& resumable_keys() {
       "training_steps", "lr.*", "grad_clip_norm", "max_nan_skips",
       // batches and the mesh (checkpoints reshard on load)
       "data_config.train_batch_size", "data_config.val_batch_size", "data_config.micro_batch_size", "grad_step",
-      "rampup_batch_size", "device_config.*", "zero_stage", "pipeline_schedule", "virtual_stages",
+      "rampup_batch_size", "device_config.*", "zero_stage", "fsdp_keep_gathered", "pipeline_schedule", "virtual_stages",
       "sequence_parallel", "overlap_grad_reduce", "grad_bucket_mb",
       "activation_checkpointing", "torch_threads",
       // logging, evaluation, saving, sampling

@@ -293,6 +293,9 @@ void validate_run(const Config& c) {
   MT_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3,
            "zero_stage must be 0 (replicated), 1 (optimizer state sharded), 2 (+ gradients) or 3 (+ parameters: "
            "FSDP), got ", c.zero_stage);
+  MT_CHECK(!c.fsdp_keep_gathered || c.zero_stage >= 2,
+           "fsdp_keep_gathered keeps FSDP's gathered layers and whole gradients over a step: it needs zero_stage 2 "
+           "or 3, got zero_stage ", c.zero_stage);
   // Above 0; at most 64 GiB keeps the byte count far inside int64.
   MT_CHECK(c.grad_bucket_mb > 0 && c.grad_bucket_mb <= 65536, "grad_bucket_mb must be in (0, 65536] MiB, got ",
            c.grad_bucket_mb);

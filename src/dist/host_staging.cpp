@@ -70,8 +70,8 @@ class HostStagedCommunicator final : public Communicator {
     const auto t0 = std::chrono::steady_clock::now();
     inner_->send_recv(sent, dst, h, src, send_tag, recv_tag);
     add_seconds("send_recv", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    count("send", t.nbytes());
-    count("recv", r.nbytes());
+    count("send", t.nbytes(), t.scalar_type());
+    count("recv", r.nbytes(), r.scalar_type());
     if (on_gpu(r)) r.copy_(h);
   }
 
@@ -115,9 +115,14 @@ class HostStagedCommunicator final : public Communicator {
   template <class F>
   void counted(const char* op, F&& f) {
     const int64_t before = inner_->bytes_moved();
+    const std::map<std::string, int64_t> dtypes = inner_->bytes_by_dtype();
     const auto t0 = std::chrono::steady_clock::now();
     f();
     count(op, inner_->bytes_moved() - before);
+    for (const auto& [dtype, bytes] : inner_->bytes_by_dtype()) {
+      const auto it = dtypes.find(dtype);
+      add_dtype_bytes(dtype, bytes - (it == dtypes.end() ? 0 : it->second));
+    }
     add_seconds(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 

@@ -148,7 +148,7 @@ class MpiCommunicator final : public Communicator {
                      op_of(w, op), comm_),
        "all_reduce");
     if (!w.is_same(t)) t.copy_(w);
-    count("all_reduce", w.nbytes());
+    count("all_reduce", w.nbytes(), w.scalar_type());
   }
 
   at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
@@ -160,7 +160,7 @@ class MpiCommunicator final : public Communicator {
     at::Tensor out = at::empty(stacked, x.options());
     const int n = to_count(x.nbytes(), "all_gather");
     ok(MPI_Allgather(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_gather");
-    count("all_gather", out.nbytes());
+    count("all_gather", out.nbytes(), out.scalar_type());
     return merge_leading(out, d);
   }
 
@@ -179,7 +179,7 @@ class MpiCommunicator final : public Communicator {
     ok(MPI_Reduce_scatter_block(x.data_ptr(), out.data_ptr(), to_count(out.numel(), "reduce_scatter"),
                                 type_of(x, "reduce_scatter"), op_of(x, ReduceOp::Sum), comm_),
        "reduce_scatter");
-    count("reduce_scatter", x.nbytes());
+    count("reduce_scatter", x.nbytes(), x.scalar_type());
     return out.to(t.scalar_type());
   }
 
@@ -189,7 +189,7 @@ class MpiCommunicator final : public Communicator {
     at::Tensor w = t.contiguous();
     ok(MPI_Bcast(w.data_ptr(), to_count(w.nbytes(), "broadcast"), MPI_BYTE, root, comm_), "broadcast");
     if (!w.is_same(t)) t.copy_(w);
-    count("broadcast", t.nbytes());
+    count("broadcast", t.nbytes(), t.scalar_type());
   }
 
   at::Tensor gather(const at::Tensor& t, int root) override {
@@ -206,7 +206,8 @@ class MpiCommunicator final : public Communicator {
     }
     ok(MPI_Gather(x.data_ptr(), n, MPI_BYTE, rank_ == root ? out.data_ptr() : nullptr, n, MPI_BYTE, root, comm_),
        "gather");
-    count("gather", rank_ == root ? static_cast<int64_t>(out.nbytes()) : static_cast<int64_t>(x.nbytes()));
+    count("gather", rank_ == root ? static_cast<int64_t>(out.nbytes()) : static_cast<int64_t>(x.nbytes()),
+          x.scalar_type());
     return out;
   }
 
@@ -215,7 +216,7 @@ class MpiCommunicator final : public Communicator {
     check_peer(dst, "send", "dst");
     at::Tensor x = t.contiguous();
     ok(MPI_Send(x.data_ptr(), to_count(x.nbytes(), "send"), MPI_BYTE, dst, tag, comm_), "send");
-    count("send", t.nbytes());
+    count("send", t.nbytes(), t.scalar_type());
   }
 
   void recv(at::Tensor& t, int src, int tag) override {
@@ -230,7 +231,7 @@ class MpiCommunicator final : public Communicator {
              " (tag ", tag, "): expected ", w.nbytes(), " bytes for shape ", t.sizes(), " ", t.scalar_type(),
              " but got ", got, " (sender and receiver disagree on shape or dtype)");
     if (!w.is_same(t)) t.copy_(w);
-    count("recv", t.nbytes());
+    count("recv", t.nbytes(), t.scalar_type());
   }
 
   void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int send_tag, int recv_tag) override {
@@ -250,8 +251,8 @@ class MpiCommunicator final : public Communicator {
              " (tag ", recv_tag, "): expected ", w.nbytes(), " bytes for shape ", r.sizes(), " ", r.scalar_type(),
              " but got ", got, " (sender and receiver disagree on shape or dtype)");
     if (!w.is_same(r)) r.copy_(w);
-    count("send", t.nbytes());
-    count("recv", r.nbytes());
+    count("send", t.nbytes(), t.scalar_type());
+    count("recv", r.nbytes(), r.scalar_type());
   }
 
   at::Tensor all_to_all(const at::Tensor& t) override {
@@ -263,7 +264,7 @@ class MpiCommunicator final : public Communicator {
     at::Tensor out = at::empty_like(x);
     const int n = to_count(x.nbytes() / size_, "all_to_all");
     ok(MPI_Alltoall(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_to_all");
-    count("all_to_all", t.nbytes());
+    count("all_to_all", t.nbytes(), t.scalar_type());
     add_seconds("all_to_all", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
@@ -292,7 +293,7 @@ class MpiCommunicator final : public Communicator {
     ok(MPI_Alltoallv(x.data_ptr(), scount.data(), sdispl.data(), MPI_BYTE, out.data_ptr(), rcount.data(),
                      rdispl.data(), MPI_BYTE, comm_),
        "all_to_all_v");
-    count("all_to_all_v", t.nbytes());
+    count("all_to_all_v", t.nbytes(), t.scalar_type());
     add_seconds("all_to_all_v", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }

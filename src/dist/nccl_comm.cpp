@@ -80,7 +80,7 @@ class NcclCommunicator final : public Communicator {
                      nccl_op(op), comm_, stream(w)),
        "all_reduce");
     if (!w.is_same(t)) t.copy_(w);
-    count("all_reduce", w.nbytes());
+    count("all_reduce", w.nbytes(), w.scalar_type());
   }
 
   at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
@@ -93,7 +93,7 @@ class NcclCommunicator final : public Communicator {
     ok(ncclAllGather(x.data_ptr(), out.data_ptr(), x.numel(), nccl_dtype(x.scalar_type(), "all_gather"), comm_,
                      stream(x)),
        "all_gather");
-    count("all_gather", out.nbytes());
+    count("all_gather", out.nbytes(), out.scalar_type());
     return out.movedim(0, d).flatten(d, d + 1).contiguous();
   }
 
@@ -109,7 +109,7 @@ class NcclCommunicator final : public Communicator {
     ok(ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), nccl_dtype(x.scalar_type(), "reduce_scatter"),
                          ncclSum, comm_, stream(x)),
        "reduce_scatter");
-    count("reduce_scatter", x.nbytes());
+    count("reduce_scatter", x.nbytes(), x.scalar_type());
     return out.to(t.scalar_type());
   }
 
@@ -121,7 +121,7 @@ class NcclCommunicator final : public Communicator {
                      stream(w)),
        "broadcast");
     if (!w.is_same(t)) t.copy_(w);
-    count("broadcast", t.nbytes());
+    count("broadcast", t.nbytes(), t.scalar_type());
   }
 
   // NCCL has no gather: the root receives from every peer in one group of
@@ -135,7 +135,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = stream(x);
     if (rank_ != root) {
       ok(ncclSend(x.data_ptr(), x.numel(), type, root, comm_, s), "gather(send)");
-      count("gather", x.nbytes());
+      count("gather", x.nbytes(), x.scalar_type());
       return {};
     }
     std::vector<int64_t> shape = x.sizes().vec();
@@ -148,7 +148,7 @@ class NcclCommunicator final : public Communicator {
       if (peer != root) ok(ncclRecv(dst + peer * chunk_bytes, x.numel(), type, peer, comm_, s), "gather(recv)");
     ok(ncclGroupEnd(), "gather(group_end)");
     out.narrow(0, root * x.size(0), x.size(0)).copy_(x);
-    count("gather", out.nbytes());
+    count("gather", out.nbytes(), out.scalar_type());
     return out;
   }
 
@@ -159,7 +159,7 @@ class NcclCommunicator final : public Communicator {
     check_peer(dst, "send", "dst");
     at::Tensor x = t.contiguous();
     ok(ncclSend(x.data_ptr(), x.numel(), nccl_dtype(x.scalar_type(), "send"), dst, comm_, stream(x)), "send");
-    count("send", t.nbytes());
+    count("send", t.nbytes(), t.scalar_type());
   }
 
   void recv(at::Tensor& t, int src, int /*tag*/) override {
@@ -168,7 +168,7 @@ class NcclCommunicator final : public Communicator {
     at::Tensor w = t.contiguous();
     ok(ncclRecv(w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "recv"), src, comm_, stream(w)), "recv");
     if (!w.is_same(t)) t.copy_(w);
-    count("recv", t.nbytes());
+    count("recv", t.nbytes(), t.scalar_type());
   }
 
   // One group: NCCL runs both halves at once, whichever the peers post first.
@@ -185,8 +185,8 @@ class NcclCommunicator final : public Communicator {
     ok(ncclRecv(w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "send_recv"), src, comm_, s), "send_recv(recv)");
     ok(ncclGroupEnd(), "send_recv(group_end)");
     if (!w.is_same(r)) r.copy_(w);
-    count("send", t.nbytes());
-    count("recv", r.nbytes());
+    count("send", t.nbytes(), t.scalar_type());
+    count("recv", r.nbytes(), r.scalar_type());
   }
 
   at::Tensor all_to_all(const at::Tensor& t) override {
@@ -208,7 +208,7 @@ class NcclCommunicator final : public Communicator {
       ok(ncclRecv(dst + peer * chunk_bytes, chunk, type, peer, comm_, s), "all_to_all(recv)");
     }
     ok(ncclGroupEnd(), "all_to_all(group_end)");
-    count("all_to_all", t.nbytes());
+    count("all_to_all", t.nbytes(), t.scalar_type());
     add_seconds("all_to_all", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
@@ -241,7 +241,7 @@ class NcclCommunicator final : public Communicator {
       ro += recv_rows[peer];
     }
     ok(ncclGroupEnd(), "all_to_all_v(group_end)");
-    count("all_to_all_v", t.nbytes());
+    count("all_to_all_v", t.nbytes(), t.scalar_type());
     add_seconds("all_to_all_v", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }

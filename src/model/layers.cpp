@@ -133,6 +133,7 @@ at::Tensor MetaLayerFactory::draw(const std::string&, at::IntArrayRef global_sha
 std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in, int64_t out, double std,
                                              bool bias) {
   record_layout(name + ".weight", {{out, in}, 0, name + ".weight"});
+  set_compute_cast(name + ".weight", true);
   if (bias) record_layout(name + ".bias", {{out}, 0, name + ".bias"});
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
                                        bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
@@ -140,6 +141,7 @@ std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in
 
 std::shared_ptr<Linear> LayerFactory::row(const std::string& name, int64_t in, int64_t out, double std, bool bias) {
   record_layout(name + ".weight", {{out, in}, 1, name + ".weight"});
+  set_compute_cast(name + ".weight", true);
   if (bias) record_row_bias(name + ".bias", out);
   return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
                                        bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
@@ -167,9 +169,11 @@ void LayerFactory::record_replicated(const std::string& name, int64_t in, int64_
                                      SequenceInput input) {
   ParamLayout w{{out, in}, -1, name + ".weight"};
   w.reads_sequence_shard = input == SequenceInput::Shard;
+  w.compute_cast = true;  // a replicated Linear casts it (the MoE router, which does not, clears it)
   record_layout(name + ".weight", w);
   if (bias) {
     ParamLayout b{{out}, -1, name + ".bias"};
+    b.compute_cast = false;
     b.reads_sequence_shard = w.reads_sequence_shard;
     record_layout(name + ".bias", std::move(b));
   }

@@ -69,6 +69,11 @@ void MixedPrecision::forget(const at::Tensor& param) {
   detached_.erase(param.unsafeGetTensorImpl());
 }
 
+void MixedPrecision::provide(const at::Tensor& param, at::Tensor cast) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_[param.unsafeGetTensorImpl()] = std::make_pair(param, std::move(cast));
+}
+
 size_t MixedPrecision::cached() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cache_.size() + detached_.size();

@@ -118,6 +118,11 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   if (cfg.gated_mlp())
     w_gate_ =
         experts_->register_parameter("w_gate", factory.expert_param(prefix + ".experts.w_gate", {E, h, d}, 1, std));
+  // The router reads its weight in fp32; the routed experts' matrices only
+  // through their bf16 casts (b_in and b_out are read in fp32).
+  factory.set_compute_cast(prefix + ".router.weight", false);
+  for (const char* w : {".experts.w_in", ".experts.w_out", ".experts.w_gate"})
+    if (factory.layouts().count(prefix + w)) factory.set_compute_cast(prefix + w, true);
   if (cfg.router_bias) {
     const std::string name = prefix + ".score_bias";
     ParamLayout layout{{E}, -1, name};

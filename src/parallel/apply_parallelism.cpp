@@ -13,7 +13,7 @@ void apply_data_parallel(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
   if (stage >= 2) {
     // FSDP: parameters sharded (stage 3) or whole (stage 2) between layers,
     // gradients reduce-scattered per layer during backward.
-    pm.fsdp = std::make_shared<Fsdp>(pm, mesh, static_cast<int>(stage));
+    pm.fsdp = std::make_shared<Fsdp>(pm, mesh, static_cast<int>(stage), cfg.fsdp_keep_gathered);
     pm.model->set_layer_hooks(pm.fsdp);
     return;
   }

@@ -55,43 +55,7 @@ class AllToAllDispatcher : public TokenDispatcher {
   int64_t rank() const override { return ep_.rank(); }
 
   Dispatched dispatch(const at::Tensor& rows, const std::vector<int64_t>& counts) override {
-    const auto ep = static_cast<int64_t>(ep_.size());
-    const auto E = static_cast<int64_t>(counts.size());
-    MT_CHECK(E % ep == 0, "expert parallelism: ", E, " experts do not split over expert_parallel = ", ep);
-    const int64_t local = E / ep;
-    Dispatched d;
-    // Rows for rank j: the contiguous run of its experts' rows.
-    d.sent.assign(static_cast<size_t>(ep), 0);
-    for (int64_t e = 0; e < E; ++e) d.sent[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
-    // Every peer learns how many rows it gets per local expert: an even
-    // all-to-all of the counts (one host read, like the local path's).
-    at::Tensor c = at::tensor(counts, at::kLong).to(rows.device());
-    const at::Tensor got = ep_.all_to_all(c).cpu().view({ep, local});  // [source rank, local expert]
-    const auto* g = got.data_ptr<int64_t>();
-    d.received.assign(static_cast<size_t>(ep), 0);
-    d.counts.assign(static_cast<size_t>(local), 0);
-    for (int64_t j = 0; j < ep; ++j)
-      for (int64_t l = 0; l < local; ++l) {
-        d.received[static_cast<size_t>(j)] += g[j * local + l];
-        d.counts[static_cast<size_t>(l)] += g[j * local + l];
-      }
-    const at::Tensor in = AllToAllV::apply(rows, handle(ep_), d.sent, d.received);
-    // What arrived is grouped by source, then expert; the experts want it
-    // grouped by expert, then source.
-    std::vector<int64_t> start(static_cast<size_t>(ep * local));
-    int64_t at_row = 0;
-    for (int64_t i = 0; i < ep * local; ++i) {
-      start[static_cast<size_t>(i)] = at_row;
-      at_row += g[i];
-    }
-    std::vector<int64_t> order;
-    order.reserve(static_cast<size_t>(at_row));
-    for (int64_t l = 0; l < local; ++l)
-      for (int64_t j = 0; j < ep; ++j)
-        for (int64_t r = 0; r < g[j * local + l]; ++r) order.push_back(start[static_cast<size_t>(j * local + l)] + r);
-    d.order = at::tensor(order, at::kLong).to(rows.device());
-    d.rows = in.index_select(0, d.order);
-    return d;
+    return exchange(rows, at::tensor(counts, at::kLong).to(rows.device()));
   }
 
   at::Tensor combine(const at::Tensor& rows, const Dispatched& d) override {
@@ -100,18 +64,12 @@ class AllToAllDispatcher : public TokenDispatcher {
     return AllToAllV::apply(back, handle(ep_), d.received, d.sent);
   }
 
-  // The all-to-all's splits are host numbers: one sync per layer, inherent
-  // to expert parallelism's uneven exchange.
   at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert, int64_t n_experts,
                          const ExpertsFn& experts) override {
-    const at::Tensor counts = at::bincount(expert, {}, n_experts).cpu();
-    const std::vector<int64_t> count(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + n_experts);
-    const Dispatched mine = dispatch(rows, count);
-    const auto local_counts = at::tensor(mine.counts, expert.options().device(at::kCPU)).to(expert.device());
-    const at::Tensor local_expert =
-        at::repeat_interleave(at::arange(static_cast<int64_t>(mine.counts.size()), expert.options()), local_counts,
-                              0, mine.rows.size(0));
-    return combine(experts(mine.rows, local_counts, local_expert), mine);  // the sender's rows, in their order
+    // A scatter, not bincount (which sizes its output from the data: a host read).
+    const at::Tensor counts = at::zeros({n_experts}, expert.options()).scatter_add_(0, expert, at::ones_like(expert));
+    const Exchanged mine = exchange(rows, counts);
+    return combine(experts(mine.rows, mine.device_counts, mine.row_expert), mine);  // the sender's rows, in their order
   }
 
   at::Tensor dispatch_slots(const at::Tensor& slots) override {
@@ -129,6 +87,48 @@ class AllToAllDispatcher : public TokenDispatcher {
   }
 
  private:
+  struct Exchanged : Dispatched {
+    at::Tensor device_counts;  // [E_local] rows per local expert, on the device
+    at::Tensor row_expert;     // [rows] local expert of each row, on the device
+  };
+
+  // The counts go first, device to device (an even all-to-all of E int64);
+  // the rows follow by all_to_all_v, whose split sizes MPI and NCCL take as
+  // host numbers: that one read per MoE layer and microbatch (both
+  // directions' splits and the per-expert counts in one copy) is the only
+  // host sync of the exchange. Capacity slots (dispatch_slots) need none; a
+  // dropless exchange padded to a fixed size would have to reserve every
+  // row for every peer (ep times the traffic).
+  Exchanged exchange(const at::Tensor& rows, const at::Tensor& counts) {
+    const int64_t ep = ep_.size(), E = counts.size(0);
+    MT_CHECK(E % ep == 0, "expert parallelism: ", E, " experts do not split over expert_parallel = ", ep);
+    const int64_t local = E / ep;
+    const at::Tensor got = ep_.all_to_all(counts).view({ep, local});  // [source rank, local expert]
+    Exchanged d;
+    d.device_counts = got.sum(0);
+    const at::Tensor host = at::cat({counts.view({ep, local}).sum(1), got.sum(1), d.device_counts}).cpu();
+    const auto* h = host.data_ptr<int64_t>();
+    d.sent.assign(h, h + ep);
+    d.received.assign(h + ep, h + 2 * ep);
+    d.counts.assign(h + 2 * ep, h + 2 * ep + local);
+    int64_t arrived = 0;
+    for (int64_t r : d.received) arrived += r;
+    const at::Tensor in = AllToAllV::apply(rows, handle(ep_), d.sent, d.received);
+    // What arrived is grouped by (source, local expert); the experts want it
+    // grouped by (local expert, source), each block keeping its row order: a
+    // stable device sort of each row's key. A row's block is the number of
+    // block ends at or before it.
+    const auto opts = counts.options();
+    const at::Tensor ends = got.reshape({-1}).cumsum(0);
+    const at::Tensor block = at::searchsorted(ends, at::arange(arrived, opts), /*out_int32=*/false, /*right=*/true);
+    const at::Tensor key = at::remainder(block, local) * ep + at::floor_divide(block, local);
+    auto [sorted, order] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+    d.order = order;
+    d.row_expert = at::floor_divide(sorted, ep);
+    d.rows = in.index_select(0, d.order);
+    return d;
+  }
+
   Communicator& ep_;
 };
 

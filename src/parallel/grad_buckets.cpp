@@ -79,6 +79,21 @@ GradBuckets::GradBuckets(ParallelModel& pm, Mesh& mesh, int64_t bucket_bytes) : 
     torch::autograd::impl::set_post_acc_grad_hooks(p.tensor,
                                                    std::make_unique<ReadyHook>([this, k] { on_grad_ready(k); }));
   }
+  // One flat buffer per bucket; each gradient lives in it as a view (DDP's
+  // gradient_as_bucket_view), so the all-reduce needs no cat and no copy back.
+  view_of_.resize(n);
+  for (Bucket& b : buckets_) {
+    int64_t total = 0;
+    for (size_t k : b.params) total += pm.params[k].tensor.numel();
+    const at::Tensor& first = pm.params[b.params.front()].tensor;
+    b.flat = at::zeros({total}, first.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t k : b.params) {
+      const at::Tensor& t = pm.params[k].tensor;
+      view_of_[k] = b.flat.narrow(0, offset, t.numel()).view(t.sizes());
+      offset += t.numel();
+    }
+  }
   const at::Device device = pm.params.front().tensor.device();
   if (device.is_cuda()) side_ = c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device);
 }
@@ -94,7 +109,38 @@ void GradBuckets::arm(int64_t chunk) {
     if (bucket_of_[k] >= 0 && chunk_of_[k] == chunk) armed_[k] = 1;
 }
 
+void GradBuckets::adopt(size_t k) {
+  at::Tensor& t = pm_.params[k].tensor;
+  const at::Tensor& view = view_of_[k];
+  if (t.grad().defined() && t.grad().is_alias_of(view)) return;
+  // The step's first gradient (a fresh tensor, or none: an expert that got
+  // no token takes part as zeros) moves into the bucket; later passes
+  // accumulate into the view in place.
+  at::NoGradGuard no_grad;
+  if (t.grad().defined())
+    view.copy_(t.grad());
+  else
+    view.zero_();
+  t.mutable_grad() = view;
+}
+
+int64_t GradBuckets::grads_in_buckets() const {
+  int64_t n = 0;
+  for (size_t k = 0; k < view_of_.size(); ++k) {
+    const at::Tensor& g = pm_.params[k].tensor.grad();
+    if (bucket_of_[k] >= 0 && g.defined() && g.is_alias_of(view_of_[k])) ++n;
+  }
+  return n;
+}
+
+int64_t GradBuckets::bucketed_params() const {
+  int64_t n = 0;
+  for (int64_t b : bucket_of_) n += b >= 0 ? 1 : 0;
+  return n;
+}
+
 void GradBuckets::on_grad_ready(size_t k) {
+  adopt(k);
   if (!armed_[k]) return;  // an earlier microbatch: the gradient is still accumulating
   MT_ASSERT(!ready_[k], "parameter '", pm_.params[k].path, "' got a gradient after it was final");
   ready_[k] = 1;
@@ -112,13 +158,7 @@ void GradBuckets::launch_ready() {
 
 void GradBuckets::launch(Bucket& b) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (size_t k : b.params) {
-    at::Tensor& t = pm_.params[k].tensor;
-    // No gradient (an expert that got no token): it takes part as zeros.
-    if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
-    grads.push_back(t.grad());
-  }
+  for (size_t k : b.params) adopt(k);
   std::optional<c10::StreamGuard> on_side;
   if (side_) {
     // The side stream starts once the gradients exist on the stream that made them.
@@ -127,19 +167,11 @@ void GradBuckets::launch(Bucket& b) {
     produced.record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
     produced.block(*side_);
     on_side.emplace(*side_);
-    // The gradients are used on the side stream too: the allocator must not
-    // reuse their memory before it is done.
-    for (auto& g : grads) g.record_stream(*side_);
+    // The bucket is used on the side stream too: the allocator must not
+    // reuse its memory before it is done.
+    b.flat.record_stream(*side_);
   }
-  std::vector<at::Tensor> parts;
-  for (auto& g : grads) parts.push_back(g.reshape({-1}));
-  at::Tensor flat = at::cat(parts);
-  comm_.all_reduce(flat);
-  int64_t offset = 0;
-  for (auto& g : grads) {
-    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
-    offset += g.numel();
-  }
+  comm_.all_reduce(b.flat);  // in place: the gradients are views of it
 }
 
 void GradBuckets::finish() {

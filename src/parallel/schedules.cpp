@@ -3,9 +3,22 @@
 // stage index. Under the interleaved schedule the stage runs several chunks
 // of layers and the last stage's chunk c feeds the first stage's chunk c + 1,
 // so peers are taken modulo pp.
+//
+// On CUDA the transfers run on a side stream that first waits for the
+// compute stream (an event), so a send never holds the compute stream until
+// its peer posts the receive; the compute stream waits for a receive's event
+// before it reads the data, and for the side stream at the round's end (the
+// statistics and tied-embedding sums use the same communicator). Tensors the
+// side stream touches are marked with record_stream. On CPU the same calls
+// run in order.
 #include "meshtrain/parallel/schedules.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
+
+#include <optional>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
@@ -50,6 +63,7 @@ class StageRunner {
     // between stages, as it does between layers.
     const int64_t tp = mesh.shape().tp;
     seq_divisor_ = cfg.sequence_parallel && tp > 1 ? tp : 1;
+    if (p.device().is_cuda()) side_ = c10::impl::VirtualGuardImpl(p.device().type()).getStreamFromGlobalPool(p.device());
   }
 
   void run(const std::vector<PipeOp>& plan) {
@@ -83,6 +97,8 @@ class StageRunner {
         case PipeStep::SendBackward: send(s.input.grad(), prev, kGradientTag); s = {}; break;
       }
     }
+    // Outstanding sends finish before anything later on this communicator.
+    if (side_) event_on(*side_).block(compute_stream());
   }
 
   RoundSums& sums() {
@@ -110,10 +126,12 @@ class StageRunner {
     const at::Tensor out = fwd_send ? ss.output : ss.input.grad();
     MT_ASSERT(out.defined(), "stage ", stage_, ": nothing to send to stage ", fwd_send ? next : prev);
     at::Tensor in = fwd_recv ? at::empty(hidden_shape(rcv.microbatch), options_) : at::empty_like(rs.output);
-    clock_.begin();
-    comm_.send_recv(out.detach().contiguous(), fwd_send ? next : prev, in, fwd_recv ? prev : next,
-                    fwd_send ? kActivationTag : kGradientTag, fwd_recv ? kActivationTag : kGradientTag);
-    clock_.end();
+    on_side({out, in}, /*wait=*/true, [&] {
+      clock_.begin();
+      comm_.send_recv(out.detach().contiguous(), fwd_send ? next : prev, in, fwd_recv ? prev : next,
+                      fwd_send ? kActivationTag : kGradientTag, fwd_recv ? kActivationTag : kGradientTag);
+      clock_.end();
+    });
     if (fwd_recv) {
       rs.input = in;
       if (spec_.backward) rs.input.requires_grad_(true);
@@ -184,15 +202,44 @@ class StageRunner {
 
   void send(const at::Tensor& t, int dst, int tag) {
     MT_ASSERT(t.defined(), "stage ", stage_, ": nothing to send to stage ", dst);
-    clock_.begin();
-    comm_.send(t.detach().contiguous(), dst, tag);
-    clock_.end();
+    on_side({t}, /*wait=*/false, [&] {
+      clock_.begin();
+      comm_.send(t.detach().contiguous(), dst, tag);
+      clock_.end();
+    });
   }
 
   void recv(at::Tensor& t, int src, int tag) {
-    clock_.begin();
-    comm_.recv(t, src, tag);
-    clock_.end();
+    on_side({t}, /*wait=*/true, [&] {
+      clock_.begin();
+      comm_.recv(t, src, tag);
+      clock_.end();
+    });
+  }
+
+  c10::Stream compute_stream() const {
+    return c10::impl::VirtualGuardImpl(side_->device_type()).getStream(side_->device());
+  }
+  static c10::Event event_on(const c10::Stream& s) {
+    c10::Event e(s.device_type());
+    e.record(s);
+    return e;
+  }
+
+  // Runs a transfer on the side stream (CUDA) after the compute stream's
+  // work so far; `wait`: the compute stream waits for it (a receive, read
+  // next). CPU: f() in place.
+  template <class F>
+  void on_side(std::initializer_list<at::Tensor> used, bool wait, F&& f) {
+    if (!side_) return f();
+    event_on(compute_stream()).block(*side_);
+    {
+      c10::StreamGuard guard(*side_);
+      f();
+    }
+    // Made on the compute stream, used on the side one: kept until it is done.
+    for (const at::Tensor& t : used) t.record_stream(*side_);
+    if (wait) event_on(*side_).block(compute_stream());
   }
 
   ParallelModel& pm_;
@@ -208,6 +255,7 @@ class StageRunner {
   int64_t live_ = 0;
   WaitClock clock_;  // time blocked on a neighbour (the bubble metric)
   RoundSums sums_;
+  std::optional<c10::Stream> side_;  // CUDA: where the transfers run
 };
 
 }  // namespace

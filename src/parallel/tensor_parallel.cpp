@@ -99,6 +99,7 @@ class TensorParallelFactory : public LayerFactory {
                                  bool bias) override {
     const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, 0, w});
+    set_compute_cast(w, true);
     if (bias) record_layout(b, {{out}, 0, b});
     return std::make_shared<ColumnParallelLinear>(
         tp_chunk(draw(w, {out, in}, std), 0, tp_size(), tp_rank(), w),
@@ -108,6 +109,7 @@ class TensorParallelFactory : public LayerFactory {
   std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std, bool bias) override {
     const std::string w = name + ".weight", b = name + ".bias";
     record_layout(w, {{out, in}, 1, w});
+    set_compute_cast(w, true);
     if (bias) record_row_bias(b, out);
     return std::make_shared<RowParallelLinear>(tp_chunk(draw(w, {out, in}, std), 1, tp_size(), tp_rank(), w),
                                                bias ? draw(b, {out}, 0.0) : at::Tensor(), this);

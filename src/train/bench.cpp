@@ -123,6 +123,15 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   if (mesh.shape().ep > 1) axes.emplace_back("expert_dp", &mesh.expert_dp());
   std::vector<double> maxed = {secs, r.peak_memory_bytes, a2a};
   for (const auto& [axis, comm] : axes) maxed.push_back(static_cast<double>(comm->bytes_moved()));
+  // By dtype: a fixed list, so every rank reduces the same entries.
+  const std::vector<std::pair<std::string, std::string>> dtypes = {
+      {"Float", "float32"}, {"BFloat16", "bfloat16"}, {"Half", "float16"},
+      {"Double", "float64"}, {"Long", "int64"},        {"Int", "int32"}};
+  for (const auto& [axis, comm] : axes)
+    for (const auto& [c10_name, name] : dtypes) {
+      const auto it = comm->bytes_by_dtype().find(c10_name);
+      maxed.push_back(it == comm->bytes_by_dtype().end() ? 0.0 : static_cast<double>(it->second));
+    }
   at::Tensor t = at::tensor(maxed, at::kDouble);
   mesh.cpu_world().all_reduce(t, ReduceOp::Max);
   secs = t[0].item<double>();
@@ -130,6 +139,14 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   r.all_to_all_seconds = t[2].item<double>();
   for (size_t i = 0; i < axes.size(); ++i)
     r.comm_bytes_per_step[axes[i].first] = t[static_cast<int64_t>(3 + i)].item<double>() / static_cast<double>(opts.steps);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    std::map<std::string, double>& by = r.comm_bytes_by_dtype[axes[i].first];
+    for (size_t k = 0; k < dtypes.size(); ++k) {
+      const auto at = static_cast<int64_t>(3 + axes.size() + i * dtypes.size() + k);
+      const double b = t[at].item<double>() / static_cast<double>(opts.steps);
+      if (b > 0) by[dtypes[k].second] = b;
+    }
+  }
   r.expert_parallel = cfg.device.expert_parallel;
   if (!opts.profile_dir.empty()) {
     MT_CHECK(opts.profile_steps >= 1, "bench --profile-steps must be >= 1, got ", opts.profile_steps);
@@ -182,6 +199,12 @@ std::string to_string(const BenchResult& r) {
   o << "  comm bytes/step   ";
   for (const auto& [axis, b] : r.comm_bytes_per_step) o << " " << axis << " " << b / (1024.0 * 1024.0) << " MiB";
   o << " (payload per rank, max over ranks)\n";
+  for (const auto& [axis, by] : r.comm_bytes_by_dtype) {
+    if (by.empty()) continue;
+    o << "    " << axis << " by dtype:";
+    for (const auto& [dtype, b] : by) o << " " << dtype << " " << b / (1024.0 * 1024.0) << " MiB";
+    o << "\n";
+  }
   if (r.profiled) o << to_string(r.profile);
   return o.str();
 }
@@ -201,6 +224,7 @@ std::string to_json(const BenchResult& r) {
   j["peak_memory_bytes"] = r.peak_memory_bytes;
   j["peak_memory_kind"] = r.peak_memory_kind;
   j["comm_bytes"] = r.comm_bytes_per_step;
+  j["comm_dtypes"] = r.comm_bytes_by_dtype;
   if (r.profiled) j["profile"] = to_json(r.profile);
   j["last_loss"] = r.last_loss;
   j["expert_parallel"] = r.expert_parallel;

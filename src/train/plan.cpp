@@ -163,6 +163,7 @@ struct PlanInputs {
   double tokens = 0;   // per microbatch
   double rep_div = 1;  // replicated activations split over tp (sequence parallelism)
   int64_t zero = 0;    // the zero_stage that runs: dp 1 has nothing to shard, stage 0 runs
+  bool keep = false;   // fsdp_keep_gathered (with zero >= 2)
   int64_t v = 1;       // layer chunks per pp rank
 };
 
@@ -199,6 +200,7 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   in.tokens = static_cast<double>(plan.micro_batch_size * m.T);
   in.rep_div = cfg.sequence_parallel ? static_cast<double>(plan.tp) : 1.0;
   in.zero = cfg.zero_stage_on(plan.dp);
+  in.keep = cfg.fsdp_keep_gathered && in.zero >= 2;
   in.v = virtual_stages(cfg, plan.pp);
   plan.virtual_stages = in.v;
   if (plan.pp > 1) {
@@ -225,17 +227,25 @@ void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanIn
     sm.grads = 4 * owned;
     sm.optimizer = 8 * owned;
     sm.experts = (stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
+    double largest = 0, layers = 0;
+    for (const LayerSpan& c : sm.params.chunks)
+      for (int64_t i = c.first; i < c.end; ++i) {
+        const double l = static_cast<double>(layer_params_per_rank(m, i, plan.tp, plan.ep));
+        largest = std::max(largest, l);
+        layers += l;
+      }
+    // fsdp_keep_gathered: the layers' gradients stay whole (fp32) through the step.
+    if (in.keep) sm.grads += 4 * layers;
     if (stage == 3) {
-      // The root unit stays whole through a step; one layer at a time runs.
-      double largest = 0, layers = 0;
-      for (const LayerSpan& c : sm.params.chunks)
-        for (int64_t i = c.first; i < c.end; ++i) {
-          const double l = static_cast<double>(layer_params_per_rank(m, i, plan.tp, plan.ep));
-          largest = std::max(largest, l);
-          layers += l;
-        }
-      sm.gathered = 4 * (n - layers + largest);
+      // The root unit stays whole (fp32) through a step. Layers are gathered
+      // in bf16 under mixed precision (their fp32 norms, biases and router,
+      // a small part, counted at that width too): the running one and the
+      // next, prefetched; fsdp_keep_gathered: all of them, through the step.
+      const double w = in.bf16 ? 2.0 : 4.0;
+      sm.gathered = 4 * (n - layers) + w * (in.keep ? layers : std::min(layers, 2 * largest));
     }
+    // The layers read their gathered bf16 weights: casts only of the root's.
+    if (in.bf16) sm.autocast_copies = 2 * (stage == 3 ? n - layers : n);
   } else {
     sm.weights = 4 * n;
     sm.grads = 4 * trainable;  // zero_stage 1: during backward, before the reduce-scatter
@@ -243,7 +253,7 @@ void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanIn
     sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
     sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
   }
-  if (in.bf16) sm.autocast_copies = 2 * n;
+  if (in.bf16 && stage < 2) sm.autocast_copies = 2 * n;
   sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;
 }
 
@@ -371,7 +381,7 @@ std::string to_string(const MemoryPlan& p) {
     o << "  zero_stage " << p.zero_stage << "       "
       << (p.zero_stage == 1 ? "moments" : p.zero_stage == 2 ? "moments and gradients" : "moments, gradients and weights")
       << " sharded over dp " << p.dp << "\n";
-  if (w.gathered > 0) o << "  gathered (FSDP)    " << gib(w.gathered) << " (root unit + the largest layer, whole while they run)\n";
+  if (w.gathered > 0) o << "  gathered (FSDP)    " << gib(w.gathered) << " (root unit + the running and the prefetched layer, or with fsdp_keep_gathered every layer)\n";
   if (w.params.experts > 0)
     o << "  of which experts   " << gib(w.experts) << " (" << w.params.experts << " routed-expert params per rank, 1/"
       << p.tp * p.ep << " of the stage's experts: tp " << p.tp << " x expert_parallel " << p.ep << ")\n";

@@ -38,6 +38,7 @@
 //   one bf16 process vs fp32:  kFp32 = 4u = 2^-6 (1.6%); measured worst 5.6e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/model/mixed_precision.h"
@@ -110,6 +111,7 @@ struct Case {
   int64_t micro = 0;     // micro_batch_size (0: the rank's whole share)
   bool thread = false;   // backward on another thread
   bool moe_only = false;
+  bool keep = false;     // fsdp_keep_gathered
 };
 
 Config on(Config c, const Case& k) {
@@ -122,6 +124,7 @@ Config on(Config c, const Case& k) {
   c.zero_stage = k.zero;
   c.activation_checkpointing = parse_choice<ActivationCheckpointing>(k.recompute).value();
   c.data.micro_batch_size = k.micro;
+  c.fsdp_keep_gathered = k.keep;
   c.name += "-" + k.name;
   return c;
 }
@@ -136,6 +139,8 @@ std::vector<Case> cases(int n) {
         {"zero2", 2, 1, 1, 1, false, "1f1b", 2, "none", 2, true},
         {"zero3", 2, 1, 1, 1, false, "1f1b", 3, "none", 2, true},
         {"zero3-full", 2, 1, 1, 1, false, "1f1b", 3, "full", 2, true},
+        {"zero3-keep", 2, 1, 1, 1, false, "1f1b", 3, "none", 2, true, false, true},
+        {"zero2-keep-full", 2, 1, 1, 1, false, "1f1b", 2, "full", 2, true, false, true},
         {"tp", 1, 1, 2, 1, false, "1f1b", 0, "none", 0, false},
         {"tp-sp", 1, 1, 2, 1, true, "1f1b", 0, "none", 0, false},
         {"tp-selective", 1, 1, 2, 1, false, "1f1b", 0, "selective", 0, true},
@@ -148,6 +153,7 @@ std::vector<Case> cases(int n) {
         {"dp-tp-sp-zero3", 2, 1, 2, 1, true, "1f1b", 3, "full", 2, true},
         {"dp-pp-zero2", 2, 2, 1, 1, false, "1f1b", 2, "none", 1, true},
         {"ep4-zero3", 4, 1, 1, 2, false, "1f1b", 3, "selective", 1, true, true},
+        {"dp-pp-zero3-keep", 2, 2, 1, 1, false, "1f1b", 3, "full", 1, true, false, true},
     };
   if (n == 8)
     return {
@@ -217,6 +223,40 @@ TEST(Bf16, OneProcessWithinBf16OfFp32) {
 TEST(Bf16, DenseMeshesMatchOneProcess) { expect_meshes_match_one_process(dense("dense")); }
 TEST(Bf16, MoeMlaMeshesMatchOneProcess) { expect_meshes_match_one_process(moe("moe")); }
 TEST(Bf16, DroplessMoeMeshesMatchOneProcess) { expect_meshes_match_one_process(dropless("dropless")); }
+
+// zero_stage 3 gathers the layers' weights in bf16 (each rank casts its
+// slice, then all-gathers); zero_stage 2 keeps them whole in fp32 and the
+// layers cast them. The casts are the same bits and each reduce-scatter the
+// same sums; only the global norm's fp64 sum runs over other slices (stage 3
+// keeps the cast weights in flats of their own), so the runs agree to fp32
+// round-off, 1e-6 -- far inside bf16's 2^-7, which any wrong cast would
+// cross (with and without fsdp_keep_gathered, with recomputation reading the
+// gathered weights again).
+TEST(Bf16, Zero3Bf16GathersEqualZero2Casts) {
+  if (test_runtime().size() != 2) GTEST_SKIP() << "dp 2 needs -np 2";
+  for (const Config& b : {dense("gather-bits"), dropless("gather-bits-moe")})
+    for (bool keep : {false, true})
+      for (const char* recompute : {"none", "full"}) {
+        Case k{"", 2, 1, 1, 1, false, "1f1b", 2, recompute, 2, true, false, keep};
+        k.name = std::string("z2-") + recompute + (keep ? "-keep" : "");
+        const test::Curve two = test::train_losses(on(b, k), true);
+        k.zero = 3;
+        k.name[1] = '3';
+        const test::Curve three = test::train_losses(on(b, k), true);
+        SCOPED_TRACE(choice_name(b.model.ffn) + std::string(" ") + k.name);
+        ASSERT_EQ(two.size(), three.size());
+        double worst = 0;
+        for (size_t i = 0; i < two.size(); ++i) {
+          EXPECT_NEAR(two[i], three[i], 1e-6 * std::abs(two[i])) << "loss of step " << i + 1;
+          EXPECT_NEAR(two.grad_norms[i], three.grad_norms[i], 1e-6 * two.grad_norms[i]) << "grad norm of step " << i + 1;
+          worst = std::max({worst, std::abs(two[i] - three[i]) / std::abs(two[i]),
+                            std::abs(two.grad_norms[i] - three.grad_norms[i]) / two.grad_norms[i]});
+        }
+        if (test_runtime().rank() == 0)
+          std::printf("bf16 %s %s: zero_stage 3 (bf16 gathers) vs 2 (casts): worst relative difference %.2e\n",
+                      choice_name(b.model.ffn), k.name.c_str(), worst);
+      }
+}
 
 // configs/tiny-jaxformer.json (Jaxformer's architecture at CPU size) in bf16
 // on (2,2,2) with zero_stage 3 and recomputation, backward on its own thread.

@@ -12,6 +12,8 @@
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/model/moe.h"
+#include "meshtrain/parallel/expert_parallel.h"
+#include "meshtrain/train/op_observer.h"
 #include "parity.h"
 
 using namespace meshtrain;
@@ -173,4 +175,41 @@ TEST(ExpertParallel, BadExpertParallelNamesTheKey) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("device_config.expert_parallel"), std::string::npos) << e.what();
   }
+}
+
+// The dropless exchange on its own, over the world: every row comes back in
+// its place, computed by the right local expert, with the right gradient; and
+// the dispatch reads nothing on the host but its one copy of the split sizes
+// (no bincount, item, nonzero or repeat_interleave; a `.cpu()` of the splits
+// is no op on CPU tensors, so what the observer sees here is the rest).
+TEST(ExpertParallelExchange, DevicePermutationAndNoOtherHostReads) {
+  auto world = test_runtime().world();
+  const int64_t ep = world->size(), local = 2, E = ep * local, M = 37, d = 3;
+  auto dispatcher = make_all_to_all_dispatcher(*world);
+  at::manual_seed(11 + world->rank());
+  const at::Tensor expert = std::get<0>(at::randint(0, E, {M}, at::kLong).sort());
+  const at::Tensor rows = at::randn({M, d}).requires_grad_(true);
+  at::Tensor seen_counts, seen_expert, out;
+  {
+    OpObserver obs(at::Device(at::kCPU));
+    out = dispatcher->run_experts(
+        rows, expert, E, [&](const at::Tensor& in, const at::Tensor& counts, const at::Tensor& row_expert) {
+          seen_counts = counts;
+          seen_expert = row_expert;
+          return in * (row_expert + 1).unsqueeze(1).to(in.scalar_type());
+        });
+    out.sum().backward();
+    for (const auto& [op, row] : obs.totals().by_op)
+      if (op.find("(host sync)") != std::string::npos)
+        EXPECT_EQ(op, "aten::copy_ (host sync)") << "the exchange read the device: " << row.calls << " x " << op;
+  }
+  // Rows grouped by local expert, as the counts say.
+  EXPECT_TRUE(at::equal(seen_expert, at::repeat_interleave(at::arange(local), seen_counts)));
+  const at::Tensor factor = (at::remainder(expert, local) + 1).unsqueeze(1).to(at::kFloat);
+  EXPECT_TRUE(at::allclose(out, rows.detach() * factor));
+  EXPECT_TRUE(at::allclose(rows.grad(), factor.expand({M, d})));
+  // Every rank's rows for my experts arrived: the counts sum to what was sent here.
+  at::Tensor mine = at::zeros({E}, at::kLong).scatter_add_(0, expert, at::ones_like(expert));
+  world->all_reduce(mine);
+  EXPECT_TRUE(at::equal(seen_counts, mine.view({ep, local})[world->rank()]));
 }

@@ -8,6 +8,7 @@
 // under one stage resume under another. Runs under mpirun -np 2, 4 and 8.
 #include <gtest/gtest.h>
 
+#include "meshtrain/parallel/fsdp.h"
 #include "meshtrain/train/plan.h"
 #include "parity.h"
 
@@ -45,7 +46,9 @@ Config on(Config c, const Mesh3& m, int stage) {
   c.device.expert_parallel = m.ep;
   c.sequence_parallel = m.sp;
   c.activation_checkpointing = m.recompute ? ActivationCheckpointing::Full : ActivationCheckpointing::None;
-  if (m.pp > 1) c.data.micro_batch_size = c.data.train_batch_size / m.dp / 4;
+  // Several microbatches per rank: FSDP gathers (and, without
+  // fsdp_keep_gathered, reduce-scatters) per microbatch.
+  c.data.micro_batch_size = std::max(1, static_cast<int>(c.data.train_batch_size) / m.dp / (m.pp > 1 ? 4 : 2));
   if (m.interleaved) {
     c.pipeline_schedule = PipelineSchedule::Interleaved;
     c.virtual_stages = 2;
@@ -70,11 +73,16 @@ void expect_stages_match_stage0(const Config& base) {
     if (m.interleaved) ASSERT_EQ(base.model.n_layers() % (m.pp * 2), 0) << "interleaved needs pp * 2 | n_layers";
     SCOPED_TRACE(m.str());
     const test::Curve ref = test::train_losses(on(base, m, 0));
-    for (int stage : {2, 3}) {
-      // FSDP's hooks and engine callback on the backward's own thread, as on CUDA.
-      const test::Curve got = test::train_losses(on(base, m, stage), /*backward_thread=*/true);
-      test::expect_same_curve(ref, got, 1e-5, "zero_stage " + std::to_string(stage) + " on " + m.str());
-    }
+    for (int stage : {2, 3})
+      for (bool keep : {false, true}) {
+        Config c = on(base, m, stage);
+        c.fsdp_keep_gathered = keep;
+        c.name += keep ? "-keep" : "";
+        // FSDP's hooks and engine callback on the backward's own thread, as on CUDA.
+        const test::Curve got = test::train_losses(c, /*backward_thread=*/true);
+        test::expect_same_curve(ref, got, 1e-5,
+                                "zero_stage " + std::to_string(stage) + (keep ? " keep_gathered" : "") + " on " + m.str());
+      }
   }
 }
 
@@ -89,6 +97,70 @@ TEST(Fsdp, MoeMlaMatchesZeroStage0) { expect_stages_match_stage0(moe("fsdp-moe")
 TEST(Fsdp, Stage3MatchesOneProcess) {
   const Config c = on(moe("fsdp-one"), meshes(test_runtime().size()).front(), 3);
   test::expect_same_curve(test::single_process_losses(c), test::train_losses(c), 1e-5, "zero_stage 3");
+}
+
+// FSDP's traffic in one step on dp, zero_stage 3, dense: every flat space of a
+// layer is all-gathered for each microbatch's forward and again for its
+// backward (fsdp_keep_gathered: once per step), in its gather dtype (bf16 for
+// the layers' linear weights under bf16 mixed precision: 2 bytes an element,
+// half of fp32's), and its gradient reduce-scattered in fp32 once per
+// microbatch (keep: once per step); the root unit is gathered and reduced
+// once per step:
+//   all_gather     = sum over flats  padded * bytes(dtype) * (root ? 1 : keep ? 1 : 2 * n_micro)
+//   reduce_scatter = sum over flats  padded * 4 * (root || keep ? 1 : n_micro)
+TEST(Fsdp, GatherAndReduceBytesFollowTheFormula) {
+  const int n = test_runtime().size();
+  const Mesh3 m{n, 1, 1};
+  double layer_bytes[2][2] = {{0, 0}, {0, 0}};  // [bf16][keep]: layer all-gather bytes per step
+  for (bool bf16 : {false, true})
+    for (bool keep : {false, true}) {
+      Config c = on(dense("fsdp-traffic"), m, 3);
+      c.model.model_dtype = bf16 ? ModelDtype::Bfloat16 : ModelDtype::Float32;
+      c.fsdp_keep_gathered = keep;
+      c.name += std::string(bf16 ? "-bf16" : "-fp32") + (keep ? "-keep" : "");
+      SCOPED_TRACE(c.name);
+      SessionOptions o;
+      o.fresh = true;
+      o.quiet = true;
+      Trainer t(c, test_runtime(), o);
+      StepStats first = t.train_step();
+      t.apply_update(first, 1e-3);
+      t.mesh().reset_bytes();
+      StepStats s = t.train_step();
+      t.apply_update(s, 1e-3);
+      const int64_t share = c.data.train_batch_size / n, micro = c.data.micro_batch_size;
+      const int64_t n_micro = share / micro * c.grad_step;
+      ASSERT_GE(n_micro, 1);
+      Communicator& dp = t.mesh().dp();
+      int64_t gather = 0, reduce = 0, in_bf16 = 0, layers = 0;
+      for (const Fsdp::Unit& u : t.model().fsdp->units())
+        for (const Fsdp::Flat& f : u.flats) {
+          ASSERT_EQ(f.comm, &dp);
+          if (u.layer < 0 || !bf16) ASSERT_EQ(f.dtype, at::kFloat);
+          const int64_t bytes = f.padded * (f.dtype == at::kFloat ? 4 : 2);
+          const int64_t gathers = u.layer < 0 || keep ? 1 : 2 * n_micro;
+          gather += bytes * gathers;
+          reduce += f.padded * 4 * (u.layer < 0 || keep ? 1 : n_micro);
+          if (f.dtype == at::kBFloat16) in_bf16 += bytes * gathers;
+          if (u.layer >= 0) layers += bytes * gathers;
+        }
+      EXPECT_EQ(dp.bytes_by_op().at("all_gather"), gather);
+      EXPECT_EQ(dp.bytes_by_op().at("reduce_scatter"), reduce);
+      const auto it = dp.bytes_by_dtype().find("BFloat16");
+      EXPECT_EQ(it == dp.bytes_by_dtype().end() ? 0 : it->second, in_bf16);
+      EXPECT_EQ(in_bf16 > 0, bf16);
+      layer_bytes[bf16][keep] = static_cast<double>(layers);
+      if (test_runtime().rank() == 0)
+        std::printf("zero_stage 3 %s%s dp %d, %lld microbatches: all_gather %lld B (bf16 %lld), reduce_scatter %lld B per step\n",
+                    bf16 ? "bf16" : "fp32", keep ? " keep_gathered" : "", n, static_cast<long long>(n_micro),
+                    static_cast<long long>(gather), static_cast<long long>(in_bf16), static_cast<long long>(reduce));
+    }
+  // The layers' linear weights are almost all of a layer: about half the bytes.
+  for (bool keep : {false, true}) {
+    const double ratio = layer_bytes[1][keep] / layer_bytes[0][keep];
+    EXPECT_GT(ratio, 0.5);
+    EXPECT_LT(ratio, 0.6) << "bf16 layer gathers move " << ratio << " of fp32's";
+  }
 }
 
 // At rest (after a step): parameters, gradients and AdamW state per rank equal

@@ -25,6 +25,7 @@ struct Run {
   std::vector<std::vector<at::Tensor>> grads;
   std::vector<double> norms, losses;
   int64_t buckets = 0, launched_in_backward = 0;
+  int64_t bucketed = 0, in_buckets = 0;  // the last step's covered parameters, gradients that are bucket views
 };
 
 Run run(Config cfg, bool overlap) {
@@ -42,6 +43,10 @@ Run run(Config cfg, bool overlap) {
   Run r;
   for (int64_t step = 0; step < cfg.training_steps; ++step) {
     StepStats s = t.train_step();
+    if (t.model().grad_buckets) {
+      r.bucketed = t.model().grad_buckets->bucketed_params();
+      r.in_buckets = t.model().grad_buckets->grads_in_buckets();
+    }
     std::vector<at::Tensor> g;
     for (const ParamInfo& p : t.model().params)
       g.push_back(p.tensor.grad().defined() ? p.tensor.grad().detach().clone() : at::Tensor());
@@ -92,6 +97,9 @@ void compare(const Config& cfg) {
     EXPECT_GT(on.buckets, 1) << cfg.name;
     // The point of it: buckets go out while backward still runs.
     EXPECT_GT(on.launched_in_backward, 0) << cfg.name;
+    // Every covered gradient is a view of its bucket: reduced in place, no cat and copy back.
+    EXPECT_GT(on.bucketed, 0) << cfg.name;
+    EXPECT_EQ(on.in_buckets, on.bucketed) << cfg.name;
   }
 }
 

@@ -92,6 +92,15 @@ expect_fail "mpirun: --env needs NAME=VALUE" "--env takes NAME=VALUE, got '1A=2'
   --ranks-per-host 1 --config run.json --env 1A=2
 expect_fail "mpirun: bad --max-restarts" 'max-restarts must be' bash "$MPI" --hostfile hosts.txt \
   --ranks-per-host 1 --config run.json --max-restarts x
+expect_lacks "mpirun: no NUMA binding unless asked" "$out" '--bind-to numa'
+out="$(bash "$MPI" --hostfile hosts.txt --ranks-per-host 8 --config run.json --numa 2 --dry-run 2>&1)"
+expect_has "mpirun: --numa 2 binds 4 ranks per NUMA domain" "$out" '^mpirun -np 16 ' \
+  '--map-by ppr:4:numa --bind-to numa '
+expect_lacks "mpirun: --numa replaces --bind-to none" "$out" '--bind-to none'
+expect_fail "mpirun: --numa must divide the ranks" '--numa 3 does not divide --ranks-per-host 8' bash "$MPI" \
+  --hostfile hosts.txt --ranks-per-host 8 --config run.json --numa 3
+expect_fail "mpirun: bad --numa" '--numa must be a positive integer' bash "$MPI" --hostfile hosts.txt \
+  --ranks-per-host 8 --config run.json --numa x
 
 # --- launch-ssh-tmux.sh --------------------------------------------------------
 expect_fail "ssh-tmux: missing hosts" '--hosts' bash "$SSH" --repo r --config run.json

@@ -375,6 +375,7 @@ TEST(ConfigErrors, BadEnums) {
   expect_refused({"activation_checkpointing=some"}, {"activation_checkpointing"});
   expect_refused({"nan_policy=ignore"}, {"nan_policy"});
   expect_refused({"zero_stage=4"}, {"zero_stage"});
+  expect_refused({"fsdp_keep_gathered=true"}, {"fsdp_keep_gathered", "zero_stage 2 or 3"});
   expect_refused({"device_config.device=tpu"}, {"device_config.device"});
 }
 

@@ -142,6 +142,34 @@ TEST(Plan, ZeroStagesOnOneDpRankAreStageZero) {
   EXPECT_GT(plan_memory(c, PlanDevice::Cuda).worst().gathered, 0.0);  // dp 2: FSDP runs
 }
 
+// zero_stage 3 gathers the layers in bf16 under mixed precision (the running
+// and the prefetched one: the fp32 root stays whole); fsdp_keep_gathered
+// holds every layer gathered and adds whole fp32 layer gradients, stage 2 too.
+TEST(Plan, FsdpGathersInBf16AndKeepGatheredCostsItsMemory) {
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
+  c.device.n_device_axis = {2, 1, 1};
+  c.zero_stage = 3;
+  c.model.model_dtype = ModelDtype::Float32;
+  const StageMemory f32 = plan_memory(c, PlanDevice::Cuda).worst();
+  c.model.model_dtype = ModelDtype::Bfloat16;
+  const StageMemory b16 = plan_memory(c, PlanDevice::Cuda).worst();
+  c.fsdp_keep_gathered = true;
+  const StageMemory keep = plan_memory(c, PlanDevice::Cuda).worst();
+  // Equal layers: the layers' parameters L and one layer's l from the fp32 plan.
+  const double n = static_cast<double>(f32.params.total());
+  const double per_layer = (f32.gathered - 4 * n) / (4 * 2 - 4 * c.model.n_layers());  // gathered = 4 (n - L) + 4 * 2 l
+  const double L = per_layer * static_cast<double>(c.model.n_layers());
+  ASSERT_GT(per_layer, 0);
+  EXPECT_DOUBLE_EQ(b16.gathered, 4 * (n - L) + 2 * 2 * per_layer);
+  EXPECT_DOUBLE_EQ(keep.gathered, 4 * (n - L) + 2 * L);
+  EXPECT_DOUBLE_EQ(keep.grads, b16.grads + 4 * L);
+  EXPECT_DOUBLE_EQ(b16.autocast_copies, 2 * (n - L));  // the layers read their gathered bf16 weights
+  c.zero_stage = 2;
+  const StageMemory two = plan_memory(c, PlanDevice::Cuda).worst();
+  c.fsdp_keep_gathered = false;
+  EXPECT_DOUBLE_EQ(two.grads, plan_memory(c, PlanDevice::Cuda).worst().grads + 4 * L);
+}
+
 // expert_parallel splits the routed experts (and only them) over its ranks;
 // the count per rank matches what a rank of such a mesh builds.
 TEST(Plan, ExpertParallelSplitsTheExperts) {

@@ -13,6 +13,7 @@
 //   send_recv: t.nbytes() as a send, r.nbytes() as a recv
 //   all_to_all_v: input nbytes (every row of t, the block kept by this rank included)
 //   gather: the root its output nbytes (size * input), the others input nbytes
+// and, the same bytes, by the payload's dtype (bytes_by_dtype).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -68,6 +69,9 @@ class Communicator {
 
   int64_t bytes_moved() const { return bytes_total_; }
   const std::map<std::string, int64_t>& bytes_by_op() const { return bytes_by_op_; }
+  // The same bytes by the payload's dtype, named as c10 names it ("Float",
+  // "BFloat16", "Long", "Int": a bool all-reduce travels as Int).
+  const std::map<std::string, int64_t>& bytes_by_dtype() const { return bytes_by_dtype_; }
   // Wall seconds spent per op, for the ops that time themselves (the
   // all-to-alls: bench's all-to-all share; every op of a host-staged
   // communicator). On NCCL the time to enqueue them: the device work runs on.
@@ -75,6 +79,7 @@ class Communicator {
   void reset_bytes() {
     bytes_total_ = 0;
     bytes_by_op_.clear();
+    bytes_by_dtype_.clear();
     seconds_by_op_.clear();
   }
 
@@ -83,11 +88,18 @@ class Communicator {
     bytes_total_ += bytes;
     bytes_by_op_[op] += bytes;
   }
+  void count(const char* op, int64_t bytes, at::ScalarType dtype) {
+    count(op, bytes);
+    add_dtype_bytes(c10::toString(dtype), bytes);
+  }
+  void add_dtype_bytes(const std::string& dtype, int64_t bytes) {
+    if (bytes != 0) bytes_by_dtype_[dtype] += bytes;
+  }
   void add_seconds(const char* op, double s) { seconds_by_op_[op] += s; }
 
  private:
   int64_t bytes_total_ = 0;
-  std::map<std::string, int64_t> bytes_by_op_;
+  std::map<std::string, int64_t> bytes_by_op_, bytes_by_dtype_;
   std::map<std::string, double> seconds_by_op_;
 };
 

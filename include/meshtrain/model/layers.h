@@ -87,6 +87,10 @@ struct ParamLayout {
   // An MoE layer's score bias (router_bias): moved by the load-balancing rule
   // (train/router_bias.cpp), never by the optimizer (it has no gradient).
   bool router_score_bias = false;
+  // The layers read it only through its cast to the compute dtype
+  // (MixedPrecision::operand: linear and expert weights; never norms, biases
+  // or the fp32 router): zero_stage 3 may gather it in bf16 (parallel/fsdp.h).
+  bool compute_cast = false;
 };
 
 class RMSNorm;
@@ -111,6 +115,8 @@ class LayerFactory {
   // param(name, ...) has path `name` (its caller registers it there).
   const std::map<std::string, ParamLayout>& layouts() const { return layouts_; }
   void record_layout(const std::string& path, ParamLayout layout) { layouts_[path] = std::move(layout); }
+  // Sets ParamLayout::compute_cast of a recorded parameter.
+  void set_compute_cast(const std::string& path, bool on) { layouts_.at(path).compute_cast = on; }
 
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }

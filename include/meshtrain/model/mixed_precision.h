@@ -69,6 +69,9 @@ class MixedPrecision {
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
   // Drops the cached cast of `param`: its next use casts it anew (FSDP).
   void forget(const at::Tensor& param);
+  // operand(param) returns `cast` until forget(param) or the outermost scope
+  // closes: FSDP's weights gathered in the compute dtype (parallel/fsdp.h).
+  void provide(const at::Tensor& param, at::Tensor cast);
   // Cached casts now (tests).
   size_t cached() const;
 

@@ -28,11 +28,37 @@
 // callback): an order every dp rank shares, so the collectives match even
 // when an expert got no token on one rank and some on another.
 //
-// Communication is blocking here (MPI and NCCL calls return when queued or
-// done): the next layer's all-gather is not prefetched.
+// Gathers in the compute dtype: under bf16 mixed precision, stage 3 lays a
+// layer's weights that the layers read only as bf16 casts
+// (ParamLayout::compute_cast: linear and expert matrices) out in flat spaces
+// of their own, and gathers them by casting the owned slice and
+// all-gathering the bf16 slices (half the bytes). The gathered bf16 tensor is
+// handed to the layers as the weights' casts (MixedPrecision::provide), behind
+// an autograd node per forward whose backward is the cast's (the gradient in
+// fp32, into the fp32 parameter); the fp32 whole weights are never made.
+// Norms, biases and the router stay in fp32 flats, gathered in fp32.
+//
+// Overlap: when a layer is gathered for its forward, the next layer's gather
+// is launched too (prefetch; in backward, the previous layer's). On CUDA
+// every FSDP collective runs on a side stream that first waits for the
+// compute stream (an event), the compute stream waits for a gather's event
+// before the layer reads it, and tensors used on both streams are marked
+// with record_stream; the end of each backward pass and the optimizer wait for
+// the side stream. On CPU (MPI) the same calls run in order, synchronously.
+//
+// fsdp_keep_gathered: a layer gathered in a step stays gathered until the
+// optimizer step (stage 3), and the layers' gradients accumulate whole over
+// the step's microbatches and are reduce-scattered once, after the last
+// backward (reduce_root): one gather and one reduce-scatter per layer and
+// step instead of two gathers and one reduce-scatter per microbatch, for the
+// memory of the whole gathered layers (compute dtype) and whole fp32
+// gradients (`plan` counts both).
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/dist/mesh.h"
@@ -51,17 +77,25 @@ class Fsdp : public LayerHooks {
     int64_t numel = 0, padded = 0, slice = 0, begin = 0;
     at::Tensor shard;  // stage 3: [slice] fp32, this rank's slice of the parameters
     at::Tensor grad;   // [slice] summed gradient of the owned slice, over the step's backward passes
+    // Gathered in: fp32, or the compute dtype (stage 3, compute_cast weights).
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor gathered;           // compute dtype: [padded], its memory freed at rest
+    std::vector<at::Tensor> casts;  // compute dtype: views of `gathered`, one per parameter
   };
   struct Unit {
     int64_t layer = -1;        // global layer index; -1: the root unit
-    std::vector<Flat> flats;   // the dp space, then the experts' space (if any)
-    bool whole = true;         // the parameters hold their values in full
+    std::vector<Flat> flats;   // per space (dp, the experts' over expert_dp), fp32 and compute dtype
+    bool whole = true;         // gathered for compute: fp32 parameters and compute-dtype casts hold their values
+    bool masters = true;       // every parameter holds its fp32 values (stage 2, gather_all())
+    std::optional<c10::Event> ready;  // CUDA: the gather's end on the side stream
   };
 
   // Lays the units out and, for stage 3, keeps only the owned slices.
-  Fsdp(ParallelModel& pm, Mesh& mesh, int stage);
+  // keep_gathered: Config::fsdp_keep_gathered.
+  Fsdp(ParallelModel& pm, Mesh& mesh, int stage, bool keep_gathered = false);
 
   int stage() const { return stage_; }
+  bool keep_gathered() const { return keep_; }
   std::vector<Unit>& units() { return units_; }
   const std::vector<Unit>& units() const { return units_; }
 
@@ -70,7 +104,9 @@ class Fsdp : public LayerHooks {
   void before_root() override;
 
   // The root unit's gradients (summed over tp and the tied pipeline copies by
-  // synchronize_gradients) into its owned slices. Collective over dp.
+  // synchronize_gradients) into its owned slices, after the layers' under
+  // keep_gathered; the compute stream then waits for every FSDP collective.
+  // Collective over dp.
   void reduce_root();
   // Stage 3: every unit whole (collective), e.g. to load them. Saves gather
   // the shards to the writers instead (parallel/checkpoint_writer.h).
@@ -85,9 +121,17 @@ class Fsdp : public LayerHooks {
   void zero_grad();
 
  private:
-  void init_flat(Flat& f, Communicator& comm);
+  void init_flat(Flat& f, Communicator& comm, at::ScalarType dtype);
+  // Launches u's gather (on the side stream on CUDA); gather() also makes the
+  // compute stream wait for it.
+  void launch_gather(Unit& u);
   void gather(Unit& u);
+  // Launches the gather of units_[next] when it holds the layer after (or,
+  // backward, before) units_[from]'s on this stage: the next one to run.
+  void prefetch(size_t from, size_t next);
   void release(Unit& u);
+  // The compute stream waits for what was issued on the side stream.
+  void wait_side();
   void pre_backward(size_t unit);
   // Reduce-scatters a unit's whole gradients into its slices and frees them
   // (and, stage 3, the parameters). tp: sum the sequence-parallel gradients
@@ -98,6 +142,8 @@ class Fsdp : public LayerHooks {
   ParallelModel& pm_;
   Mesh& mesh_;
   int stage_;
+  bool keep_;
+  std::optional<c10::Stream> side_;  // CUDA: where FSDP's collectives run
   std::vector<Unit> units_;          // units_[0]: root; units_[j + 1]: local block j
   std::vector<size_t> in_backward_;  // units whose backward started and is not reduced yet
   bool callback_queued_ = false;

@@ -5,7 +5,10 @@
 //
 // The dp-summed parameters of this rank are cut into buckets of about
 // grad_bucket_mb, in reverse ParallelModel::params order (roughly the order
-// backward finishes them), each of one dtype. A post-accumulate-grad hook on
+// backward finishes them), each of one dtype and one flat buffer, in which
+// the gradients live as views (DDP's gradient_as_bucket_view: the hook moves a
+// step's first gradient of a parameter in, later passes accumulate in place),
+// so a bucket is all-reduced in place, without a cat and a copy back. A post-accumulate-grad hook on
 // every such parameter counts it ready once its gradient is final, that is
 // during the step's last backward pass through it (arm(), called by the
 // pipeline executors before that pass). A bucket whose parameters are all
@@ -55,12 +58,18 @@ class GradBuckets {
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   // Buckets launched from hooks, i.e. during backward, in the last step (tests).
   int64_t launched_in_backward() const { return last_launched_in_backward_; }
+  // Covered parameters, and those whose gradient is now a view of its bucket (tests).
+  int64_t bucketed_params() const;
+  int64_t grads_in_buckets() const;
 
  private:
   struct Bucket {
     std::vector<size_t> params;  // indices into ParallelModel::params
     size_t ready = 0;
+    at::Tensor flat;             // the gradients of `params`, one after the other
   };
+  // Makes parameter k's gradient the view of its bucket (copying it in).
+  void adopt(size_t k);
   void on_grad_ready(size_t param);
   void launch_ready();
   void launch(Bucket& b);
@@ -70,6 +79,7 @@ class GradBuckets {
   std::vector<Bucket> buckets_;
   std::vector<int64_t> bucket_of_;  // per parameter: its bucket, or -1
   std::vector<int64_t> chunk_of_;   // per parameter: its layer chunk
+  std::vector<at::Tensor> view_of_;  // per covered parameter: its gradient's place in its bucket
   std::vector<char> armed_, ready_;
   size_t next_ = 0;  // the first bucket not launched yet
   int64_t launched_in_backward_ = 0, last_launched_in_backward_ = 0;

@@ -48,6 +48,9 @@ struct BenchResult {
   // transfers moved, by mesh axis ("dp", "pp", "tp", "ep", and "expert_dp"
   // when ep > 1), max over ranks, over the timed steps.
   std::map<std::string, double> comm_bytes_per_step;
+  // The same bytes by payload dtype ("float32", "bfloat16", "int64", "int32",
+  // ...), per axis; each entry max over ranks. JSON "comm_dtypes".
+  std::map<std::string, std::map<std::string, double>> comm_bytes_by_dtype;
   bool profiled = false;
   ProfileSummary profile;           // this rank's, when profiled
 };

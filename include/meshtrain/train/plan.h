@@ -17,8 +17,10 @@
 // shards the gradients too and 3 (FSDP) the parameters as well: at rest a rank
 // holds (4 + 4 + 8) bytes per element of its owned slices
 // (fsdp_slice_elements), plus, stage 2, the whole fp32 parameters; while a
-// layer runs, stage 3 also holds it whole (`gathered`: the root unit and the
-// largest layer). Non-trainable parameters (frozen) hold no gradient nor
+// layer runs, stage 3 also holds it whole (`gathered`: the root unit in fp32,
+// the running and the prefetched layer, in bf16 under mixed precision;
+// fsdp_keep_gathered: every layer, through the step, and whole fp32 layer
+// gradients on top of the slices, stages 2 and 3). Non-trainable parameters (frozen) hold no gradient nor
 // moments and stay whole.
 //
 // Activations per microbatch and layer follow Korthikanti et al. 2022
@@ -88,7 +90,7 @@ struct StageMemory {
   double logits = 0;               // last stage: cross-entropy buffer (in `activations*` too)
   double reference_static = 0;     // weights + grads + optimizer in the 18 B/param layout
   double experts = 0;              // of weights + grads + optimizer: the routed experts this rank holds
-  double gathered = 0;             // zero_stage 3: whole parameters while they run (root unit + largest layer)
+  double gathered = 0;             // zero_stage 3: whole parameters while they run (root + 2 layers, or all)
   double static_bytes() const { return weights + grads + optimizer; }
   double total() const { return static_bytes() + gathered + autocast_copies + activations; }
 };
