@@ -68,6 +68,7 @@ class HostStagedCommunicator final : public Communicator {
     at::Tensor h = on_gpu(r) ? pinned_like(r) : r;
     const at::Tensor sent = on_gpu(t) ? to_host(t) : t;
     const auto t0 = std::chrono::steady_clock::now();
+    inner_->record_flight(flight_recorder(), flight_axis());
     inner_->send_recv(sent, dst, h, src, send_tag, recv_tag);
     add_seconds("send_recv", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     count("send", t.nbytes());
@@ -116,6 +117,8 @@ class HostStagedCommunicator final : public Communicator {
   void counted(const char* op, F&& f) {
     const int64_t before = inner_->bytes_moved();
     const auto t0 = std::chrono::steady_clock::now();
+    // The inner communicator does the op: it records it, as this axis.
+    inner_->record_flight(flight_recorder(), flight_axis());
     f();
     count(op, inner_->bytes_moved() - before);
     add_seconds(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
