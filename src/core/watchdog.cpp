@@ -204,7 +204,14 @@ void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
   int64_t written = -1, flight_written = -1;
   auto written_at = std::chrono::steady_clock::now();
+  auto woke = written_at;  // this thread wakes at least once a second
+  double frozen = 0;       // the longest gap between two wake-ups
   while (!stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    // A gap far beyond a second: the whole process was frozen (SIGSTOP, a
+    // debugger, a suspended VM) and has been let go again.
+    frozen = std::max(frozen, std::chrono::duration<double>(now - woke).count());
+    woke = now;
     // Ops change the flight summary constantly: rewritten at most once a second.
     const int64_t flight_changes = flight_ ? flight_->changes() : -1;
     const bool flight_due = flight_changes != flight_written &&
@@ -226,6 +233,10 @@ void Watchdog::run() {
       std::string msg = "watchdog: rank " + std::to_string(rank_) + " (host " + host_ + ", pid " +
                         std::to_string(::getpid()) + ") made no progress for " +
                         std::to_string(static_cast<int64_t>(timeout_)) + " s in '" + phase_ + "'";
+      if (frozen > 5)
+        msg += "; this process was itself frozen for " + std::to_string(static_cast<int64_t>(frozen)) +
+               " s (SIGSTOP, a debugger, a suspended machine): it is the rank that stopped, the others' view of it "
+               "is the one to read";
       if (!dir_.empty() && world_size_ > 1) {
         const auto beats = read_heartbeats();
         msg += "; " + describe_stuck_ranks(beats);
