@@ -23,11 +23,13 @@ int64_t own_tensors(std::vector<NamedTensor>& tensors) {
 
 BackgroundSave::BackgroundSave(Job job) : job_(std::move(job)) {
   thread_ = std::thread([this] {
-    record_ = try_write_rank_shards(job_.staging_dir, job_.rank, job_.tensors);
+    // Before writing: training changes the live tensors meanwhile, so a
+    // snapshot that aliased them would be caught (tests/dist/async_ckpt_test.cpp).
     if (job_.delay_seconds > 0) {
       spdlog::warn("test hook: the background write of checkpoint step {} sleeps {} s", job_.step, job_.delay_seconds);
       std::this_thread::sleep_for(std::chrono::duration<double>(job_.delay_seconds));
     }
+    record_ = try_write_rank_shards(job_.staging_dir, job_.rank, job_.tensors);
     job_.tensors.clear();  // the host copies are no longer needed
     done_.store(true, std::memory_order_release);
   });

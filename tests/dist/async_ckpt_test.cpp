@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -98,10 +99,15 @@ void expect_same_checkpoint(const fs::path& sync, const fs::path& async) {
 }
 
 std::vector<double> train(const Config& c) {
+  // The background write of step 2 starts late (a test hook), so training
+  // has changed every parameter and moment before it writes: only a true
+  // snapshot gives the synchronous files.
+  if (c.async_checkpoint) ::setenv("MESHTRAIN_TEST_CKPT_WRITE_DELAY", "2:0.5", 1);
   SessionOptions o;
   o.fresh = true;
   o.quiet = true;
   Trainer t(c, test_runtime(), o);
+  ::unsetenv("MESHTRAIN_TEST_CKPT_WRITE_DELAY");
   t.train();
   return t.losses();
 }
