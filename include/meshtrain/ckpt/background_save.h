@@ -37,8 +37,8 @@ class BackgroundSave {
     std::vector<NamedTensor> tensors;  // owned (own_tensors): nothing else writes them
     nlohmann::json trainer_state;      // for the commit
     // A test hook (MESHTRAIN_TEST_CKPT_WRITE_DELAY, train/test_hooks.h): the
-    // thread sleeps this long after writing, before reporting done, so tests
-    // can stop or kill a run while a save is in flight.
+    // thread sleeps this long before writing, so tests can stop or kill a run
+    // while a save is in flight, and training changes the live tensors first.
     double delay_seconds = 0;
   };
 

@@ -16,8 +16,8 @@
 //                                       summary is current; flight recorder tests)
 //   MESHTRAIN_TEST_SLOW_RANK=r:ms       rank r sleeps ms before every step (straggler report)
 //   MESHTRAIN_TEST_CKPT_WRITE_DELAY=K:s the background write of checkpoint step K
-//                                       (async_checkpoint) sleeps s seconds after
-//                                       writing, before it counts as written
+//                                       (async_checkpoint) sleeps s seconds before
+//                                       writing (the save stays in flight meanwhile)
 // Unset variables inject nothing.
 #include <cstdint>
 #include <vector>
