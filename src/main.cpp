@@ -29,6 +29,7 @@
 #include "meshtrain/hf/init_from_hf.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/flight_compare.h"
 #include "meshtrain/core/launch_env.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/stop_signal.h"
@@ -528,6 +529,20 @@ struct ExportCommand : Command {
   }
 };
 
+// `meshtrain flight RUN_DIR`: the ranks' flight records compared (core/flight_compare.h).
+struct FlightCommand : Command {
+  std::string dir;
+  void add_to(CLI::App& app) override {
+    sub = app.add_subcommand("flight", "compare the ranks' collective flight records of a run (RUN_DIR/flight)");
+    sub->add_option("run_dir", dir, "run dir (output_dir/name)")->required()->check(CLI::ExistingDirectory);
+  }
+  void run(Runtime& runtime, Watchdog*) override {
+    const auto ranks = read_flights(dir, -1);
+    MT_CHECK(!ranks.empty(), "no flight records in ", dir, "/flight nor heartbeats in ", dir, "/heartbeats");
+    if (runtime.rank() == 0) std::cout << compare_flights(ranks);
+  }
+};
+
 int run(int argc, char** argv, Started& started) {
   CLI::App app{"meshtrain: train transformer language models over a dp x pp x tp mesh"};
   app.require_subcommand(1);
@@ -542,7 +557,9 @@ int run(int argc, char** argv, Started& started) {
   BenchCommand bench;
   InspectCommand inspect;
   ExportCommand exp;
-  for (Command* c : std::initializer_list<Command*>{&train, &eval, &generate, &prepare, &plan, &bench}) c->add_to(app);
+  FlightCommand flight;
+  for (Command* c : std::initializer_list<Command*>{&train, &eval, &generate, &prepare, &plan, &bench, &flight})
+    c->add_to(app);
   auto* ckpt = app.add_subcommand("checkpoint", "inspect or export a checkpoint");
   ckpt->require_subcommand(1);
   inspect.add_to(*ckpt);
@@ -561,7 +578,8 @@ int run(int argc, char** argv, Started& started) {
   }
   setup_logging(launch.rank, launch.size, verbose);
   Command* chosen = nullptr;
-  for (Command* c : std::initializer_list<Command*>{&train, &eval, &generate, &prepare, &plan, &bench, &inspect, &exp})
+  for (Command* c : std::initializer_list<Command*>{&train, &eval, &generate, &prepare, &plan, &bench, &inspect, &exp,
+                                                   &flight})
     if (c->chosen()) chosen = c;
   MT_ASSERT(chosen, "no subcommand parsed");
   const std::optional<Config> watched = chosen->config_to_watch();

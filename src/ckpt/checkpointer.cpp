@@ -45,7 +45,14 @@ void Checkpointer::add(const std::string& name, Stateful& component) {
   components_.emplace_back(name, &component);
 }
 
-void Checkpointer::save(int64_t step, nlohmann::json header) {
+Checkpointer::~Checkpointer() {
+  if (!background_) return;
+  spdlog::warn("the background save of checkpoint step {} is not committed (the run stopped on an error): the "
+               "previous checkpoint stays the newest; waiting for its writer", background_->job().step);
+  background_.reset();
+}
+
+std::vector<NamedTensor> Checkpointer::gather_state(nlohmann::json& header) {
   std::vector<NamedTensor> local;
   header["components"] = nlohmann::json::object();
   for (const auto& [name, component] : components_) {
@@ -56,10 +63,52 @@ void Checkpointer::save(int64_t step, nlohmann::json header) {
     }
     header["components"][name] = std::move(s.values);
   }
-  save_checkpoint(run_dir_, step, local, header, world_, max_to_keep_, unreadable_);
+  return local;
+}
+
+void Checkpointer::committed(int64_t step) {
   // An unreadable checkpoint of this step was set aside under another name;
   // the name now belongs to the readable save.
   unreadable_.erase(std::remove(unreadable_.begin(), unreadable_.end(), checkpoint_dir_name(step)), unreadable_.end());
+}
+
+void Checkpointer::save(int64_t step, nlohmann::json header) {
+  finish_background();  // saves commit in the order they were taken
+  const std::vector<NamedTensor> local = gather_state(header);
+  save_checkpoint(run_dir_, step, local, header, world_, max_to_keep_, unreadable_);
+  committed(step);
+}
+
+void Checkpointer::start_background(int64_t step, nlohmann::json header, double delay_seconds) {
+  finish_background();
+  BackgroundSave::Job job;
+  job.tensors = gather_state(header);
+  own_tensors(job.tensors);
+  job.staging_dir = stage_checkpoint(run_dir_, step, world_);
+  job.step = step;
+  job.rank = world_.rank();
+  job.trainer_state = std::move(header);
+  job.delay_seconds = delay_seconds;
+  background_ = std::make_unique<BackgroundSave>(std::move(job));
+}
+
+bool Checkpointer::commit_if_written() {
+  if (!background_) return false;
+  // Every rank learns at the same call whether all writers are done.
+  at::Tensor pending = at::full({1}, static_cast<int64_t>(!background_->written()), at::kLong);
+  world_.all_reduce(pending, ReduceOp::Max);
+  if (pending.item<int64_t>() != 0) return false;
+  finish_background();
+  return true;
+}
+
+void Checkpointer::finish_background() {
+  if (!background_) return;
+  const std::unique_ptr<BackgroundSave> save = std::move(background_);
+  const RankShards& mine = save->wait();
+  const auto& job = save->job();
+  commit_rank_shards(run_dir_, job.staging_dir, job.step, mine, job.trainer_state, world_, max_to_keep_, unreadable_);
+  committed(job.step);
 }
 
 std::string Checkpointer::try_load(const std::string& dir, const Check& check, nlohmann::json& state) {

@@ -55,6 +55,7 @@ const std::vector<std::string>& resumable_keys() {
       "activation_checkpointing", "torch_threads",
       // logging, evaluation, saving, sampling
       "checkpoint_steps", "eval_steps", "log_every", "sample_every", "max_to_keep", "watchdog_seconds",
+      "async_checkpoint", "flight_recorder_size", "straggler_threshold",
       "inference_config.*",
       // where things are
       "output_dir", "name", "data_config.data_dir", "data_config.train_folder_name", "data_config.val_folder_name"};

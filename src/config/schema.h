@@ -129,6 +129,9 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "sample_every", c.sample_every);
   v(kTop, "torch_threads", c.torch_threads);
   v(kTop, "watchdog_seconds", c.watchdog_seconds);
+  v(kTop, "async_checkpoint", c.async_checkpoint);
+  v(kTop, "flight_recorder_size", c.flight_recorder_size);
+  v(kTop, "straggler_threshold", c.straggler_threshold);
 }
 
 // Jaxformer keys that only make sense on its cloud setup: accepted and ignored

@@ -303,6 +303,12 @@ void validate_run(const Config& c) {
   // A day is far beyond any step; the bound keeps the timeout's arithmetic exact.
   MT_CHECK(c.watchdog_seconds >= 0 && c.watchdog_seconds <= kMaxWatchdogSeconds, "watchdog_seconds must be in [0, ",
            kMaxWatchdogSeconds, "] seconds (0 disables the watchdog), got ", c.watchdog_seconds);
+  // A million records is ~80 MB a rank: more is a typo, not a need.
+  MT_CHECK(c.flight_recorder_size >= 0 && c.flight_recorder_size <= (int64_t{1} << 20),
+           "flight_recorder_size must be in [0, 1048576] collectives (0 turns the flight recorder off), got ",
+           c.flight_recorder_size);
+  MT_CHECK(c.straggler_threshold >= 0 && c.straggler_threshold <= 100, "straggler_threshold must be in [0, 100] (a ",
+           "fraction above the median step time: 0.2 names a rank 20% slower), got ", c.straggler_threshold);
 
   const auto& i = c.inference;
   at_least(i.batch_size, 1, "inference_config.batch_size");

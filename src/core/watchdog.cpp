@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "meshtrain/core/flight_compare.h"
 #include "meshtrain/core/host.h"
 #include "meshtrain/core/log.h"
 
@@ -85,21 +86,91 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::beat(const std::string& phase) {
-  if (timeout_ <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (flight_) flight_->set_phase(phase);
+  if (timeout_ <= 0) return;
   phase_ = phase;
   ++beats_;
   last_ = std::chrono::steady_clock::now();
 }
 
-void Watchdog::write_heartbeat(int64_t beats, const std::string& phase) {
+void Watchdog::attach_flight(FlightRecorder* recorder, const std::string& flight_dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  flight_ = recorder && recorder->enabled() ? recorder : nullptr;
+  flight_dir_ = flight_dir;
+}
+
+bool Watchdog::write_flight(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!flight_ || flight_dir_.empty()) return false;
+  nlohmann::json j = flight_->to_json(reason);
+  j["job"] = job_;
+  const fs::path path = fs::path(flight_dir_) / flight_file_name(rank_), tmp = path.string() + ".tmp";
+  std::error_code ec;
+  fs::create_directories(flight_dir_, ec);
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(1) << "\n";
+    if (!out.good()) return false;
+  }
+  fs::rename(tmp, path, ec);
+  return !ec;
+}
+
+std::string Watchdog::flight_report(const std::vector<RankProgress>& beats) {
+  if (!flight_ || flight_dir_.empty()) return "";
+  // Called with mu_ held (the timeout path): write this rank's file inline.
+  {
+    nlohmann::json j = flight_->to_json("watchdog timeout");
+    j["job"] = job_;
+    std::error_code ec;
+    fs::create_directories(flight_dir_, ec);
+    std::ofstream(fs::path(flight_dir_) / flight_file_name(rank_), std::ios::trunc) << j.dump(1) << "\n";
+  }
+  // The other live ranks time out within moments of this one: give them a
+  // few seconds to write theirs. A stopped rank writes nothing; its
+  // heartbeat's summary stands in for it.
+  const auto read_file = [&](int r) {
+    std::ifstream in(fs::path(flight_dir_) / flight_file_name(r));
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const bool ours = j.is_object() && j.contains("axes") && (job_.empty() || j.value("job", std::string()) == job_);
+    return ours ? j : nlohmann::json();
+  };
+  const auto wait_until = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(std::min(10.0, std::max(2.0, timeout_ / 4))));
+  std::vector<RankFlight> ranks(static_cast<size_t>(world_size_));
+  for (;;) {
+    int missing = 0;
+    for (int r = 0; r < world_size_; ++r) {
+      RankFlight& f = ranks[static_cast<size_t>(r)];
+      f.rank = r;
+      if (f.source == "flight file") continue;
+      const nlohmann::json j = read_file(r);
+      if (!j.is_null()) {
+        f = {r, true, "flight file", j["axes"], j.value("records", nlohmann::json::array())};
+        continue;
+      }
+      ++missing;
+      const RankProgress& b = beats[static_cast<size_t>(r)];
+      const nlohmann::json a = nlohmann::json::parse(b.flight, nullptr, false);
+      if (b.known && a.is_object()) f = {r, true, "heartbeat", a, nlohmann::json::array()};
+    }
+    if (missing == 0 || std::chrono::steady_clock::now() >= wait_until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const std::string lag = describe_flight_lag(ranks);
+  return lag.empty() ? "" : "flight recorder: " + lag + " (records in " + flight_dir_ + ")";
+}
+
+void Watchdog::write_heartbeat(int64_t beats, const std::string& phase, const std::string& flight) {
   if (dir_.empty()) return;
   // Written aside and renamed, so a reader never sees half a record.
   const std::string path = heartbeat_file(dir_, rank_);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << beats << "\n" << phase << "\n" << host_ << "\n" << ::getpid() << "\n" << job_ << "\n";
+    out << beats << "\n" << phase << "\n" << host_ << "\n" << ::getpid() << "\n" << job_ << "\n" << flight << "\n";
     if (!out.good()) return;
   }
   std::error_code ec;
@@ -119,6 +190,7 @@ std::vector<RankProgress> Watchdog::read_heartbeats() const {
       std::getline(in, p.host);
       std::getline(in, pid);
       std::getline(in, job);
+      std::getline(in, p.flight);
       p.pid = std::atoll(pid.c_str());
       // A record of an earlier launch in the same run dir says nothing of this one.
       p.known = job_.empty() || job == job_;
@@ -130,14 +202,29 @@ std::vector<RankProgress> Watchdog::read_heartbeats() const {
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
-  int64_t written = -1;
+  int64_t written = -1, flight_written = -1;
+  auto written_at = std::chrono::steady_clock::now();
+  auto woke = written_at;  // this thread wakes at least once a second
+  double frozen = 0;       // the longest gap between two wake-ups
   while (!stop_) {
-    if (beats_ != written) {
+    const auto now = std::chrono::steady_clock::now();
+    // A gap far beyond a second: the whole process was frozen (SIGSTOP, a
+    // debugger, a suspended VM) and has been let go again.
+    frozen = std::max(frozen, std::chrono::duration<double>(now - woke).count());
+    woke = now;
+    // Ops change the flight summary constantly: rewritten at most once a second.
+    const int64_t flight_changes = flight_ ? flight_->changes() : -1;
+    const bool flight_due = flight_changes != flight_written &&
+                            std::chrono::steady_clock::now() - written_at >= std::chrono::seconds(1);
+    if (beats_ != written || flight_due) {
       written = beats_;
+      flight_written = flight_changes;
       const std::string phase = phase_;
+      FlightRecorder* flight = flight_;
       lock.unlock();  // file I/O without holding up beat()
-      write_heartbeat(written, phase);
+      write_heartbeat(written, phase, flight ? flight->axes_json().dump() : "");
       lock.lock();
+      written_at = std::chrono::steady_clock::now();
       continue;
     }
     const auto deadline = last_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -146,7 +233,15 @@ void Watchdog::run() {
       std::string msg = "watchdog: rank " + std::to_string(rank_) + " (host " + host_ + ", pid " +
                         std::to_string(::getpid()) + ") made no progress for " +
                         std::to_string(static_cast<int64_t>(timeout_)) + " s in '" + phase_ + "'";
-      if (!dir_.empty() && world_size_ > 1) msg += "; " + describe_stuck_ranks(read_heartbeats());
+      if (frozen > 5)
+        msg += "; this process was itself frozen for " + std::to_string(static_cast<int64_t>(frozen)) +
+               " s (SIGSTOP, a debugger, a suspended machine): it is the rank that stopped, the others' view of it "
+               "is the one to read";
+      if (!dir_.empty() && world_size_ > 1) {
+        const auto beats = read_heartbeats();
+        msg += "; " + describe_stuck_ranks(beats);
+        if (const std::string f = flight_report(beats); !f.empty()) msg += "; " + f;
+      }
       msg += " (watchdog_seconds); aborting";
       spdlog::error("{}", msg);
       std::cerr << msg << std::endl;

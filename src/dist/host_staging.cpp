@@ -68,6 +68,7 @@ class HostStagedCommunicator final : public Communicator {
     at::Tensor h = on_gpu(r) ? pinned_like(r) : r;
     const at::Tensor sent = on_gpu(t) ? to_host(t) : t;
     const auto t0 = std::chrono::steady_clock::now();
+    inner_->record_flight(flight_recorder(), flight_axis());
     inner_->send_recv(sent, dst, h, src, send_tag, recv_tag);
     add_seconds("send_recv", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     count("send", t.nbytes(), t.scalar_type());
@@ -117,6 +118,8 @@ class HostStagedCommunicator final : public Communicator {
     const int64_t before = inner_->bytes_moved();
     const std::map<std::string, int64_t> dtypes = inner_->bytes_by_dtype();
     const auto t0 = std::chrono::steady_clock::now();
+    // The inner communicator does the op: it records it, as this axis.
+    inner_->record_flight(flight_recorder(), flight_axis());
     f();
     count(op, inner_->bytes_moved() - before);
     for (const auto& [dtype, bytes] : inner_->bytes_by_dtype()) {

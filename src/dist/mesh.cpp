@@ -90,6 +90,21 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
 
 Mesh::~Mesh() = default;
 
+void Mesh::record_flight(FlightRecorder& recorder) {
+  // The group of each axis: the same color as its split above, so ranks of
+  // one group share it (core/flight_compare.h compares within a group).
+  const int ep = shape_.ep, outer = (coord_.pp * shape_.tp + coord_.tp) * shape_.dp;
+  const auto add = [&](Communicator& c, const char* name, int group) {
+    c.record_flight(&recorder, recorder.add_axis(name, group, c.rank(), c.size()));
+  };
+  add(*cpu_world_, "world", 0);
+  add(*dp_, "dp", coord_.pp * shape_.tp + coord_.tp);
+  add(*pp_, "pp", coord_.dp * shape_.tp + coord_.tp);
+  add(*tp_, "tp", coord_.pp * shape_.dp + coord_.dp);
+  add(*ep_, "ep", outer + coord_.dp / ep);
+  add(*edp_, "expert_dp", outer + coord_.dp % ep);
+}
+
 int64_t Mesh::bytes_moved() const {
   return dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved() + ep_->bytes_moved() + edp_->bytes_moved();
 }

@@ -142,6 +142,7 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
+    const FlightScope in_flight = flight("all_reduce", t);
     check_cpu(t, "all_reduce");
     at::Tensor w = t.to(reduction_dtype(t.scalar_type())).contiguous();
     ok(MPI_Allreduce(MPI_IN_PLACE, w.data_ptr(), to_count(w.numel(), "all_reduce"), type_of(w, "all_reduce"),
@@ -152,6 +153,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
+    const FlightScope in_flight = flight("all_gather", t);
     check_cpu(t, "all_gather");
     const int64_t d = norm_dim(t, dim, "all_gather");
     at::Tensor x = t.contiguous();
@@ -165,6 +167,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) override {
+    const FlightScope in_flight = flight("reduce_scatter", t);
     check_cpu(t, "reduce_scatter");
     const int64_t d = norm_dim(t, dim, "reduce_scatter");
     MT_CHECK(t.size(d) % size_ == 0, "mpi reduce_scatter: dim ", d, " of shape ", t.sizes(),
@@ -184,6 +187,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(at::Tensor& t, int root) override {
+    const FlightScope in_flight = flight("broadcast", t, root);
     check_cpu(t, "broadcast");
     check_peer(root, "broadcast", "root");
     at::Tensor w = t.contiguous();
@@ -193,6 +197,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   at::Tensor gather(const at::Tensor& t, int root) override {
+    const FlightScope in_flight = flight("gather", t, root);
     check_cpu(t, "gather");
     check_peer(root, "gather", "root");
     MT_CHECK(t.dim() > 0, "mpi gather on rank ", rank_, ": needs a tensor with at least one dim, got a scalar");
@@ -212,6 +217,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void send(const at::Tensor& t, int dst, int tag) override {
+    const FlightScope in_flight = flight("send", t, dst);
     check_cpu(t, "send");
     check_peer(dst, "send", "dst");
     at::Tensor x = t.contiguous();
@@ -220,6 +226,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void recv(at::Tensor& t, int src, int tag) override {
+    const FlightScope in_flight = flight("recv", t, src);
     check_cpu(t, "recv");
     check_peer(src, "recv", "src");
     at::Tensor w = t.contiguous();
@@ -235,6 +242,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int send_tag, int recv_tag) override {
+    const FlightScope in_flight = flight("send_recv", t, dst);
     check_cpu(t, "send_recv");
     check_cpu(r, "send_recv");
     check_peer(dst, "send_recv", "dst");
@@ -256,6 +264,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   at::Tensor all_to_all(const at::Tensor& t) override {
+    const FlightScope in_flight = flight("all_to_all", t);
     check_cpu(t, "all_to_all");
     const auto t0 = std::chrono::steady_clock::now();
     MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "mpi all_to_all: dim 0 of shape ", t.sizes(),
@@ -271,6 +280,7 @@ class MpiCommunicator final : public Communicator {
 
   at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
                           const std::vector<int64_t>& recv_rows) override {
+    const FlightScope in_flight = flight("all_to_all_v", t);
     check_cpu(t, "all_to_all_v");
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t row = row_bytes_for_all_to_all_v(t, send_rows, recv_rows, rank_, size_, "mpi");
@@ -299,6 +309,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override {
+    const FlightScope in_flight = flight("barrier", at::Tensor());
     ok(MPI_Barrier(comm_), "barrier");
     count("barrier", 0);
   }

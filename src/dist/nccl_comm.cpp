@@ -74,6 +74,7 @@ class NcclCommunicator final : public Communicator {
   std::string backend() const override { return "nccl"; }
 
   void all_reduce(at::Tensor& t, ReduceOp op) override {
+    const FlightScope in_flight = flight("all_reduce", t);
     check_cuda(t, "all_reduce");
     at::Tensor w = t.to(reduction_dtype(t.scalar_type())).contiguous();
     ok(ncclAllReduce(w.data_ptr(), w.data_ptr(), w.numel(), nccl_dtype(w.scalar_type(), "all_reduce"),
@@ -84,6 +85,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   at::Tensor all_gather(const at::Tensor& t, int64_t dim) override {
+    const FlightScope in_flight = flight("all_gather", t);
     check_cuda(t, "all_gather");
     const int64_t d = norm_dim(t, dim, "all_gather");
     at::Tensor x = t.contiguous();
@@ -98,6 +100,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) override {
+    const FlightScope in_flight = flight("reduce_scatter", t);
     check_cuda(t, "reduce_scatter");
     const int64_t d = norm_dim(t, dim, "reduce_scatter");
     MT_CHECK(t.size(d) % size_ == 0, "nccl reduce_scatter: dim ", d, " of shape ", t.sizes(),
@@ -114,6 +117,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void broadcast(at::Tensor& t, int root) override {
+    const FlightScope in_flight = flight("broadcast", t, root);
     check_cuda(t, "broadcast");
     check_peer(root, "broadcast", "root");
     at::Tensor w = t.contiguous();
@@ -127,6 +131,7 @@ class NcclCommunicator final : public Communicator {
   // NCCL has no gather: the root receives from every peer in one group of
   // send/recv pairs (a single launch, so the order of peers cannot deadlock).
   at::Tensor gather(const at::Tensor& t, int root) override {
+    const FlightScope in_flight = flight("gather", t, root);
     check_cuda(t, "gather");
     check_peer(root, "gather", "root");
     MT_CHECK(t.dim() > 0, "nccl gather on rank ", rank_, ": needs a tensor with at least one dim, got a scalar");
@@ -155,6 +160,7 @@ class NcclCommunicator final : public Communicator {
   // NCCL has no tags: messages between a pair arrive in the order they were
   // posted, which is how the pipeline schedules use them anyway.
   void send(const at::Tensor& t, int dst, int /*tag*/) override {
+    const FlightScope in_flight = flight("send", t, dst);
     check_cuda(t, "send");
     check_peer(dst, "send", "dst");
     at::Tensor x = t.contiguous();
@@ -163,6 +169,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void recv(at::Tensor& t, int src, int /*tag*/) override {
+    const FlightScope in_flight = flight("recv", t, src);
     check_cuda(t, "recv");
     check_peer(src, "recv", "src");
     at::Tensor w = t.contiguous();
@@ -173,6 +180,7 @@ class NcclCommunicator final : public Communicator {
 
   // One group: NCCL runs both halves at once, whichever the peers post first.
   void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int /*send_tag*/, int /*recv_tag*/) override {
+    const FlightScope in_flight = flight("send_recv", t, dst);
     check_cuda(t, "send_recv");
     check_cuda(r, "send_recv");
     check_peer(dst, "send_recv", "dst");
@@ -190,6 +198,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   at::Tensor all_to_all(const at::Tensor& t) override {
+    const FlightScope in_flight = flight("all_to_all", t);
     check_cuda(t, "all_to_all");
     const auto t0 = std::chrono::steady_clock::now();
     MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "nccl all_to_all: dim 0 of shape ", t.sizes(),
@@ -217,6 +226,7 @@ class NcclCommunicator final : public Communicator {
   // them one launch that cannot deadlock whatever the order of peers.
   at::Tensor all_to_all_v(const at::Tensor& t, const std::vector<int64_t>& send_rows,
                           const std::vector<int64_t>& recv_rows) override {
+    const FlightScope in_flight = flight("all_to_all_v", t);
     check_cuda(t, "all_to_all_v");
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t row_bytes = row_bytes_for_all_to_all_v(t, send_rows, recv_rows, rank_, size_, "nccl");
@@ -247,6 +257,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void barrier() override {
+    const FlightScope in_flight = flight("barrier", at::Tensor());
     at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
     ok(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream(one)), "barrier");
     const cudaError_t rc = cudaStreamSynchronize(stream(one));

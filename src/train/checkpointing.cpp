@@ -3,6 +3,7 @@
 // samples consumed, config, mesh), and which checkpoint a run starts from.
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include "meshtrain/ckpt/checkpoint_steps.h"
@@ -49,7 +50,7 @@ void Session::setup_checkpointing() {
   if (device_.is_cuda()) add("rng_cuda", std::make_unique<RngState>(at::globalContext().defaultGenerator(device_)));
 }
 
-void Session::save_checkpoint() {
+nlohmann::json Session::checkpoint_header() const {
   nlohmann::json header;
   header["step"] = progress_.step;
   header["consumed_samples"] = progress_.consumed_samples;
@@ -61,8 +62,49 @@ void Session::save_checkpoint() {
     header["tokenizer_fingerprint"] = data_tokenizer_.fingerprint;
     header["tokenizer_data"] = data_tokenizer_.where;
   }
-  checkpointer_->save(progress_.step, header);
+  return header;
+}
+
+void Session::save_checkpoint() {
+  checkpointer_->save(progress_.step, checkpoint_header());
   spdlog::info("saved checkpoint of step {} in {}/checkpoints", progress_.step, cfg_.run_dir());
+}
+
+CheckpointCost Session::save_checkpoint_in_loop(bool finish) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); };
+  const auto start = Clock::now();
+  CheckpointCost cost;
+  cost.background = cfg_.async_checkpoint;
+  if (!cfg_.async_checkpoint) {
+    save_checkpoint();
+    cost.blocked = seconds(start);
+    return cost;
+  }
+  // At most one save in flight: the previous one is committed first.
+  if (const int64_t previous = checkpointer_->in_flight_step(); previous >= 0) {
+    watchdog_->beat("waiting for the background save of step " + std::to_string(previous));
+    checkpointer_->finish_background();
+    cost.waited = seconds(start);
+    spdlog::info("saved checkpoint of step {} in {}/checkpoints (background; waited {:.3f} s for it)", previous,
+                 cfg_.run_dir(), cost.waited);
+  }
+  checkpointer_->start_background(progress_.step, checkpoint_header(), test_hooks_.checkpoint_write_delay(progress_.step));
+  if (finish) {
+    checkpointer_->finish_background();
+    spdlog::info("saved checkpoint of step {} in {}/checkpoints", progress_.step, cfg_.run_dir());
+  }
+  cost.blocked = seconds(start);
+  return cost;
+}
+
+double Session::commit_written_checkpoint() {
+  const int64_t step = checkpointer_->in_flight_step();
+  if (step < 0) return 0;
+  const auto start = std::chrono::steady_clock::now();
+  if (!checkpointer_->commit_if_written()) return 0;
+  spdlog::info("saved checkpoint of step {} in {}/checkpoints (written in the background)", step, cfg_.run_dir());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void Session::check_resumed_config(const std::string& dir, const nlohmann::json& trainer_state) const {

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <string>
 
@@ -54,6 +55,9 @@ Session::Session(const Config& cfg, Runtime& runtime, SessionOptions opts, const
   MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
                   static_cast<int>(cfg_.device.tp()), static_cast<int>(cfg_.device.expert_parallel)};
   mesh_ = std::make_unique<Mesh>(*world, shape, pick_backend(cfg_, device_));
+  flight_ = std::make_unique<FlightRecorder>(cfg_.flight_recorder_size, world->rank());
+  mesh_->record_flight(*flight_);
+  watchdog_->attach_flight(flight_.get(), world->size() > 1 && !opts_.meta ? cfg_.run_dir() + "/flight" : "");
   if (mesh_->backend() == "nccl" && is_rank0_) spdlog::info("NCCL {} (library loaded at run time)", nccl_runtime_version());
   log_placement(*mesh_, runtime, device_);
 
@@ -81,7 +85,14 @@ Session::Session(const Config& cfg, Runtime& runtime, SessionOptions opts, const
   watchdog_->beat("start-up done");
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  if (!watchdog_ || !flight_) return;
+  // An error on its way out (main aborts the other ranks next): what this
+  // rank's collectives were is kept for `meshtrain flight`.
+  if (std::uncaught_exceptions() > 0 && watchdog_->write_flight("error"))
+    spdlog::warn("flight recorder written to {}/flight", cfg_.run_dir());
+  watchdog_->attach_flight(nullptr, "");  // main's watchdog outlives this recorder
+}
 
 void Session::build_data() {
   if (opts_.meta) return;  // synthetic batches (train/step.cpp): no data folder is read
@@ -131,7 +142,9 @@ int Session::stop_agreed() {
   // signal may reach only some of them) is shared before acting on it.
   at::Tensor sig = at::full({1}, static_cast<int64_t>(stop_requested()), at::kLong);
   mesh_->cpu_world().all_reduce(sig, ReduceOp::Max);
-  return static_cast<int>(sig.item<int64_t>());
+  const int agreed = static_cast<int>(sig.item<int64_t>());
+  if (agreed && !flight_written_) flight_written_ = watchdog_->write_flight("stop signal " + std::to_string(agreed));
+  return agreed;
 }
 
 void Session::stop_point(const std::string& during) {

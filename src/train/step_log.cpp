@@ -15,7 +15,8 @@ StepLog::StepLog(const Config& cfg, bool rank0, bool quiet, MetricsStart start)
       start_(std::chrono::steady_clock::now()),
       start_step_(std::max<int64_t>(start.step, 0)) {}
 
-void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, bool pipeline) {
+void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, bool pipeline,
+                   const nlohmann::json& extra) {
   nlohmann::json row;
   row["step"] = step;
   row["loss"] = s.loss;
@@ -38,6 +39,7 @@ void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, 
     row["max_vio"] = max_vio;
     warn_starved_experts(s);
   }
+  for (const auto& [k, v] : extra.items()) row[k] = v;
   metrics_->log(row);
   if (!quiet_ && (step % std::max<int64_t>(1, cfg_.log_every) == 0 || step == cfg_.training_steps))
     spdlog::info("{}{}", format_step_line(row), progress_suffix(step));
@@ -47,6 +49,12 @@ void StepLog::validation(int64_t step, double train_loss, double val_loss) {
   nlohmann::json row = {{"step", step}, {"val_loss", val_loss}};
   metrics_->log(row);
   spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step, train_loss, val_loss);
+}
+
+void StepLog::checkpoint(int64_t step, const nlohmann::json& fields) {
+  nlohmann::json row = {{"step", step}};
+  for (const auto& [k, v] : fields.items()) row[k] = v;
+  metrics_->log(row);
 }
 
 void StepLog::warn_starved_experts(const StepStats& s) {

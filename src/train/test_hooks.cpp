@@ -9,9 +9,12 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <thread>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/launch_env.h"
 #include "meshtrain/core/log.h"
 
 namespace meshtrain {
@@ -25,6 +28,18 @@ int64_t env_int(const char* name) {
   const long long x = std::strtoll(v, &end, 10);
   MT_CHECK(*end == '\0' && x >= 0, name, "='", v, "' must be a non-negative integer");
   return x;
+}
+
+// "A:B" -> (A, B), both non-negative numbers.
+std::pair<int64_t, double> env_pair(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return {-1, 0};
+  char* end = nullptr;
+  const long long a = std::strtoll(v, &end, 10);
+  MT_CHECK(*end == ':', name, "='", v, "' must be A:B");
+  const double b = std::strtod(end + 1, &end);
+  MT_CHECK(*end == '\0' && a >= 0 && b >= 0, name, "='", v, "' must be A:B, two non-negative numbers");
+  return {a, b};
 }
 
 }  // namespace
@@ -48,10 +63,23 @@ TestHooks TestHooks::from_environment() {
     for (std::string r; std::getline(ss, r, ',');)
       if (!r.empty()) h.stall_ranks_.push_back(std::atoi(r.c_str()));
   }
+  h.launch_rank_ = launch_from_environment().rank;
+  h.sigstop_at_step_ = env_int("MESHTRAIN_TEST_SIGSTOP_AT_STEP");
+  const auto slow = env_pair("MESHTRAIN_TEST_SLOW_RANK");
+  h.slow_rank_ = static_cast<int>(slow.first);
+  h.slow_ms_ = static_cast<int64_t>(slow.second);
+  std::tie(h.ckpt_delay_step_, h.ckpt_delay_seconds_) = env_pair("MESHTRAIN_TEST_CKPT_WRITE_DELAY");
   return h;
 }
 
 void TestHooks::after_backward(int64_t step, ParallelModel& pm) const {
+  if (step == sigstop_at_step_ &&
+      std::find(stall_ranks_.begin(), stall_ranks_.end(), launch_rank_) != stall_ranks_.end()) {
+    spdlog::warn("test hook: rank {} stops (SIGSTOP) after the backward pass of step {}", launch_rank_, step);
+    // Its watchdog thread rewrites the heartbeat (with the flight summary) within a second.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    std::raise(SIGSTOP);
+  }
   if (step < nan_from_ || step > nan_to_) return;
   at::NoGradGuard ng;
   for (auto& p : pm.params)
@@ -66,10 +94,10 @@ void TestHooks::after_update(int64_t step, ParallelModel& pm) const {
 
 void TestHooks::before_step(int64_t step, int rank) const {
   // Slow steps without using the CPU: the SLURM tests need a run that outlasts
-  // a time limit's warning. Read here, not in from_environment(), so the
-  // header (included widely) keeps its layout.
+  // a time limit's warning.
   if (const int64_t ms = env_int("MESHTRAIN_TEST_STEP_SLEEP_MS"); ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  if (rank == slow_rank_ && slow_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
   if (step != stall_at_step_ || std::find(stall_ranks_.begin(), stall_ranks_.end(), rank) == stall_ranks_.end())
     return;
   spdlog::warn("test hook: rank {} stalls before step {}", rank, step);

@@ -80,7 +80,8 @@ void Trainer::finish_step(PendingStep& p, double seconds) {
   }
   losses_.push_back(s.loss);
   grad_norms_.push_back(s.grad_norm);
-  log_->step(p.number, s, p.lr, seconds, /*pipeline=*/mesh().shape().pp > 1);
+  const nlohmann::json stragglers = straggler_->after_step(p.number, mesh().cpu_world(), session_.flight());
+  log_->step(p.number, s, p.lr, seconds, /*pipeline=*/mesh().shape().pp > 1, stragglers);
 }
 
 double Trainer::train() {
@@ -97,6 +98,8 @@ double Trainer::train() {
     spdlog::warn("stop requested (signal {}) before the first step: nothing trained, nothing to save", sig);
     return std::nan("");
   }
+  straggler_ = std::make_unique<StragglerReport>(cfg.straggler_threshold, cfg.log_every);
+  straggler_->restart(session_.flight());
   using Clock = std::chrono::steady_clock;
   std::optional<PendingStep> pending;  // the step enqueued last, not read yet
   auto mark = Clock::now();            // when the last step read was logged
@@ -110,15 +113,20 @@ double Trainer::train() {
   };
   while (step() < total) {
     if (!pending) mark = Clock::now();  // nothing in flight: this step's time starts now
+    session_.flight().set_step(step() + 1);
     const double lr = learning_rate(cfg.lr, step());
     StepStats s = meshtrain::train_step(session_);
     meshtrain::apply_update(session_, s, lr);
     session_.test_hooks().after_update(step() + 1, model());
     update_score_bias(session_, s);  // on the device: no read needed
     ++session_.progress().step;
+    // A background save (async_checkpoint) is committed once every rank wrote it.
+    const double committed = session_.commit_written_checkpoint();
     // The previous step's read waits for its kernels while this step's are queued.
     if (pending) finish();
     pending = PendingStep{std::move(s), lr, step()};
+    if (committed > 0)
+      log_->checkpoint(step(), {{"checkpoint_blocked_seconds", committed}, {"checkpoint_committed", true}});
     const int64_t n = step();
     const int stop = session_.stop_agreed();
     // Evaluation, saving and stopping see every step before them logged.
@@ -147,8 +155,12 @@ int Trainer::after_step(const StepStats& s, int stop) {
   }
   if (boundary || stop) {
     watchdog.beat("saving the checkpoint of step " + std::to_string(n));
-    session_.save_checkpoint();
+    // A stop and the end wait for the save (and the one in flight before it).
+    const CheckpointCost cost = session_.save_checkpoint_in_loop(/*finish=*/stop || n == cfg.training_steps);
+    log_->checkpoint(n, {{"checkpoint_blocked_seconds", cost.blocked}, {"checkpoint_wait_seconds", cost.waited},
+                         {"checkpoint_async", cost.background}});
   }
+  straggler_->restart(session_.flight());  // evaluation and saving are not step time
   if (stop) {
     spdlog::warn("stop requested (signal {}): step {} saved, exiting", stop, n);
     return stop;

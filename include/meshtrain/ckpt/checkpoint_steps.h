@@ -4,6 +4,9 @@
 //   rank 0: make_staging_dir          -> barrier
 //   every rank: write_rank_shards     -> RankShards, all-gathered to rank 0
 //   rank 0: build_manifest + commit_checkpoint (rename, latest, prune)
+// grouped as stage_checkpoint (collective) -> try_write_rank_shards (local:
+// what a background save runs on its own thread) -> commit_rank_shards
+// (collective), the three calls save_checkpoint makes.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -45,6 +48,19 @@ std::string make_staging_dir(const std::string& run_dir, int64_t step, const std
 // Writes this rank's `write` shards to rank_RRRRR.safetensors in dir (fsync'ed,
 // checksummed). Checks each tensor against its spec first.
 RankShards write_rank_shards(const std::string& dir, int rank, const std::vector<NamedTensor>& local);
+
+// Collective over world: rank 0 makes the staging dir, every rank gets its
+// path; throws on every rank when rank 0 could not.
+std::string stage_checkpoint(const std::string& run_dir, int64_t step, Communicator& world);
+// write_rank_shards, with an error in the record instead of an exception (a
+// rank that failed must still join the commit, or the others wait forever).
+RankShards try_write_rank_shards(const std::string& dir, int rank, const std::vector<NamedTensor>& local);
+// Collective over world, after every rank wrote (`mine`: this rank's record):
+// rank 0 builds the manifest and commits (commit_checkpoint); throws on every
+// rank when any rank's write or the commit failed (the staging dir removed).
+void commit_rank_shards(const std::string& run_dir, const std::string& staging_dir, int64_t step,
+                        const RankShards& mine, const nlohmann::json& trainer_state, Communicator& world,
+                        int64_t max_to_keep, const std::vector<std::string>& keep);
 
 // Merges every rank's record into manifest.json's content; throws naming the
 // tensor when ranks disagree on its shape, dtype or split, when a shard is

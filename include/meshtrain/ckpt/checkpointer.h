@@ -10,12 +10,14 @@
 // refuses to start instead of silently starting over.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "meshtrain/ckpt/background_save.h"
 #include "meshtrain/ckpt/stateful.h"
 #include "meshtrain/dist/comm.h"
 
@@ -29,6 +31,9 @@ class Checkpointer {
   using Check = std::function<void(const std::string& dir, const nlohmann::json& trainer_state)>;
 
   Checkpointer(std::string run_dir, Communicator& world, int64_t max_to_keep);
+  // A save still in flight is waited for (joined), not committed: destruction
+  // is an error path, where a collective could wait on a rank that is gone.
+  ~Checkpointer();
 
   // Components save and load in the order they were added; names are the
   // tensor prefixes and the keys of trainer_state.json's "components".
@@ -37,6 +42,23 @@ class Checkpointer {
   // Every component's state as checkpoint `step`; `header` (step, config, ...)
   // goes into trainer_state.json beside the components' values. Collective.
   void save(int64_t step, nlohmann::json header);
+
+  // The same save in the background (ckpt/background_save.h): the state is
+  // gathered (collective) and made this save's own now, the staging dir made,
+  // and a thread writes this rank's shards; commit_if_written or
+  // finish_background commits it. A save already in flight is finished first
+  // (at most one in flight). Collective. delay_seconds: a test hook.
+  void start_background(int64_t step, nlohmann::json header, double delay_seconds = 0);
+  // The step of the save in flight, or -1.
+  int64_t in_flight_step() const { return background_ ? background_->job().step : -1; }
+  // When every rank's writer is done, commits the save in flight and returns
+  // true; otherwise returns false at once. Collective (one small all-reduce)
+  // when a save is in flight, nothing otherwise: every rank must call it at
+  // the same points.
+  bool commit_if_written();
+  // Waits for this rank's writer, then commits. Collective; nothing when no
+  // save is in flight. Throws on every rank when any rank's write failed.
+  void finish_background();
 
   // Loads checkpoint `dir` (verified first) on every rank; throws on any
   // problem. Returns its trainer state. Collective.
@@ -55,6 +77,9 @@ class Checkpointer {
   void protect_unreadable();
 
  private:
+  // Every component's tensors (prefixed with its name) and, into header, its values. Collective.
+  std::vector<NamedTensor> gather_state(nlohmann::json& header);
+  void committed(int64_t step);
   // Empty when dir loaded on every rank, else this rank's reason (or that another rank failed).
   std::string try_load(const std::string& dir, const Check& check, nlohmann::json& state);
 
@@ -63,6 +88,7 @@ class Checkpointer {
   int64_t max_to_keep_;
   std::vector<std::pair<std::string, Stateful*>> components_;
   std::vector<std::string> unreadable_;  // checkpoint directory names (step_XXXXXXXX)
+  std::unique_ptr<BackgroundSave> background_;  // the save in flight, if any
 };
 
 }  // namespace meshtrain

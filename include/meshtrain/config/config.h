@@ -187,6 +187,9 @@ struct Config {
   int64_t sample_every = 0;                    // print a sample every N steps (0: at the end only)
   int64_t torch_threads = 1;                   // intra-op threads per rank on CPU
   double watchdog_seconds = 600;               // abort when a step makes no progress this long (0: off)
+  bool async_checkpoint = false;               // write checkpoints on a background thread (ckpt/background_save.h)
+  int64_t flight_recorder_size = 2048;         // collectives each rank remembers (core/flight_recorder.h; 0: off)
+  double straggler_threshold = 0.2;            // name the slowest rank when its step is this much above the median
 
   // Where the run lives: output_dir/name.
   std::string run_dir() const;

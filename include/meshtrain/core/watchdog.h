@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/core/flight_recorder.h"
+
 namespace meshtrain {
 
 // What one rank last reported.
@@ -35,6 +37,7 @@ struct RankProgress {
   std::string phase;
   std::string host;  // where it runs (empty: not recorded)
   int64_t pid = 0;
+  std::string flight;  // its flight recorder's axes summary (JSON), when it has one
 };
 
 // Which ranks fell behind, for the watchdog's message: "rank 3 stopped in
@@ -57,10 +60,23 @@ class Watchdog {
   // rank must beat the same sequence (the counts are compared across ranks).
   void beat(const std::string& phase);
 
+  // The rank's collective flight recorder (core/flight_recorder.h): beats
+  // name its phases, heartbeats carry its axes summary (refreshed at most
+  // once a second while ops run), and on a timeout every rank writes it to
+  // flight_dir/rank_NNNNN.json and the message says which rank lags in which
+  // op (core/flight_compare.h). Before any op runs; the recorder must outlive
+  // the watchdog's use of it (detach with nullptr).
+  void attach_flight(FlightRecorder* recorder, const std::string& flight_dir);
+  // Writes the recorder's file now (a stop, an error); false when none is attached or it failed.
+  bool write_flight(const std::string& reason);
+
  private:
   void run();
-  void write_heartbeat(int64_t beats, const std::string& phase);
+  void write_heartbeat(int64_t beats, const std::string& phase, const std::string& flight);
   std::vector<RankProgress> read_heartbeats() const;
+  // On a timeout: this rank's flight file, then the others' (waiting a few
+  // seconds for them), compared. Empty without a recorder.
+  std::string flight_report(const std::vector<RankProgress>& beats);
 
   double timeout_;
   int rank_;
@@ -74,6 +90,8 @@ class Watchdog {
   int64_t beats_ = 0;
   std::chrono::steady_clock::time_point last_;
   bool stop_ = false;
+  FlightRecorder* flight_ = nullptr;  // guarded by mu_
+  std::string flight_dir_;
   std::thread thread_;
 };
 

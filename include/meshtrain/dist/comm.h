@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/flight_recorder.h"
+
 namespace meshtrain {
 
 enum class ReduceOp { Sum, Max, Min };
@@ -76,6 +78,15 @@ class Communicator {
   // all-to-alls: bench's all-to-all share; every op of a host-staged
   // communicator). On NCCL the time to enqueue them: the device work runs on.
   const std::map<std::string, double>& seconds_by_op() const { return seconds_by_op_; }
+  // Reports every op to `recorder` as its axis `axis` (core/flight_recorder.h,
+  // set by the Mesh); null: not recorded.
+  void record_flight(FlightRecorder* recorder, int axis) {
+    flight_ = recorder;
+    flight_axis_ = axis;
+  }
+  FlightRecorder* flight_recorder() const { return flight_; }
+  int flight_axis() const { return flight_axis_; }
+
   void reset_bytes() {
     bytes_total_ = 0;
     bytes_by_op_.clear();
@@ -84,6 +95,13 @@ class Communicator {
   }
 
  protected:
+  // Every backend op opens one for its duration: `FlightScope f = flight("all_reduce", t);`.
+  // peer: the other rank of a send/recv, the root of a gather/broadcast.
+  FlightScope flight(const char* op, const at::Tensor& t, int peer = -1) const {
+    if (!flight_) return FlightScope(nullptr, 0, op, "", peer, 0);
+    return FlightScope(flight_, flight_axis_, op, t.defined() ? c10::toString(t.scalar_type()) : "",
+                       peer, t.defined() ? static_cast<int64_t>(t.nbytes()) : 0);
+  }
   void count(const char* op, int64_t bytes) {
     bytes_total_ += bytes;
     bytes_by_op_[op] += bytes;
@@ -101,6 +119,8 @@ class Communicator {
   int64_t bytes_total_ = 0;
   std::map<std::string, int64_t> bytes_by_op_, bytes_by_dtype_;
   std::map<std::string, double> seconds_by_op_;
+  FlightRecorder* flight_ = nullptr;
+  int flight_axis_ = 0;
 };
 
 }  // namespace meshtrain

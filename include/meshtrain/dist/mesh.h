@@ -68,6 +68,10 @@ class Mesh {
   bool is_first_stage() const { return coord_.pp == 0; }
   bool is_last_stage() const { return coord_.pp == shape_.pp - 1; }
 
+  // Every communicator of the mesh (cpu_world as "world", dp, pp, tp, ep,
+  // expert_dp) reports its ops to `recorder` from now on (core/flight_recorder.h).
+  void record_flight(FlightRecorder& recorder);
+
   // Total bytes moved by the axis communicators, ep and expert-dp included (for traffic tests).
   int64_t bytes_moved() const;
   void reset_bytes();

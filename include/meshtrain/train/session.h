@@ -54,6 +54,13 @@ struct SessionOptions {
   bool backward_thread = false;
 };
 
+// What a save of the training loop cost it: seconds of training lost.
+struct CheckpointCost {
+  double blocked = 0;  // all of it: waiting, gathering, copying, (sync) writing, committing
+  double waited = 0;   // of which waiting for the background save still in flight
+  bool background = false;  // async_checkpoint: the files are written on a thread
+};
+
 // Where the run stands: saved in every checkpoint's header.
 struct RunProgress {
   int64_t step = 0;              // optimizer steps taken
@@ -79,6 +86,8 @@ class Session {
   // AdamW, ZeRO-1 or FSDP's sharded AdamW behind one interface (parallel/optimizer.h).
   Optimizer& optimizer() { return *opt_; }
   Watchdog& watchdog() { return *watchdog_; }
+  // This rank's collective flight recorder (core/flight_recorder.h).
+  FlightRecorder& flight() { return *flight_; }
   const TestHooks& test_hooks() const { return test_hooks_; }
   RunProgress& progress() { return progress_; }
   const RunProgress& progress() const { return progress_; }
@@ -98,6 +107,15 @@ class Session {
   int stop_agreed();
   // Saves the run's state at progress().step (train/checkpointing.cpp); collective.
   void save_checkpoint();
+  // The training loop's save at progress().step: save_checkpoint(), or with
+  // async_checkpoint a background save (ckpt/background_save.h) after waiting
+  // for the one in flight; finish: commit it before returning (a stop, the
+  // end of training). Collective.
+  CheckpointCost save_checkpoint_in_loop(bool finish);
+  // Commits the background save in flight when every rank has written it;
+  // returns the seconds that took (0 when nothing was committed). Collective
+  // while a save is in flight: every rank calls it after every step.
+  double commit_written_checkpoint();
 
  private:
   void build_data();
@@ -109,6 +127,7 @@ class Session {
   void check_resumed_config(const std::string& dir, const nlohmann::json& trainer_state) const;
   void check_resumed_tokenizer(const std::string& dir, const nlohmann::json& trainer_state) const;
   void apply_header(const nlohmann::json& trainer_state);
+  nlohmann::json checkpoint_header() const;
 
   Config cfg_;
   SessionOptions opts_;
@@ -118,6 +137,9 @@ class Session {
   TestHooks test_hooks_;
   std::unique_ptr<Watchdog> own_watchdog_;  // first: it watches the start-up too
   Watchdog* watchdog_ = nullptr;           // opts_.watchdog or own_watchdog_
+  // Before the mesh: its communicators report to it until they are destroyed.
+  std::unique_ptr<FlightRecorder> flight_;
+  bool flight_written_ = false;  // at the first stop agreed
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   std::unique_ptr<BatchPrefetcher> prefetcher_;  // over train_loader_; declared after it, destroyed before it

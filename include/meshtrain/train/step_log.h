@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,12 @@ class StepLog {
   StepLog(const Config& cfg, bool rank0, bool quiet, MetricsStart start);
 
   // The row of the step just taken (its number: `step`).
-  void step(int64_t step, const StepStats& s, double lr, double seconds, bool pipeline);
+  // extra: more fields for the row (the straggler report's).
+  void step(int64_t step, const StepStats& s, double lr, double seconds, bool pipeline,
+            const nlohmann::json& extra = nlohmann::json::object());
+  // A checkpoint row at `step`: checkpoint_blocked_seconds (training time the
+  // save cost) and the fields of `fields`.
+  void checkpoint(int64_t step, const nlohmann::json& fields);
   // The evaluation row of `step`.
   void validation(int64_t step, double train_loss, double val_loss);
 

@@ -10,6 +10,14 @@
 //                                       K = init: stop (SIGSTOP) before MPI
 //                                       initialisation
 //                                       (r: the launcher's rank, launch_env.h)
+//   MESHTRAIN_TEST_SIGSTOP_AT_STEP=K    those ranks stop themselves (SIGSTOP) after the
+//                                       backward pass of step K, mid-step, 2.5 s after
+//                                       their last op (so their heartbeat's flight
+//                                       summary is current; flight recorder tests)
+//   MESHTRAIN_TEST_SLOW_RANK=r:ms       rank r sleeps ms before every step (straggler report)
+//   MESHTRAIN_TEST_CKPT_WRITE_DELAY=K:s the background write of checkpoint step K
+//                                       (async_checkpoint) sleeps s seconds before
+//                                       writing (the save stays in flight meanwhile)
 // Unset variables inject nothing.
 #include <cstdint>
 #include <vector>
@@ -30,6 +38,8 @@ class TestHooks {
   void before_step(int64_t step, int rank) const;
   // In main, after the watchdog is armed and before MPI_Init.
   void before_mpi_init(int rank) const;
+  // Seconds the background write of checkpoint `step` sleeps (0: none).
+  double checkpoint_write_delay(int64_t step) const { return step == ckpt_delay_step_ ? ckpt_delay_seconds_ : 0; }
 
  private:
   int64_t nan_from_ = -1, nan_to_ = -1;
@@ -37,6 +47,12 @@ class TestHooks {
   int64_t stall_at_step_ = -1;
   bool stall_before_init_ = false;
   std::vector<int> stall_ranks_;
+  int launch_rank_ = 0;  // this process's launcher rank (launch_env.h)
+  int64_t sigstop_at_step_ = -1;
+  int slow_rank_ = -1;
+  int64_t slow_ms_ = 0;
+  int64_t ckpt_delay_step_ = -1;
+  double ckpt_delay_seconds_ = 0;
 };
 
 }  // namespace meshtrain

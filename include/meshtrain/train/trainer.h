@@ -18,6 +18,7 @@
 #include "meshtrain/train/session.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/train/step_log.h"
+#include "meshtrain/train/straggler.h"
 
 namespace meshtrain {
 
@@ -73,6 +74,7 @@ class Trainer {
   Session session_;
   std::unique_ptr<RunLock> run_lock_;  // rank 0, while training
   std::unique_ptr<StepLog> log_;       // opened by train()
+  std::unique_ptr<StragglerReport> straggler_;  // made by train()
   int64_t nan_skips_in_a_row_ = 0;     // nan_policy skip gives up at cfg.max_nan_skips
   std::vector<double> losses_;
   std::vector<double> grad_norms_;
