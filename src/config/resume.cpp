@@ -47,7 +47,7 @@ const std::vector<std::string>& model_tuning_keys() {
 const std::vector<std::string>& resumable_keys() {
   static const std::vector<std::string> keys = {
       // how long and how fast
-      "training_steps", "lr.*", "grad_clip_norm", "max_nan_skips",
+      "training_steps", "lr.*", "grad_clip_norm", "max_nan_skips", "stop_check_steps",
       // batches and the mesh (checkpoints reshard on load)
       "data_config.train_batch_size", "data_config.val_batch_size", "data_config.micro_batch_size", "grad_step",
       "rampup_batch_size", "device_config.*", "zero_stage", "fsdp_keep_gathered", "pipeline_schedule", "virtual_stages",

@@ -125,6 +125,7 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "max_to_keep", c.max_to_keep);
   v(kTop, "nan_policy", c.nan_policy);
   v(kTop, "max_nan_skips", c.max_nan_skips);
+  v(kTop, "stop_check_steps", c.stop_check_steps);
   v(kTop, "log_every", c.log_every);
   v(kTop, "sample_every", c.sample_every);
   v(kTop, "torch_threads", c.torch_threads);

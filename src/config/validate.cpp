@@ -300,6 +300,7 @@ void validate_run(const Config& c) {
   MT_CHECK(c.grad_bucket_mb > 0 && c.grad_bucket_mb <= 65536, "grad_bucket_mb must be in (0, 65536] MiB, got ",
            c.grad_bucket_mb);
   at_least(c.max_nan_skips, 1, "max_nan_skips");
+  at_least(c.stop_check_steps, 1, "stop_check_steps");
   // A day is far beyond any step; the bound keeps the timeout's arithmetic exact.
   MT_CHECK(c.watchdog_seconds >= 0 && c.watchdog_seconds <= kMaxWatchdogSeconds, "watchdog_seconds must be in [0, ",
            kMaxWatchdogSeconds, "] seconds (0 disables the watchdog), got ", c.watchdog_seconds);

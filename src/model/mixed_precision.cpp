@@ -37,22 +37,31 @@ at::Tensor MixedPrecision::operand(const at::Tensor& t) {
 
 at::Tensor MixedPrecision::operand_detached(const at::Tensor& t, int64_t rows) {
   MT_ASSERT(t.defined() && t.dim() >= 1 && t.is_floating_point(), "operand_detached wants a floating parameter");
-  const bool pad = rows > t.size(0);
-  if (!pad && (!policy_.mixed() || t.scalar_type() == policy_.compute)) return t.detach();
+  const int64_t want = std::max(rows, t.size(0));
+  std::lock_guard<std::mutex> lock(mu_);
+  // A cast FSDP gathered in the compute dtype is the source: the fp32
+  // parameter holds no memory then.
+  at::Tensor source = t;
+  if (auto p = provided_.find(t.unsafeGetTensorImpl()); p != provided_.end()) {
+    if (p->second.size(0) == want) return p->second;
+    source = p->second;
+  }
+  const bool pad = want > source.size(0);
+  if (!pad && (!policy_.mixed() || source.scalar_type() == policy_.compute)) return source.detach();
   const auto make = [&] {
     at::NoGradGuard no_grad;
-    if (!pad) return t.to(policy_.compute);
-    std::vector<int64_t> shape = t.sizes().vec();
-    shape[0] = rows;
-    at::Tensor out = at::empty(shape, t.options().dtype(policy_.mixed() ? policy_.compute : t.scalar_type()));
-    out.narrow(0, 0, t.size(0)).copy_(t);
-    out.narrow(0, t.size(0), rows - t.size(0)).zero_();
+    if (!pad) return source.to(policy_.compute);
+    std::vector<int64_t> shape = source.sizes().vec();
+    shape[0] = want;
+    const auto dtype = policy_.mixed() ? policy_.compute : source.scalar_type();
+    at::Tensor out = at::empty(shape, source.options().dtype(dtype));
+    out.narrow(0, 0, source.size(0)).copy_(source);
+    out.narrow(0, source.size(0), want - source.size(0)).zero_();
     return out;
   };
-  std::lock_guard<std::mutex> lock(mu_);
   if (depth_ == 0) return make();
   auto it = detached_.find(t.unsafeGetTensorImpl());
-  if (it != detached_.end() && it->second.second.size(0) == std::max(rows, t.size(0))) return it->second.second;
+  if (it != detached_.end() && it->second.second.size(0) == want) return it->second.second;
   auto& entry = detached_[t.unsafeGetTensorImpl()];
   entry = {t, make()};
   return entry.second;
@@ -67,10 +76,12 @@ void MixedPrecision::forget(const at::Tensor& param) {
   std::lock_guard<std::mutex> lock(mu_);
   cache_.erase(param.unsafeGetTensorImpl());
   detached_.erase(param.unsafeGetTensorImpl());
+  provided_.erase(param.unsafeGetTensorImpl());
 }
 
 void MixedPrecision::provide(const at::Tensor& param, at::Tensor cast) {
   std::lock_guard<std::mutex> lock(mu_);
+  provided_[param.unsafeGetTensorImpl()] = cast.detach();  // operand_detached's source
   cache_[param.unsafeGetTensorImpl()] = std::make_pair(param, std::move(cast));
 }
 
@@ -90,6 +101,7 @@ void MixedPrecision::close() {
   if (--depth_ == 0) {
     cache_.clear();
     detached_.clear();
+    provided_.clear();
   }
 }
 

@@ -128,9 +128,13 @@ double Trainer::train() {
     if (committed > 0)
       log_->checkpoint(step(), {{"checkpoint_blocked_seconds", committed}, {"checkpoint_committed", true}});
     const int64_t n = step();
-    const int stop = session_.stop_agreed();
+    const bool boundary = n % cfg.checkpoint_steps == 0 || n == total;
+    // Agreeing on a stop is a host all-reduce over every rank: every
+    // stop_check_steps steps (a stop waits at most that many steps) and at
+    // every checkpoint, so a stop never waits past a save it could use.
+    const int stop = boundary || n % cfg.stop_check_steps == 0 ? session_.stop_agreed() : 0;
     // Evaluation, saving and stopping see every step before them logged.
-    if (n % cfg.checkpoint_steps == 0 || n == total || stop) {
+    if (boundary || stop) {
       if (after_step(finish(), stop) != 0) break;
     }
   }

@@ -60,14 +60,17 @@ n=$((10#${ck#step_}))
 "$BIN" train "${T[@]}" --name term --training_steps $((n + 2)) --checkpoint_steps 1000 > term2.log 2>&1
 check "SIGTERM: resumes at step $n and continues" grep -q "Step $((n + 2)), Loss" term2.log
 
-# mpirun forwards SIGUSR1 to its ranks: every rank stops at the same step.
+# mpirun forwards SIGUSR1 to its ranks: every rank stops at the same step,
+# agreed every stop_check_steps steps (the signal comes near step 3).
 "${MPIRUN[@]}" -np 2 "$BIN" train "${T[@]}" --name usr1 --n_device_axis 2 1 1 --training_steps 100000 \
-  --checkpoint_steps 1000 --fresh > usr1.log 2>&1 &
+  --checkpoint_steps 1000 --set stop_check_steps=6 --fresh > usr1.log 2>&1 &
 pid=$!
 wait_steps runs/usr1/metrics.jsonl 3
 kill -USR1 $pid
 wait $pid
 check "SIGUSR1 through mpirun: exit 0 with a checkpoint" test $? -eq 0 -a -f runs/usr1/checkpoints/latest
+ck=$(cat runs/usr1/checkpoints/latest 2>/dev/null)
+check "SIGUSR1 with stop_check_steps 6: saved at a multiple of 6 ($ck)" test $((10#${ck#step_} % 6)) -eq 0
 
 # kill -9 at random moments (while training and while saving: a checkpoint
 # every 2 steps), then resume: it always works and continues like the straight run.

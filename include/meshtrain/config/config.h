@@ -183,6 +183,7 @@ struct Config {
   int64_t max_to_keep = 3;
   NanPolicy nan_policy = NanPolicy::Skip;      // skip | stop
   int64_t max_nan_skips = 10;                  // nan_policy skip: give up after this many skips in a row
+  int64_t stop_check_steps = 1;                // agree on a stop request every N steps (and at every checkpoint)
   int64_t log_every = 1;
   int64_t sample_every = 0;                    // print a sample every N steps (0: at the end only)
   int64_t torch_threads = 1;                   // intra-op threads per rank on CPU

@@ -71,6 +71,7 @@ class MixedPrecision {
   void forget(const at::Tensor& param);
   // operand(param) returns `cast` until forget(param) or the outermost scope
   // closes: FSDP's weights gathered in the compute dtype (parallel/fsdp.h).
+  // operand_detached(param) then reads it too (the fp32 param may be empty).
   void provide(const at::Tensor& param, at::Tensor cast);
   // Cached casts now (tests).
   size_t cached() const;
@@ -87,6 +88,7 @@ class MixedPrecision {
   int depth_ = 0;
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> cache_;  // impl -> (source, cast)
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> detached_;  // operand_detached's
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> provided_;  // provide()'s casts, without their history
 };
 
 // The lifetime of the cast cache: the casts made while the outermost scope
