@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "meshtrain/ckpt/checkpoint_steps.h"
-#include "parity.h"
+#include "ckpt_cases.h"
 
 using namespace meshtrain;
 
@@ -26,45 +26,17 @@ namespace fs = std::filesystem;
 
 const std::string kData = test::scratch_dir("async-ckpt-data");
 
-struct Case {
-  std::string model;  // "dense" | "moe"
-  int dp, pp, tp, ep;
-  std::string tag() const {
-    return model + std::to_string(dp) + std::to_string(pp) + std::to_string(tp) + std::to_string(ep);
-  }
-};
+using test::SaveCase;
 
-std::vector<Case> cases(int n) {
-  if (n == 2) return {{"dense", 2, 1, 1, 1}, {"moe", 2, 1, 1, 2}};
-  if (n == 4) return {{"dense", 2, 2, 1, 1}, {"dense", 2, 1, 2, 1}, {"moe", 4, 1, 1, 2}};
-  return {};
-}
-
-Config config(const Case& k, int stage, bool async) {
-  Config c = test::tiny_config(test::synthetic_data(kData, 96),
-                               std::string(async ? "async" : "sync") + "-" + k.tag() + "-z" + std::to_string(stage) +
-                                   "-np" + std::to_string(test_runtime().size()));
-  if (k.model == "moe") {
-    c = test::moe_mla(c);
-    c.model.capacity_factor = 0;
-  }
-  c = test::with_mesh(c, k.dp, k.pp, k.tp);
-  c.device.expert_parallel = k.ep;
-  if (k.pp > 1) c.data.micro_batch_size = c.data.train_batch_size / k.dp / 4;
-  c.zero_stage = stage;
+Config config(const SaveCase& k, int stage, bool async) {
+  Config c = test::save_case_config(k, stage, kData, async ? "async" : "sync");
   c.training_steps = 5;
   c.checkpoint_steps = 2;  // saves 2 and 4 in flight while training goes on, 5 at the end
   c.max_to_keep = 10;
   c.async_checkpoint = async;
-  if (test_runtime().rank() == 0) fs::remove_all(c.run_dir());
-  test_runtime().world()->barrier();
   return c;
 }
 
-std::string contents(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 std::set<std::string> files_in(const fs::path& dir) {
   std::set<std::string> out;
@@ -74,7 +46,7 @@ std::set<std::string> files_in(const fs::path& dir) {
 
 // trainer_state.json without the one key that differs by construction.
 nlohmann::json state_without_mode(const fs::path& dir) {
-  auto j = nlohmann::json::parse(contents(dir / "trainer_state.json"));
+  auto j = nlohmann::json::parse(test::file_contents(dir / "trainer_state.json"));
   j["config"].erase("async_checkpoint");
   j["config"].erase("name");
   return j;
@@ -88,12 +60,14 @@ void expect_same_checkpoint(const fs::path& sync, const fs::path& async) {
     if (name == "trainer_state.json") {
       EXPECT_EQ(state_without_mode(sync), state_without_mode(async)) << "trainer states differ: " << sync;
     } else if (name == "manifest.json") {
-      auto a = nlohmann::json::parse(contents(sync / name)), b = nlohmann::json::parse(contents(async / name));
+      auto a = nlohmann::json::parse(test::file_contents(sync / name));
+      auto b = nlohmann::json::parse(test::file_contents(async / name));
       a["files"].erase("trainer_state.json");
       b["files"].erase("trainer_state.json");
       EXPECT_EQ(a, b) << "manifests differ beyond trainer_state.json: " << sync;
     } else {
-      EXPECT_TRUE(contents(sync / name) == contents(async / name)) << name << " differs: " << sync << " vs " << async;
+      EXPECT_TRUE(test::file_contents(sync / name) == test::file_contents(async / name))
+          << name << " differs: " << sync << " vs " << async;
     }
   }
 }
@@ -115,9 +89,9 @@ std::vector<double> train(const Config& c) {
 }  // namespace
 
 TEST(AsyncCheckpoint, FilesMatchTheSynchronousSave) {
-  const auto all = cases(test_runtime().size());
+  const auto all = test::save_cases(test_runtime().size());
   if (all.empty()) GTEST_SKIP() << "runs at np 2 and 4";
-  for (const Case& k : all)
+  for (const SaveCase& k : all)
     for (int stage : {0, 1, 3}) {
       SCOPED_TRACE(k.tag() + " zero_stage " + std::to_string(stage));
       const Config sync = config(k, stage, false), async = config(k, stage, true);
@@ -132,7 +106,8 @@ TEST(AsyncCheckpoint, FilesMatchTheSynchronousSave) {
         expect_same_checkpoint(fs::path(checkpoints_root(sync.run_dir())) / name,
                                fs::path(checkpoints_root(async.run_dir())) / name);
       }
-      EXPECT_EQ(contents(fs::path(checkpoints_root(async.run_dir())) / "latest"), checkpoint_dir_name(5) + "\n");
+      EXPECT_EQ(test::file_contents(fs::path(checkpoints_root(async.run_dir())) / "latest"),
+                checkpoint_dir_name(5) + "\n");
       // No staging dir left behind by a background save.
       for (const auto& e : fs::directory_iterator(checkpoints_root(async.run_dir())))
         EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();

@@ -18,7 +18,7 @@
 #include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/fsdp.h"
-#include "parity.h"
+#include "ckpt_cases.h"
 
 using namespace meshtrain;
 
@@ -28,51 +28,15 @@ namespace fs = std::filesystem;
 
 const std::string kData = test::scratch_dir("ckpt-save-data");
 
-struct Case {
-  std::string model;  // "dense" | "moe"
-  int dp, pp, tp, ep;
-  std::string str() const {
-    return model + " " + std::to_string(dp) + "x" + std::to_string(pp) + "x" + std::to_string(tp) +
-           (ep > 1 ? " ep" + std::to_string(ep) : "");
-  }
-  std::string tag() const {
-    return model + std::to_string(dp) + std::to_string(pp) + std::to_string(tp) + std::to_string(ep);
-  }
-};
+using test::SaveCase;
 
-// Meshes with something to skip: dp shards (every case), tp replicas that
-// tp rank 1 never writes, pipeline stages, experts written by the first
-// expert-dp replica only.
-std::vector<Case> cases(int n) {
-  if (n == 2) return {{"dense", 2, 1, 1, 1}, {"moe", 2, 1, 1, 2}};
-  if (n == 4) return {{"dense", 2, 1, 2, 1}, {"dense", 2, 2, 1, 1}, {"moe", 4, 1, 1, 2}};
-  return {};
-}
-
-Config config(const Case& k, int stage, const std::string& what) {
-  Config c = test::tiny_config(test::synthetic_data(kData, 96),
-                               "save-" + what + "-" + k.tag() + "-z" + std::to_string(stage) + "-np" +
-                                   std::to_string(test_runtime().size()));
-  if (k.model == "moe") {
-    c = test::moe_mla(c);
-    c.model.capacity_factor = 0;  // dropless: expert loads differ per rank
-  }
-  c = test::with_mesh(c, k.dp, k.pp, k.tp);
-  c.device.expert_parallel = k.ep;
-  if (k.pp > 1) c.data.micro_batch_size = c.data.train_batch_size / k.dp / 4;
-  c.zero_stage = stage;
+Config config(const SaveCase& k, int stage, const std::string& what) {
+  Config c = test::save_case_config(k, stage, kData, "save-" + what);
   c.training_steps = 3;
   c.checkpoint_steps = 3;
-  // A previous run of this test left checkpoints here.
-  if (test_runtime().rank() == 0) fs::remove_all(c.run_dir());
-  test_runtime().world()->barrier();
   return c;
 }
 
-std::string contents(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 // The tensor files and the manifest (shapes, splits, writers, sizes, CRCs):
 // everything of a checkpoint but trainer_state.json, which names the config
@@ -92,10 +56,12 @@ void expect_same_files(const fs::path& ref, const fs::path& got) {
   ASSERT_EQ(names, tensor_files(got)) << ref << " vs " << got;
   for (const auto& name : names) {
     if (name != "manifest.json") {
-      EXPECT_TRUE(contents(ref / name) == contents(got / name)) << name << " differs: " << ref << " vs " << got;
+      EXPECT_TRUE(test::file_contents(ref / name) == test::file_contents(got / name))
+          << name << " differs: " << ref << " vs " << got;
       continue;
     }
-    auto a = nlohmann::json::parse(contents(ref / name)), b = nlohmann::json::parse(contents(got / name));
+    auto a = nlohmann::json::parse(test::file_contents(ref / name));
+    auto b = nlohmann::json::parse(test::file_contents(got / name));
     ASSERT_TRUE(a.at("files").contains("trainer_state.json")) << ref;
     a["files"].erase("trainer_state.json");
     b["files"].erase("trainer_state.json");
@@ -115,9 +81,9 @@ std::vector<Communicator*> axes(Mesh& m) { return {&m.dp(), &m.expert_dp(), &m.t
 // zero_stage 0, 1 and 3 load one checkpoint and save it again: the files
 // must not depend on how the state was sharded, nor may saving all-gather it.
 TEST(CkptSave, FilesMatchZeroStage0WithoutAllGather) {
-  const auto all = cases(test_runtime().size());
+  const auto all = test::save_cases(test_runtime().size());
   if (all.empty()) GTEST_SKIP() << "runs at np 2 and 4";
-  for (const Case& k : all) {
+  for (const SaveCase& k : all) {
     SCOPED_TRACE(k.str());
     const Config ref = config(k, 0, "ref");
     {
@@ -153,9 +119,9 @@ TEST(CkptSave, FilesMatchZeroStage0WithoutAllGather) {
 // all-gathers the moments (the former path: every rank received both whole
 // fp32 moments, 2 * 4 * padded bytes, on its device).
 TEST(CkptSave, OnlyWritersHoldWhatTheyWrite) {
-  const auto all = cases(test_runtime().size());
+  const auto all = test::save_cases(test_runtime().size());
   if (all.empty()) GTEST_SKIP() << "runs at np 2 and 4";
-  for (const Case& k : all) {
+  for (const SaveCase& k : all) {
     for (int stage : {1, 3}) {
       SCOPED_TRACE(k.str() + " zero_stage " + std::to_string(stage));
       Config c = config(k, stage, "bytes");
