@@ -52,6 +52,18 @@ std::string parameter_line(const CheckpointReader& r) {
   return line + ", " + std::to_string(active) + " active per token\n";
 }
 
+// "saved on mesh dp 2 x pp 1 x tp 1 x cp 2": where the training ran (any
+// mesh loads it; context parallelism splits each sequence, not the tensors).
+std::string mesh_line(const CheckpointReader& r) {
+  const auto& state = r.trainer_state();
+  if (!state.is_object() || !state.contains("mesh") || !state["mesh"].is_array() || state["mesh"].size() != 3) return "";
+  const auto& m = state["mesh"];
+  std::string line = "  saved on mesh dp " + m[0].dump() + " x pp " + m[1].dump() + " x tp " + m[2].dump();
+  const int64_t cp = state.value("context_parallel", int64_t{1});
+  if (cp > 1) line += " x cp " + std::to_string(cp) + " (each sequence split over " + std::to_string(cp) + " ranks)";
+  return line + "\n";
+}
+
 }  // namespace
 
 std::string inspect_checkpoint(const std::string& ckpt_dir) {
@@ -65,7 +77,7 @@ std::string inspect_checkpoint(const std::string& ckpt_dir) {
   os << "checkpoint " << ckpt_dir << "\n"
      << "  step " << r.step() << ", saved by " << r.world_size() << " ranks, " << r.names().size() << " tensors, "
      << m.at("files").size() << " files, " << bytes << " bytes\n"
-     << parameter_line(r) << "tensors:\n";
+     << parameter_line(r) << mesh_line(r) << "tensors:\n";
   for (const auto& name : r.names()) {
     const auto& t = m.at("tensors").at(name);
     const auto split = t.at("split_dim").get<int64_t>();

@@ -72,6 +72,8 @@ void visit_fields(C& c, V&& v) {
   v("data_config", "train_batch_size", d.train_batch_size);
   v("data_config", "val_batch_size", d.val_batch_size);
   v("data_config", "micro_batch_size", d.micro_batch_size);
+  v("data_config", "document_masking", d.document_masking);
+  v("data_config", "eot_token", d.eot_token);
 
   auto& l = c.lr;
   v("lr", "max_lr", l.max_lr);
@@ -88,6 +90,8 @@ void visit_fields(C& c, V&& v) {
   v("device_config", "device", c.device.device);
   v("device_config", "collectives", c.device.collectives);
   v("device_config", "expert_parallel", c.device.expert_parallel);
+  v("device_config", "context_parallel", c.device.context_parallel);
+  v("device_config", "attention_backend", c.device.attention_backend);
 
   auto& i = c.inference;
   v("inference_config", "prompt", i.prompt);

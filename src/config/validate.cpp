@@ -140,6 +140,7 @@ void validate_data(const DataConfig& d) {
   at_least(d.train_batch_size, 1, "data_config.train_batch_size");
   at_least(d.val_batch_size, 1, "data_config.val_batch_size");
   at_least(d.micro_batch_size, 0, "data_config.micro_batch_size");
+  MT_CHECK(d.eot_token >= -1, "data_config.eot_token must be a token id (>= 0) or -1 (the data's), got ", d.eot_token);
 }
 
 void validate_lr(const LrConfig& l) {
@@ -222,6 +223,27 @@ void validate_pipeline(const Config& c) {
 }
 
 // How the model and the batches split over dp x pp x tp.
+// Context parallelism cuts every sequence into 2 * cp chunks (each rank holds
+// two, for equal causal work): every length a run trains or evaluates at
+// must split so, and under sequence parallelism a rank's two chunks split
+// again over tp.
+void validate_context_parallel(const Config& c) {
+  const int64_t cp = c.device.cp(), tp = c.device.tp();
+  MT_CHECK(cp >= 1, "device_config.context_parallel must be >= 1, got ", cp);
+  if (cp == 1) return;
+  const int64_t unit = 2 * cp * (c.sequence_parallel ? tp : 1);
+  const std::string why = c.sequence_parallel ? " (2 * context_parallel * tp: each rank's two chunks split over tp "
+                                                "under sequence_parallel)"
+                                              : " (2 * context_parallel: each rank holds two of 2 * cp chunks)";
+  MT_CHECK(c.data.T % unit == 0, "device_config.context_parallel = ", cp, ": data_config.T (", c.data.T,
+           ") must be divisible by ", unit, why);
+  const auto& w = c.seq_len_warmup;
+  if (w.total_curriculum_step > 0)
+    MT_CHECK(w.min_difficulty % unit == 0 && w.difficulty_step % unit == 0, "device_config.context_parallel = ", cp,
+             ": seq_len_warmup.min_difficulty (", w.min_difficulty, ") and difficulty_step (", w.difficulty_step,
+             ") must be multiples of ", unit, why);
+}
+
 void validate_mesh(const Config& c) {
   const auto& a = c.device.n_device_axis;
   MT_CHECK(a[0] >= 1 && a[1] >= 1 && a[2] >= 1, "device_config.n_device_axis entries [dp, pp, tp] must be >= 1, got [",
@@ -263,9 +285,11 @@ void validate_mesh(const Config& c) {
            " layers (model_config.blocks * model_config.layers_per_block): every stage needs a layer");
   if (c.sequence_parallel)
     MT_CHECK(m.T % tp == 0, "sequence_parallel needs model_config.T (", m.T, ") divisible by tp = ", tp);
-  const int64_t ep = c.device.expert_parallel;
+  validate_context_parallel(c);
+  const int64_t ep = c.device.expert_parallel, cp = c.device.cp();
   MT_CHECK(ep >= 1, "device_config.expert_parallel must be >= 1, got ", ep);
-  MT_CHECK(dp % ep == 0, "device_config.expert_parallel (", ep, ") must divide dp = ", dp,
+  MT_CHECK((dp * cp) % ep == 0, "device_config.expert_parallel (", ep, ") must divide dp = ", dp,
+           cp > 1 ? " x context_parallel " + std::to_string(cp) : std::string(),
            " (device_config.n_device_axis[0]): experts are split over ranks of the dp group");
   if (ep > 1) {
     MT_CHECK(m.ffn == FfnKind::Moe, "device_config.expert_parallel = ", ep, " needs an MoE model (model_config.ffn \"moe\"), "
@@ -333,8 +357,9 @@ void validate(const Config& c) {
 
 void validate_world(const Config& c, int world_size) {
   const auto& a = c.device.n_device_axis;
+  const std::string cp = c.device.cp() > 1 ? " x device_config.context_parallel " + std::to_string(c.device.cp()) : "";
   MT_CHECK(c.device.world() == world_size, "device_config.n_device_axis [dp, pp, tp] = [", a[0], ", ", a[1], ", ",
-           a[2], "] = ", c.device.world(), " ranks but mpirun started ", world_size,
+           a[2], "]", cp, " = ", c.device.world(), " ranks but mpirun started ", world_size,
            " (run mpirun -np ", c.device.world(), " or change n_device_axis)");
 }
 

@@ -11,6 +11,9 @@ namespace meshtrain {
 namespace {
 
 std::string describe(const MeshShape& s) {
+  if (s.cp > 1 && s.dp % s.cp == 0)
+    return detail::concat("n_device_axis [dp,pp,tp]=[", s.dp / s.cp, ",", s.pp, ",", s.tp, "] x context_parallel ",
+                          s.cp);
   return detail::concat("n_device_axis [dp,pp,tp]=[", s.dp, ",", s.pp, ",", s.tp, "]");
 }
 
@@ -18,6 +21,8 @@ void check_shape(const MeshShape& s) {
   MT_CHECK(s.dp >= 1 && s.pp >= 1 && s.tp >= 1, describe(s), ": every axis must be at least 1");
   MT_CHECK(s.ep >= 1 && s.dp % s.ep == 0, "device_config.expert_parallel = ", s.ep, " must be >= 1 and divide dp = ",
            s.dp, " (", describe(s), ")");
+  MT_CHECK(s.cp >= 1 && s.dp % s.cp == 0, "device_config.context_parallel = ", s.cp,
+           " must be >= 1 and divide the mesh's dp ranks = ", s.dp, " (", describe(s), ")");
 }
 
 }  // namespace
@@ -51,7 +56,7 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
   check_shape(shape_);
   MT_CHECK(shape_.world() == parent.size(), describe(shape_), " needs ", shape_.world(),
            " ranks but the world has ", parent.size(), " (mpirun -np ", parent.size(),
-           "); set n_device_axis so that dp*pp*tp equals the number of processes");
+           "); set n_device_axis so that dp*pp*tp (x context_parallel) equals the number of processes");
   rank_ = parent.rank();
   coord_ = coord_of(shape_, rank_);
 
@@ -64,6 +69,8 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
   const int ep = shape_.ep, outer = (coord_.pp * shape_.tp + coord_.tp) * shape_.dp;
   auto eps = mpi_split(*cpu_world_, outer + coord_.dp / ep, coord_.dp % ep);
   auto edp = mpi_split(*cpu_world_, outer + coord_.dp % ep, coord_.dp / ep);
+  // cp groups: consecutive dp ranks too (one batch share, next to each other).
+  auto cps = mpi_split(*cpu_world_, outer + coord_.dp / shape_.cp, coord_.dp % shape_.cp);
 
   if (backend == Backend::Mpi) {
     // Staged, so CUDA tensors work too (collectives "mpi"); CPU tensors pass through.
@@ -72,6 +79,7 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
     tp_ = host_staged(std::move(tp));
     ep_ = host_staged(std::move(eps));
     edp_ = host_staged(std::move(edp));
+    cp_ = host_staged(std::move(cps));
   } else {
     // Every rank creates the three NCCL communicators in the same order; each
     // init only waits for the members of its own group, so this cannot deadlock.
@@ -83,6 +91,7 @@ Mesh::Mesh(const Communicator& parent, MeshShape shape, Backend backend) : shape
     // expert_dp() is dp: no NCCL communicators for them.
     ep_ = ep > 1 ? nccl_communicator(*eps) : host_staged(std::move(eps));
     edp_ = ep > 1 ? nccl_communicator(*edp) : host_staged(std::move(edp));
+    cp_ = shape_.cp > 1 ? nccl_communicator(*cps) : host_staged(std::move(cps));
   }
   // Setup traffic (unique-id broadcasts) is not training traffic.
   cpu_world_->reset_bytes();
@@ -103,10 +112,12 @@ void Mesh::record_flight(FlightRecorder& recorder) {
   add(*tp_, "tp", coord_.pp * shape_.dp + coord_.dp);
   add(*ep_, "ep", outer + coord_.dp / ep);
   add(*edp_, "expert_dp", outer + coord_.dp % ep);
+  add(*cp_, "cp", outer + coord_.dp / shape_.cp);
 }
 
 int64_t Mesh::bytes_moved() const {
-  return dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved() + ep_->bytes_moved() + edp_->bytes_moved();
+  return dp_->bytes_moved() + pp_->bytes_moved() + tp_->bytes_moved() + ep_->bytes_moved() + edp_->bytes_moved() +
+         cp_->bytes_moved();
 }
 
 void Mesh::reset_bytes() {
@@ -115,6 +126,7 @@ void Mesh::reset_bytes() {
   tp_->reset_bytes();
   ep_->reset_bytes();
   edp_->reset_bytes();
+  cp_->reset_bytes();
 }
 
 }  // namespace meshtrain

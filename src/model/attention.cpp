@@ -1,5 +1,9 @@
 // MHA and MLA over [B, H, T, dim] heads with at::scaled_dot_product_attention.
+#include <ATen/SDPBackend.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
@@ -40,7 +44,8 @@ MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   wo_ = register_module("wo", factory.row(prefix + ".wo", d, d, residual_std(cfg), b));
 }
 
-at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual) {
+at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual,
+                       const TokenLayout* layout) {
   const int64_t hd = cfg_.head_dim();
   // One GEMM for q, k and v: the three weights (each this rank's heads) are
   // concatenated per call, which moves only the weights; the parameters stay
@@ -56,19 +61,39 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
     // q and k rotated together by one kernel; v stays a slice of qkv, and the
     // backward writes d(qkv) directly (ops/fused.h).
-    std::tie(q, k, v) = ops::qkv_rope(qkv.view({B, T, 3, H, hd}), rope_.tables(hd, offset + T, qkv.device()), offset);
+    if (!layout) {
+      std::tie(q, k, v) =
+          ops::qkv_rope(qkv.view({B, T, 3, H, hd}), rope_.tables(hd, offset + T, qkv.device()), offset);
+    } else {
+      // Each token at its own position: the rows [1, B * T] with a table row each.
+      const auto rows = ops::qkv_rope(qkv.view({1, B * T, 3, H, hd}),
+                                      rope_.tables_at(hd, layout->positions, cfg_.T, qkv.device()), 0);
+      const auto unfold = [&](const at::Tensor& t) { return t.transpose(1, 2).view({B, T, H, hd}).transpose(1, 2); };
+      q = unfold(std::get<0>(rows));
+      k = unfold(std::get<1>(rows));
+      v = unfold(std::get<2>(rows));
+    }
   } else {
     // Grouped-query attention: fewer kv heads, so q and k rotate apart.
     const auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), -1, hd}); };
-    q = rope_.apply(heads(wq_->forward(x)), offset, 1).transpose(1, 2);
+    const auto rotate = [&](const at::Tensor& t) {
+      return layout ? rope_.apply_at(t, layout->positions, cfg_.T) : rope_.apply(t, offset, 1);
+    };
+    q = rotate(heads(wq_->forward(x))).transpose(1, 2);
     k = heads(wk_->forward(x));  // this rank's kv heads (LayerFactory::kv_heads)
     v = heads(wv_->forward(x));
-    k = rope_.apply(k, offset, 1).transpose(1, 2);  // [B, KV, T, hd]
+    k = rotate(k).transpose(1, 2);  // [B, KV, T, hd]
     v = v.transpose(1, 2);
   }
   if (cache) {
     cache->a = k = append(cache->a, k, 2);
     cache->b = v = append(cache->b, v, 2);
+  }
+  // Context parallelism: the whole sequence's keys and values (this rank's
+  // kv heads, before the GQA repeat: the fewest bytes).
+  if (layout && layout->gather) {
+    k = layout->gather(k, 2);
+    v = layout->gather(v, 2);
   }
   const int64_t group = q.size(1) / k.size(1);
   if (group > 1) {
@@ -76,8 +101,9 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     v = v.repeat_interleave(group, 1);
   }
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  if (p == 0) return project_out(*wo_, merge_heads(causal_attention(q, k, v, 0.0)), residual);
-  const at::Tensor o = dropout_->sharded(q.device(), [&] { return causal_attention(q, k, v, p); });
+  const auto attend = [&] { return layout ? layout_attention(q, k, v, p, *layout) : causal_attention(q, k, v, p); };
+  if (p == 0) return project_out(*wo_, merge_heads(attend()), residual);
+  const at::Tensor o = dropout_->sharded(q.device(), attend);
   return project_out(*wo_, merge_heads(o), residual);
 }
 
@@ -104,7 +130,8 @@ MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   }
 }
 
-at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual) {
+at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual,
+                       const TokenLayout* layout) {
   const int64_t hd = cfg_.head_dim();
   auto c = w_dkv_->forward(x);  // [B, T, L]
   auto cq = w_dq_->forward(x);
@@ -119,25 +146,44 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     // [c_kv, c_q] (model.py: Dense(dhR)(x) after x = Dense(2 * latent_dim)(x)).
     const bool joint = cfg_.mla_rope_input == MlaRopeInput::JointLatent;
     const at::Tensor latent = joint ? at::cat({c, cq}, -1) : at::Tensor();
-    const auto q_rope = rope_.apply(split_heads(w_qr_->forward(joint ? latent : cq), dhR_), offset, 2);
+    const at::Tensor qr = w_qr_->forward(joint ? latent : cq);
+    const auto q_rope =
+        layout ? rope_.apply_at(qr.view({qr.size(0), qr.size(1), -1, dhR_}), layout->positions, cfg_.T).transpose(1, 2)
+               : rope_.apply(split_heads(qr, dhR_), offset, 2);
     q = at::cat({q, q_rope}, -1);
     // The rope key is computed once (replicated) but read by this rank's heads
     // only: entering the tp region sums its gradient over all heads (and, under
     // sequence parallelism, gathers the whole sequence before rotating it).
-    k_rope = rope_.apply(factory_->enter_tp(w_kr_->forward(joint ? latent : x)), offset, 1);
+    const at::Tensor kr = factory_->enter_tp(w_kr_->forward(joint ? latent : x));
+    k_rope = layout ? rope_.apply_at(kr, layout->positions, cfg_.T) : rope_.apply(kr, offset, 1);
   }
   if (cache) {
     cache->a = c = append(cache->a, c, 1);
     if (dhR_ > 0) cache->b = k_rope = append(cache->b, k_rope, 1);
   }
-  auto k = split_heads(w_uk_->forward(c), hd);  // [B, H, t, hd]
-  const auto v = split_heads(w_uv_->forward(c), hd);
+  at::Tensor k, v;
+  if (layout && layout->gather) {
+    // Context parallelism exchanges the latent (and the rope key), not the
+    // keys and values; each rank expands the whole sequence's latent itself.
+    // w_uk and w_uv read the same tp region entry.
+    MixedPrecision& mp = *factory_->precision();
+    const at::Tensor latent = layout->gather(w_uk_->input(c), 1);
+    k = split_heads(mp.linear(latent, w_uk_->weight(), w_uk_->bias()), hd);
+    v = split_heads(mp.linear(latent, w_uv_->weight(), w_uv_->bias()), hd);
+    if (dhR_ > 0) k_rope = layout->gather(k_rope, 1);
+  } else {
+    k = split_heads(w_uk_->forward(c), hd);  // [B, H, t, hd]
+    v = split_heads(w_uv_->forward(c), hd);
+  }
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   // Flash kernels want one head size for q, k and v; the CPU kernels take
   // unequal sizes as they are.
   const bool pad = dhR_ > 0 && !v.is_cpu();
-  const auto attend = [&] { return pad ? causal_attention_padded_v(q, k, v, p) : causal_attention(q, k, v, p); };
+  const auto attend = [&] {
+    if (layout) return layout_attention(q, k, v, p, *layout);
+    return pad ? causal_attention_padded_v(q, k, v, p) : causal_attention(q, k, v, p);
+  };
   const at::Tensor o = p > 0 ? dropout_->sharded(q.device(), attend) : attend();
   return project_out(*wo_, merge_heads(o), residual);
 }
@@ -163,6 +209,35 @@ at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, c
   // Zero columns of v give zero output columns; the first hd are unchanged
   // (the softmax weights come from q and k alone).
   return causal_attention(q, k, at::constant_pad_nd(v, {0, pad}), dropout).narrow(-1, 0, hd);
+}
+
+void prefer_attention_backend(AttentionBackend first) {
+  using B = at::SDPBackend;
+  std::vector<int64_t> order;
+  const auto add = [&](B b) {
+    if (std::find(order.begin(), order.end(), static_cast<int64_t>(b)) == order.end())
+      order.push_back(static_cast<int64_t>(b));
+  };
+  switch (first) {
+    case AttentionBackend::Auto:
+    case AttentionBackend::Cudnn: add(B::cudnn_attention); break;
+    case AttentionBackend::Flash: add(B::flash_attention); break;
+    case AttentionBackend::Efficient: add(B::efficient_attention); break;
+    case AttentionBackend::Math: add(B::math); break;
+  }
+  for (B b : {B::flash_attention, B::efficient_attention, B::math, B::cudnn_attention, B::overrideable}) add(b);
+  at::globalContext().setSDPUseCuDNN(true);
+  at::globalContext().setSDPPriorityOrder(order);
+}
+
+std::string attention_backend_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  switch (static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, k, v, {}, 0.0, /*is_causal=*/true))) {
+    case at::SDPBackend::flash_attention: return "flash";
+    case at::SDPBackend::cudnn_attention: return "cudnn";
+    case at::SDPBackend::efficient_attention: return "efficient";
+    case at::SDPBackend::math: return "math";
+    default: return "none";
+  }
 }
 
 MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg) {

@@ -39,24 +39,29 @@ Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
     mlp_ = register_module("mlp", std::make_shared<DenseMLP>(cfg, factory, prefix + ".mlp"));
 }
 
-at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset) {
+at::Tensor Block::forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset,
+                          const TokenLayout* layout) {
   // Decoding (a cache) and evaluation keep no graph: nothing to recompute.
   const bool recompute = is_training() && cache == nullptr;
   if (recompute && checkpointing_ == ActivationCheckpointing::Full) {
-    return recompute_in_backward([this](const at::Tensor& x, ForwardAux* a) { return layer(x, a, nullptr, 0, false); }, h, aux);
+    // The layout outlives the backward pass (its microbatch does).
+    return recompute_in_backward(
+        [this, layout](const at::Tensor& x, ForwardAux* a) { return layer(x, a, nullptr, 0, false, layout); }, h,
+        aux);
   }
-  return layer(h, aux, cache, offset, recompute && checkpointing_ == ActivationCheckpointing::Selective);
+  return layer(h, aux, cache, offset, recompute && checkpointing_ == ActivationCheckpointing::Selective, layout);
 }
 
-at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn) {
+at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn,
+                        const TokenLayout* layout) {
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
-  const Segment ffn = [this](const at::Tensor& in, ForwardAux* a) {
-    return moe_ ? moe_->forward(in, a) : mlp_->forward(in);
+  const Segment ffn = [this, layout](const at::Tensor& in, ForwardAux* a) {
+    return moe_ ? moe_->forward(in, a, layout) : mlp_->forward(in);
   };
   if (p > 0) {
     // Dropout sits between each sublayer and its residual add: the add is
     // fused with the next norm instead (one kernel each way, ops/fused.h).
-    const at::Tensor attn = attn_->forward(attn_norm_->forward(h), cache, offset);
+    const at::Tensor attn = attn_->forward(attn_norm_->forward(h), cache, offset, {}, layout);
     const at::Tensor a = dropout_->stream(h.device(), [&] { return at::dropout(attn, p, true); });
     at::Tensor x;
     std::tie(h, x) = mlp_norm_->forward_add(h, a);
@@ -67,7 +72,7 @@ at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_
   // norm passes the stream on (forward_keep), so the stream's gradient is
   // summed inside the norms' backward kernels: no add kernel either way.
   auto [r, y] = attn_norm_->forward_keep(h);
-  h = attn_->forward(y, cache, offset, r);
+  h = attn_->forward(y, cache, offset, r, layout);
   at::Tensor x;
   std::tie(r, x) = mlp_norm_->forward_keep(h);
   if (mlp_ && !recompute_ffn) return mlp_->forward(x, r);

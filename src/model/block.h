@@ -34,12 +34,15 @@ class Block : public torch::nn::Module {
  public:
   // layer: the global layer index, which names the parameters ("layers.<layer>.").
   Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer);
-  at::Tensor forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset);
+  // layout: packed documents / context parallelism (model/token_layout.h), or nullptr.
+  at::Tensor forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset,
+                     const TokenLayout* layout = nullptr);
   // Takes effect in training forwards without a KV cache.
   void set_checkpointing(ActivationCheckpointing mode) { checkpointing_ = mode; }
 
  private:
-  at::Tensor layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn);
+  at::Tensor layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset, bool recompute_ffn,
+                   const TokenLayout* layout);
 
   ModelConfig cfg_;
   std::shared_ptr<DropoutRng> dropout_;  // residual dropout: on the stream

@@ -114,6 +114,21 @@ at::Tensor Rotary::apply(const at::Tensor& x, int64_t offset, int64_t seq_dim) {
   return ops::rope(x, tables(x.size(-1), offset + x.size(seq_dim), x.device()), offset, seq_dim);
 }
 
+ops::RopeTables Rotary::tables_at(int64_t dim, const at::Tensor& positions, int64_t n, const at::Device& device) {
+  const ops::RopeTables& t = tables(dim, n, device);
+  const at::Tensor rows = positions.reshape({-1});
+  return {t.cos.index_select(0, rows), t.sin.index_select(0, rows)};
+}
+
+at::Tensor Rotary::apply_at(const at::Tensor& x, const at::Tensor& positions, int64_t n) {
+  MT_ASSERT(x.dim() >= 3 && positions.dim() == 2 && x.size(0) == positions.size(0) && x.size(1) == positions.size(1),
+            "rope at positions: x ", x.sizes(), " and positions ", positions.sizes(), " must agree on [B, T]");
+  std::vector<int64_t> rows = x.sizes().vec();
+  rows[1] *= rows[0];
+  rows[0] = 1;
+  return ops::rope(x.reshape(rows), tables_at(x.size(-1), positions, n, x.device()), 0, 1).view(x.sizes());
+}
+
 at::Tensor apply_rope(const at::Tensor& x, int64_t offset, double theta) {
   Rotary r(theta);
   return r.apply(x, offset, -2);

@@ -225,7 +225,26 @@ at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts
   return gmm(hid, w_out_);
 }
 
-at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
+namespace {
+
+// The routing of this rank's tokens (rows b * T + q_index[t] of a whole-
+// sequence routing), for context parallelism: capacity slots stay those of
+// the whole sequence.
+Routing own_rows(const Routing& all, const at::Tensor& q_index, int64_t B, int64_t T) {
+  const at::Tensor rows =
+      (at::arange(B, q_index.options()).unsqueeze(1) * T + q_index.unsqueeze(0)).reshape({-1});
+  Routing r;
+  r.expert = all.expert.index_select(0, rows);
+  r.gate = all.gate.index_select(0, rows);
+  r.keep = all.keep.index_select(0, rows);
+  r.capacity = all.capacity;
+  if (all.slot.defined()) r.slot = all.slot.index_select(0, rows);
+  return r;
+}
+
+}  // namespace
+
+at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux, const TokenLayout* layout) {
   MT_CHECK(x.dim() == 3 && x.size(2) == cfg_.model_dimension, "MoE input must be [B, T, ",
            cfg_.model_dimension, "], got ", x.sizes());
   const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension;
@@ -240,7 +259,11 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   // top-k, so meshes whose reductions round differently would send tokens to
   // different experts. The router is a replicated plain linear layer.
   const at::Tensor logits = at::linear(xr.to(at::kFloat), router_->weight(), router_->bias());
-  const Routing r = route(logits, cfg_, is_training(), score_bias_);
+  // Context parallelism: route whole sequences (the gather's backward sums
+  // each rank's gradient of the logits back to the rank that owns them).
+  const bool cp = layout != nullptr && static_cast<bool>(layout->gather);
+  const Routing whole = route(cp ? layout->gather(logits, 1) : logits, cfg_, is_training(), score_bias_);
+  const Routing r = cp ? own_rows(whole, layout->q_index, B, layout->T) : whole;
 
   // Expert region, hidden units split over tp. Assumption: enter_tp yields the
   // same full [B, T, d] tensor as gather_sequence (both all-gather the sequence
@@ -287,10 +310,15 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux) {
   }
 
   if (aux != nullptr) {
-    aux->add_aux(load_balancing_loss(r, B, T, E, k));
+    // Every cp rank computes the whole sequences' losses: each adds 1/cp of
+    // them, so the sums over ranks and the gradients (gathered back by the
+    // logits' reduce-scatter) are one rank's.
+    const double share = cp ? 1.0 / static_cast<double>(layout->cp) : 1.0;
+    const int64_t Tw = cp ? layout->T : T;
+    aux->add_aux(load_balancing_loss(whole, B, Tw, E, k) * share);
     if (cfg_.router_z_loss > 0) {
       // Unweighted, like aux_loss: the trainer applies router_z_loss (and alpha).
-      aux->add_z(at::logsumexp(r.logits, -1).pow(2).mean());
+      aux->add_z(at::logsumexp(whole.logits, -1).pow(2).mean() * share);
     }
     // A scatter, not bincount: bincount sizes its output from the data, a host sync on GPUs.
     const at::Tensor ids = r.expert.reshape({N * k});

@@ -103,13 +103,16 @@ at::Tensor Transformer::embed(const at::Tensor& tokens) {
   return dropout_->stream(e.device(), [&] { return at::dropout(e, p, true); });
 }
 
-at::Tensor Transformer::forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache) {
+at::Tensor Transformer::forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache, const TokenLayout* layout) {
   MT_CHECK(n_chunks() == 1, "forward_layers() runs one chunk of layers but this stage has ", n_chunks(),
            " (interleaved pipeline): run them with forward_chunk()");
-  return forward_chunk(0, std::move(h), aux, cache);
+  return forward_chunk(0, std::move(h), aux, cache, layout);
 }
 
-at::Tensor Transformer::forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* aux, KVCache* cache) {
+at::Tensor Transformer::forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* aux, KVCache* cache,
+                                      const TokenLayout* layout) {
+  MT_CHECK(!(cache && layout), "a token layout (packed documents, context parallelism) is for training, not for "
+           "decoding with a KV cache");
   MT_CHECK(chunk >= 0 && chunk < n_chunks(), "layer chunk ", chunk, " is outside this stage's 0..", n_chunks() - 1);
   MT_CHECK(h.dim() == 3, "hidden state must be [B, T, d], got ", h.sizes());
   const int64_t offset = cache ? cache->length : 0;
@@ -123,7 +126,7 @@ at::Tensor Transformer::forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* a
   const size_t begin = chunk_blocks_[static_cast<size_t>(chunk)], end = chunk_blocks_[static_cast<size_t>(chunk) + 1];
   for (size_t j = begin; j < end; ++j) {
     if (hooks_) hooks_->before_layer(j);
-    h = blocks_[j]->forward(h, aux, cache ? &cache->layers[j] : nullptr, offset);
+    h = blocks_[j]->forward(h, aux, cache ? &cache->layers[j] : nullptr, offset, layout);
     if (hooks_) h = hooks_->after_layer(j, std::move(h));
   }
   if (cache && chunk + 1 == n_chunks()) cache->length += h.size(1);

@@ -94,4 +94,8 @@ at::Tensor scatter_sequence(const at::Tensor& x, Communicator& tp) {
   return scatter_to_tp(x, tp, kSequenceDim);
 }
 
+at::Tensor gather_from_group(const at::Tensor& x, Communicator& group, int64_t dim) {
+  return paired(x.contiguous(), group, Op::AllGather, Op::ReduceScatter, dim);
+}
+
 }  // namespace meshtrain

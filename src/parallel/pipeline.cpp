@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/parallel/context_parallel.h"
 #include "meshtrain/parallel/grad_buckets.h"
 #include "meshtrain/parallel/schedules.h"
 
@@ -11,13 +12,11 @@ namespace meshtrain {
 namespace {
 
 // pp == 1: each microbatch runs forward and backward in turn.
-RoundSums run_single_stage(ParallelModel& pm, const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets,
-                           const RoundSpec& spec) {
+RoundSums run_single_stage(ParallelModel& pm, const std::vector<Microbatch>& mbs, const RoundSpec& spec) {
   RoundSums sums;
-  const std::vector<Microbatch> mbs = split_microbatches(cfg, inputs, targets);
   for (const auto& mb : mbs) {
     ForwardAux aux;
-    at::Tensor h = pm.model->forward_layers(pm.model->embed(mb.inputs), &aux);
+    at::Tensor h = pm.model->forward_layers(pm.model->embed(mb.inputs), &aux, nullptr, mb.layout.get());
     at::Tensor losses = pm.model->token_losses(h, mb.targets);
     accumulate_losses(sums, losses);
     accumulate_aux(sums, aux, mb.inputs.size(0));
@@ -31,11 +30,14 @@ RoundSums run_single_stage(ParallelModel& pm, const Config& cfg, const at::Tenso
 }  // namespace
 
 RoundSums run_round(ParallelModel& pm, Mesh& mesh, const Config& cfg, const at::Tensor& inputs,
-                    const at::Tensor& targets, const RoundSpec& spec) {
+                    const at::Tensor& targets, const RoundSpec& spec, const at::Tensor& host_inputs) {
   std::optional<at::NoGradGuard> no_grad;
   if (!spec.backward) no_grad.emplace();
-  if (mesh.shape().pp == 1) return run_single_stage(pm, cfg, inputs, targets, spec);
-  return run_pipeline(pm, mesh, cfg, split_microbatches(cfg, inputs, targets), spec);
+  std::vector<Microbatch> mbs = split_microbatches(cfg, inputs, targets);
+  if (uses_token_layouts(cfg, mesh))
+    lay_out_tokens(mbs, host_inputs.defined() ? host_inputs : inputs.cpu(), cfg, mesh);
+  if (mesh.shape().pp == 1) return run_single_stage(pm, mbs, spec);
+  return run_pipeline(pm, mesh, cfg, std::move(mbs), spec);
 }
 
 }  // namespace meshtrain

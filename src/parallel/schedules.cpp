@@ -164,7 +164,8 @@ class StageRunner {
     const Microbatch& m = mbs_.at(static_cast<size_t>(mb));
     const int64_t seqs = m.inputs.size(0);
     ForwardAux aux;
-    at::Tensor h = pm_.model->forward_chunk(chunk, first_virtual(chunk) ? pm_.model->embed(m.inputs) : s.input, &aux);
+    at::Tensor h = pm_.model->forward_chunk(chunk, first_virtual(chunk) ? pm_.model->embed(m.inputs) : s.input, &aux,
+                                            nullptr, m.layout.get());
     accumulate_aux(sums_, aux, seqs, first_moe_[static_cast<size_t>(chunk)]);
     if (last_virtual(chunk)) {
       at::Tensor losses = pm_.model->token_losses(h, m.targets);

@@ -18,6 +18,7 @@
 #endif
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/attention.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/train/plan.h"
@@ -113,6 +114,15 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
 
   BenchResult r;
   r.device = device_name(dev);
+  if (dev.is_cuda()) {
+    // One layer's query, key and value as the model shapes them (MLA: the
+    // rope dims in q and k, v padded to their size).
+    const ModelConfig& m = cfg.model;
+    const int64_t D = m.head_dim() + (m.attention == AttentionKind::Mla ? m.dhR : 0);
+    const auto dtype = m.model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat;
+    const at::Tensor q = at::empty({1, m.n_head, cfg.data.T, D}, at::TensorOptions().dtype(dtype).device(dev));
+    r.attention_backend = attention_backend_for(q, q, q);
+  }
   r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
   double a2a = 0;
   for (const auto& [op, s] : session.mesh().ep().seconds_by_op())
@@ -121,6 +131,7 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   std::vector<std::pair<std::string, Communicator*>> axes = {
       {"dp", &mesh.dp()}, {"pp", &mesh.pp()}, {"tp", &mesh.tp()}, {"ep", &mesh.ep()}};
   if (mesh.shape().ep > 1) axes.emplace_back("expert_dp", &mesh.expert_dp());
+  if (mesh.shape().cp > 1) axes.emplace_back("cp", &mesh.cp());
   std::vector<double> maxed = {secs, r.peak_memory_bytes, a2a};
   for (const auto& [axis, comm] : axes) maxed.push_back(static_cast<double>(comm->bytes_moved()));
   // By dtype: a fixed list, so every rank reduces the same entries.
@@ -212,6 +223,7 @@ std::string to_string(const BenchResult& r) {
 std::string to_json(const BenchResult& r) {
   nlohmann::json j;
   j["device"] = r.device;
+  if (!r.attention_backend.empty()) j["attention_backend"] = r.attention_backend;
   j["world"] = r.world;
   j["steps"] = r.steps;
   j["seconds"] = r.seconds;

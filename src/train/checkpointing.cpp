@@ -55,7 +55,9 @@ nlohmann::json Session::checkpoint_header() const {
   header["step"] = progress_.step;
   header["consumed_samples"] = progress_.consumed_samples;
   header["config"] = to_json(cfg_);
-  header["mesh"] = {mesh_->shape().dp, mesh_->shape().pp, mesh_->shape().tp};
+  // [dp, pp, tp] as n_device_axis says, and cp beside them (checkpoint inspect shows both).
+  header["mesh"] = {mesh_->shape().data_dp(), mesh_->shape().pp, mesh_->shape().tp};
+  header["context_parallel"] = mesh_->shape().cp;
   if (!opts_.init_from_hf.empty()) header["init_from_hf"] = opts_.init_from_hf;
   // Which tokenizer made the data these weights learned from (checked on resume).
   if (!data_tokenizer_.fingerprint.empty()) {

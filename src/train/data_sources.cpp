@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <string>
 
+#include "../data/json_file.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/data/shards.h"
+#include "meshtrain/data/tokenizer.h"
 
 namespace meshtrain {
 
@@ -98,6 +100,22 @@ RunLoaders make_loaders(const Config& cfg, int dp_rank, int dp) {
     l.val = std::make_unique<DataLoader>(data_folder(cfg, d.val_folder_name), d.T, d.val_batch_size, dp_rank, dp,
                                          vocab);
   return l;
+}
+
+int64_t data_eot_token(const DataConfig& data) {
+  const fs::path manifest = fs::path(data.data_dir) / "manifest.json", tok = fs::path(data.data_dir) / "tokenizer.json";
+  if (fs::is_regular_file(manifest)) {
+    const nlohmann::json j = detail::read_json_file(manifest.string(), "dataset manifest");
+    if (j.contains("eot") && j.at("eot").is_number_integer() && j.at("eot").get<int64_t>() >= 0)
+      return j.at("eot").get<int64_t>();
+  }
+  if (fs::is_regular_file(tok)) {
+    const int64_t eot = Tokenizer::load(tok.string()).eot();
+    if (eot >= 0) return eot;
+  }
+  MT_FAIL("data_config.document_masking needs the end-of-text token that ends each document, but data_config.data_dir '",
+          data.data_dir, "' has neither a manifest.json with \"eot\" nor a tokenizer.json with one: set "
+          "data_config.eot_token");
 }
 
 }  // namespace meshtrain

@@ -29,7 +29,8 @@ double evaluate(Session& s) {
       s.stop_point("evaluation");
       Batch b = val->next();
       CastScope casts(pm.model->precision());
-      RoundSums r = run_round(pm, s.mesh(), cfg, b.inputs.to(s.device()), b.targets.to(s.device()), spec);
+      RoundSums r = run_round(pm, s.mesh(), cfg, b.inputs.to(s.device()), b.targets.to(s.device()), spec,
+                              b.inputs.is_cpu() ? b.inputs : at::Tensor());
       ce += sum_value(r.ce_sum);
       tokens += r.tokens;
     }

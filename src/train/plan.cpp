@@ -29,7 +29,10 @@ struct LayerActs {
   double split = 0, replicated = 0, masks = 0;
 };
 
-LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective) {
+// cp: context parallelism's group size; a token's activations are its
+// rank's, but each rank keeps the keys and values (MLA: the gathered latent
+// too) of the whole sequence, cp times its own tokens'.
+LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective, double cp = 1) {
   const double d = static_cast<double>(m.model_dimension), H = static_cast<double>(m.n_head);
   const double hd = static_cast<double>(m.head_dim()), s = static_cast<double>(m.T);
   const double hidden = static_cast<double>(m.hidden_dim());
@@ -41,6 +44,7 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
   if (m.attention == AttentionKind::Mla) {
     r = static_cast<double>(mla_layer_dhR(m, i));
     a.replicated += 2 * static_cast<double>(m.latent_dim);  // latents c_kv, c_q
+    if (cp > 1) a.replicated += cp * (static_cast<double>(m.latent_dim) + r);  // the gathered latent and rope key
     // Latent RMSNorms keep their input and normalised input too (as above).
     if (m.mla_latent_norm) a.replicated += 2 * 2 * static_cast<double>(m.latent_dim);
     if (r > 0 && m.mla_rope_input == MlaRopeInput::JointLatent)
@@ -48,7 +52,7 @@ LayerActs layer_acts(const ModelConfig& m, int64_t i, bool fused, bool selective
   }
   // q and k (with rope dims), v, SDPA's output (fused kernels keep it for
   // backward) and its merged-heads copy (wo input).
-  a.split += 2 * H * (hd + r) + (fused ? 3 : 2) * H * hd;
+  a.split += H * (hd + r) + cp * H * (hd + r) + cp * H * hd + (fused ? 2 : 1) * H * hd;
   if (!fused && !selective) {
     a.split += H * s;                         // softmax output
     if (m.dropout_rate > 0) {
@@ -176,6 +180,7 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   plan.pp = cfg.device.pp();
   plan.tp = cfg.device.tp();
   plan.ep = cfg.device.expert_parallel;
+  plan.cp = cfg.device.cp();
   plan.zero_stage = cfg.zero_stage;
   MT_CHECK(plan.dp >= 1 && plan.pp >= 1 && plan.tp >= 1, "device_config.n_device_axis must be positive");
   const ParamCount pc = count_params(m);
@@ -197,9 +202,9 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   const int64_t share = cfg.data.train_batch_size / plan.dp;
   plan.micro_batch_size = cfg.data.micro_batch_size > 0 ? cfg.data.micro_batch_size : share;
   plan.n_microbatches = std::max<int64_t>(1, share / std::max<int64_t>(1, plan.micro_batch_size));
-  in.tokens = static_cast<double>(plan.micro_batch_size * m.T);
+  in.tokens = static_cast<double>(plan.micro_batch_size * m.T / plan.cp);  // this rank's chunks
   in.rep_div = cfg.sequence_parallel ? static_cast<double>(plan.tp) : 1.0;
-  in.zero = cfg.zero_stage_on(plan.dp);
+  in.zero = cfg.zero_stage_on(plan.dp * plan.cp);  // the cp ranks shard the state too (mesh.h)
   in.keep = cfg.fsdp_keep_gathered && in.zero >= 2;
   in.v = virtual_stages(cfg, plan.pp);
   plan.virtual_stages = in.v;
@@ -214,15 +219,16 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
 // Weights, gradients and optimizer state of one stage (sm.params counted).
 void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanInputs& in, StageMemory& sm) {
   const int64_t stage = in.zero;
-  const double zero_div = stage >= 1 ? static_cast<double>(plan.dp) : 1.0;
+  const int64_t replicas = plan.dp * plan.cp;  // the ranks holding the same parameters (mesh.h)
+  const double zero_div = stage >= 1 ? static_cast<double>(replicas) : 1.0;
   // ZeRO-1 shards the experts' moments over the ranks holding the same experts.
-  const double zero_div_experts = stage >= 1 ? static_cast<double>(plan.dp / plan.ep) : 1.0;
+  const double zero_div_experts = stage >= 1 ? static_cast<double>(replicas / plan.ep) : 1.0;
   const double n = static_cast<double>(sm.params.total());
   const double ne = static_cast<double>(sm.params.experts), nd = n - ne;
   const double frozen = static_cast<double>(sm.params.frozen), trainable = n - frozen;
   if (stage >= 2) {
     const double owned = static_cast<double>(
-        fsdp_slice_elements(m, plan.pp, plan.tp, sm.stage, plan.dp, plan.ep, in.v));
+        fsdp_slice_elements(m, plan.pp, plan.tp, sm.stage, replicas, plan.ep, in.v));
     sm.weights = stage == 3 ? 4 * (owned + frozen) : 4 * n;
     sm.grads = 4 * owned;
     sm.optimizer = 8 * owned;
@@ -279,9 +285,10 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
     auto bytes = [&](const LayerActs& a) {
       return tokens * ((a.split / tp + a.replicated / rep_div) * e + a.masks / tp * mask);
     };
-    const double full = bytes(layer_acts(m, i, fused_attention(m, i, plan.device), false));
+    const double cp = static_cast<double>(plan.cp);
+    const double full = bytes(layer_acts(m, i, fused_attention(m, i, plan.device), false, cp));
     layers_none += full;
-    layers_sel += bytes(layer_acts(m, i, fused_attention(m, i, plan.device), true));
+    layers_sel += bytes(layer_acts(m, i, fused_attention(m, i, plan.device), true, cp));
     largest_layer = std::max(largest_layer, full);
   }
   const double n_layers = static_cast<double>(stage_layers.size());
@@ -307,6 +314,26 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
 
 }  // namespace
 
+double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers) {
+  const ModelConfig& m = cfg.model;
+  const int64_t cp = cfg.device.cp(), tp = cfg.device.tp();
+  if (cp == 1) return 0;
+  const double e = PrecisionPolicy::from_model_dtype(m.model_dtype).mixed() ? 2.0 : 4.0;
+  // Sequences per step on this rank, each of T tokens gathered.
+  const double rows = static_cast<double>(cfg.data.train_batch_size / cfg.device.dp() * cfg.grad_step);
+  const double tokens = rows * static_cast<double>(cfg.data.T);
+  const int64_t kv = m.kv_heads(), kv_local = kv % tp == 0 ? kv / tp : 1;
+  double per_token = 0;
+  for (int64_t i : layers) {
+    if (m.attention == AttentionKind::Mla)
+      per_token += static_cast<double>(m.latent_dim + mla_layer_dhR(m, i)) * e;
+    else
+      per_token += 2.0 * static_cast<double>(kv_local * m.head_dim()) * e;
+    if (is_moe_layer(m, i)) per_token += static_cast<double>(m.n_experts) * 4.0;
+  }
+  return 2.0 * tokens * per_token;  // forward all-gather + backward reduce-scatter
+}
+
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   MemoryPlan plan;
   const PlanInputs in = plan_mesh(cfg, device, plan);
@@ -316,6 +343,10 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
     sm.params = stage_params(cfg.model, plan.pp, plan.tp, st, plan.ep, in.v);
     plan_stage_state(cfg.model, plan, in, sm);
     plan_stage_activations(cfg, plan, in, sm);
+    std::vector<int64_t> layers;
+    for (const LayerSpan& c : sm.params.chunks)
+      for (int64_t i = c.first; i < c.end; ++i) layers.push_back(i);
+    plan.cp_exchange_bytes = std::max(plan.cp_exchange_bytes, cp_exchange_bytes(cfg, layers));
     plan.stages.push_back(sm);
   }
   for (size_t s = 1; s < plan.stages.size(); ++s)
@@ -353,9 +384,14 @@ std::string to_string(const MemoryPlan& p) {
   o << "parameters: " << p.total_params << " total (" << p.total_params / 1e6 << "M), " << p.active_params
     << " active per token (" << p.active_params / 1e6 << "M), " << p.embedding_params << " in embeddings\n";
   o << "mesh: dp " << p.dp << " x pp " << p.pp << " x tp " << p.tp;
+  if (p.cp > 1) o << " x cp " << p.cp;
   if (p.ep > 1) o << " (expert_parallel " << p.ep << ": routed experts split over " << p.ep << " dp ranks)";
   o << "; microbatch " << p.micro_batch_size
     << " sequences x " << p.n_microbatches << " per round\n";
+  if (p.cp > 1)
+    o << "context parallel: each sequence in " << 2 * p.cp << " chunks, 2 per rank (" << p.cp
+      << " ranks); activations per rank are its chunks' plus the whole sequence's keys and values; exchange "
+      << gib(p.cp_exchange_bytes) << " per rank and step\n";
   o << "precision: " << p.precision << "\n";
   if (p.pp > 1)
     o << "pipeline: " << p.pipeline_schedule << (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) +
@@ -402,6 +438,8 @@ nlohmann::json to_json(const MemoryPlan& p, double fpt, double device_bytes) {
   j["embedding_params"] = p.embedding_params;
   j["flops_per_token"] = fpt;
   j["mesh"] = {p.dp, p.pp, p.tp};
+  j["context_parallel"] = p.cp;
+  j["cp_exchange_bytes"] = p.cp_exchange_bytes;
   j["device"] = p.device == PlanDevice::Cuda ? "cuda" : "cpu";
   j["micro_batch_size"] = p.micro_batch_size;
   j["n_microbatches"] = p.n_microbatches;

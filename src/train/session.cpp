@@ -13,6 +13,7 @@
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/dist/device.h"
+#include "meshtrain/model/attention.h"
 #include "meshtrain/train/data_sources.h"
 #include "meshtrain/train/placement.h"
 #include "meshtrain/train/shared_run_dir.h"
@@ -52,8 +53,11 @@ Session::Session(const Config& cfg, Runtime& runtime, SessionOptions opts, const
   // Collectives are non-const only because they count their bytes; the
   // world given to the Session is read-only otherwise (its counters unused).
   check_gpu_per_rank(const_cast<Communicator&>(*world), cfg_, device_);
-  MeshShape shape{static_cast<int>(cfg_.device.dp()), static_cast<int>(cfg_.device.pp()),
-                  static_cast<int>(cfg_.device.tp()), static_cast<int>(cfg_.device.expert_parallel)};
+  if (device_.is_cuda()) prefer_attention_backend(cfg_.device.attention_backend);
+  // Under context parallelism the cp ranks of a batch share are dp ranks of the mesh (mesh.h).
+  const int cp = static_cast<int>(cfg_.device.cp());
+  MeshShape shape{static_cast<int>(cfg_.device.dp()) * cp, static_cast<int>(cfg_.device.pp()),
+                  static_cast<int>(cfg_.device.tp()), static_cast<int>(cfg_.device.expert_parallel), cp};
   mesh_ = std::make_unique<Mesh>(*world, shape, pick_backend(cfg_, device_));
   flight_ = std::make_unique<FlightRecorder>(cfg_.flight_recorder_size, world->rank());
   mesh_->record_flight(*flight_);
@@ -103,7 +107,8 @@ void Session::build_data() {
     if (!data_tokenizer_.fingerprint.empty())
       spdlog::info("data: tokenizer {} ({})", data_tokenizer_.fingerprint, data_tokenizer_.where);
   }
-  RunLoaders loaders = make_loaders(cfg_, mesh_->coord().dp, mesh_->shape().dp);
+  if (cfg_.data.document_masking && cfg_.data.eot_token < 0) cfg_.data.eot_token = data_eot_token(cfg_.data);
+  RunLoaders loaders = make_loaders(cfg_, mesh_->data_rank(), mesh_->shape().data_dp());
   train_loader_ = std::move(loaders.train);
   val_loader_ = std::move(loaders.val);
   // The next round's batch is read while this one trains (pinned on CUDA);
@@ -130,7 +135,8 @@ void Session::build_model() {
   for (const LayerSpan& c : pm_.range.chunks())
     stage_layers += (stage_layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";
   const MeshShape& shape = mesh_->shape();
-  spdlog::info("mesh: dp {} x pp {} x tp {} on {} ({}), stage layers {}", shape.dp, shape.pp, shape.tp,
+  const std::string cp = shape.cp > 1 ? fmt::format(" x cp {}", shape.cp) : "";
+  spdlog::info("mesh: dp {} x pp {} x tp {}{} on {} ({}), stage layers {}", shape.data_dp(), shape.pp, shape.tp, cp,
                device_.str(), mesh_->backend(), stage_layers);
   spdlog::info("precision: {}", pm_.model->precision().policy().describe());
   if (cfg_.zero_stage > 0 && cfg_.zero_stage_on(shape.dp) == 0)

@@ -20,7 +20,7 @@ namespace {
 Batch next_train_batch(Session& s, int64_t global_batch, int64_t following) {
   if (BatchPrefetcher* p = s.prefetcher()) return p->next(global_batch, following);
   // Meta: token values never matter, only the shape of this rank's share.
-  const int64_t local = global_batch / s.mesh().shape().dp;
+  const int64_t local = global_batch / s.mesh().shape().data_dp();
   const at::Tensor tokens = at::zeros({local, s.config().data.T}, at::kLong);
   return {tokens, tokens};
 }
@@ -131,7 +131,8 @@ StepStats train_step(Session& s) {
     // truncation); the pipeline takes its activation shape from inputs.size(1).
     const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
     CastScope casts(pm.model->precision());  // the round's microbatches share the weights' bf16 casts
-    total += run_round(pm, mesh, cfg, in.to(s.device(), /*non_blocking=*/true), tg.to(s.device(), true), spec);
+    total += run_round(pm, mesh, cfg, in.to(s.device(), /*non_blocking=*/true), tg.to(s.device(), true), spec,
+                       in.is_cpu() ? in : at::Tensor());
   }
   progress.consumed_samples += batch * cfg.grad_step;
   if (mesh.shape().pp > 1) {

@@ -112,6 +112,7 @@ struct Case {
   bool thread = false;   // backward on another thread
   bool moe_only = false;
   bool keep = false;     // fsdp_keep_gathered
+  int cp = 1;            // context_parallel (world = dp * pp * tp * cp)
 };
 
 Config on(Config c, const Case& k) {
@@ -125,6 +126,7 @@ Config on(Config c, const Case& k) {
   c.activation_checkpointing = parse_choice<ActivationCheckpointing>(k.recompute).value();
   c.data.micro_batch_size = k.micro;
   c.fsdp_keep_gathered = k.keep;
+  c.device.context_parallel = k.cp;
   c.name += "-" + k.name;
   return c;
 }
@@ -147,6 +149,7 @@ std::vector<Case> cases(int n) {
         {"pp-1f1b", 1, 2, 1, 1, false, "1f1b", 0, "none", 2, false},
         {"pp-interleaved", 1, 2, 1, 1, false, "interleaved", 0, "full", 2, true},
         {"ep", 2, 1, 1, 2, false, "1f1b", 0, "none", 2, true, true},
+        {"cp2", 1, 1, 1, 1, false, "1f1b", 0, "none", 0, true, false, false, 2},
     };
   if (n == 4)
     return {
@@ -154,6 +157,7 @@ std::vector<Case> cases(int n) {
         {"dp-pp-zero2", 2, 2, 1, 1, false, "1f1b", 2, "none", 1, true},
         {"ep4-zero3", 4, 1, 1, 2, false, "1f1b", 3, "selective", 1, true, true},
         {"dp-pp-zero3-keep", 2, 2, 1, 1, false, "1f1b", 3, "full", 1, true, false, true},
+        {"cp2-tp2-sp-zero1", 1, 1, 2, 1, true, "1f1b", 1, "full", 0, true, false, false, 2},
     };
   if (n == 8)
     return {

@@ -8,7 +8,8 @@
 //   - a checkpoint saved from CUDA loads on CPU and back;
 //   - resume on GPU is exact with dropout (the CUDA RNG state is saved);
 //   - the fused kernels (ops/fused.h) and the grouped GEMM on CUDA give what
-//     they give on the CPU, forward and backward, fp32 and bf16.
+//     they give on the CPU, forward and backward, fp32 and bf16;
+//   - flash's varlen attention of packed documents / cp chunks equals the mask.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -21,6 +22,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/dist/device.h"
 #include "meshtrain/model/cross_entropy.h"
+#include "meshtrain/model/token_layout.h"
 #include "meshtrain/ops/fused.h"
 #include "parity.h"
 
@@ -203,6 +205,47 @@ TEST(Cuda, Bf16GpuLossesMatchFp32Cpu) {
     // (8-bit mantissa, ~0.4% per op) separates the curves.
     for (size_t i = 0; i < ref.size(); ++i)
       EXPECT_NEAR(got[i], ref[i], 3e-2 * ref[i]) << kind << ": loss of step " << i;
+  }
+}
+
+// Packed documents and context-parallel chunks on CUDA in bf16 run flash's
+// varlen kernel (model/token_layout.h): its outputs and q/k/v gradients
+// equal the masked fp32 attention on the CPU within bf16 rounding, with
+// values narrower than the heads (MLA) as well.
+TEST(Cuda, VarlenAttentionMatchesTheMaskOnCpu) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  const int64_t B = 2, H = 4, T = 64;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  at::Tensor tokens = at::randint(1, 50, {B, T}, gen, at::kLong);
+  for (int64_t t : {5, 17, 18, 40}) tokens[0][t] = 0;  // documents of 6, 12, 1, 22 and 23 tokens
+  tokens[1][63] = 0;
+  for (int64_t cp : {1, 2}) {
+    for (int64_t dv : {64, 48}) {
+      const int64_t D = 64, Tl = T / cp, rank = cp - 1;
+      const TokenLayout cpu = make_token_layout(tokens, 0, rank, cp, at::kCPU);
+      const TokenLayout gpu = make_token_layout(tokens, 0, rank, cp, at::Device(at::kCUDA), /*varlen=*/true);
+      const at::Tensor q = at::randn({B, H, Tl, D}, gen), k = at::randn({B, H, T, D}, gen),
+                       v = at::randn({B, H, T, dv}, gen), dy = at::randn({B, H, Tl, dv}, gen);
+      auto grads = [&](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const TokenLayout& L) {
+        const at::Tensor a = q0.detach().requires_grad_(true), b = k0.detach().requires_grad_(true),
+                         c = v0.detach().requires_grad_(true);
+        const at::Tensor y = layout_attention(a, b, c, 0.0, L);
+        y.backward(dy.to(y.device(), y.scalar_type()));
+        return std::vector<at::Tensor>{y.detach().float().cpu(), a.grad().float().cpu(), b.grad().float().cpu(),
+                                       c.grad().float().cpu()};
+      };
+      const auto want = grads(q, k, v, cpu);
+      const auto bf = [](const at::Tensor& t) { return t.to(at::kCUDA, at::kBFloat16); };
+      const auto got = grads(bf(q), bf(k), bf(v), gpu);
+      const char* names[] = {"output", "dq", "dk", "dv"};
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double err = (got[i] - want[i]).abs().max().item<double>();
+        const double scale = want[i].abs().max().item<double>();
+        EXPECT_LT(err, 3e-2 * scale) << names[i] << ", cp " << cp << ", value width " << dv << ": max error " << err
+                                     << " of " << scale;
+      }
+    }
   }
 }
 

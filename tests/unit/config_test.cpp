@@ -74,6 +74,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys 
     {"data_config.format", {"llmc", "nanogpt"}},
     {"device_config.device", {"auto", "cpu", "cuda"}},
     {"device_config.collectives", {"auto", "nccl", "mpi"}},
+    {"device_config.attention_backend", {"auto", "cudnn", "flash", "efficient", "math"}},
     {"pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
     {"activation_checkpointing", {"none", "full", "selective"}},
     {"nan_policy", {"skip", "stop"}},

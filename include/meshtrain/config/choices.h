@@ -37,6 +37,8 @@ enum class PipelineSchedule { Gpipe, OneFOneB, Interleaved };   // pipeline_sche
 // selective: recompute only each layer's feed-forward (model/recompute.h).
 enum class ActivationCheckpointing { None, Full, Selective };  // activation_checkpointing
 enum class NanPolicy { Skip, Stop };                            // nan_policy
+// device_config.attention_backend: the kernel CUDA's sdpa tries first.
+enum class AttentionBackend { Auto, Cudnn, Flash, Efficient, Math };
 
 template <class E>
 struct Choice {
@@ -126,6 +128,14 @@ struct ChoiceTable<ActivationCheckpointing> {
       {{ActivationCheckpointing::None, "none"},
        {ActivationCheckpointing::Full, "full"},
        {ActivationCheckpointing::Selective, "selective"}}};
+};
+template <>
+struct ChoiceTable<AttentionBackend> {
+  static constexpr std::array<Choice<AttentionBackend>, 5> entries{{{AttentionBackend::Auto, "auto"},
+                                                                    {AttentionBackend::Cudnn, "cudnn"},
+                                                                    {AttentionBackend::Flash, "flash"},
+                                                                    {AttentionBackend::Efficient, "efficient"},
+                                                                    {AttentionBackend::Math, "math"}}};
 };
 template <>
 struct ChoiceTable<NanPolicy> {

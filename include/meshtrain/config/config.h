@@ -102,6 +102,12 @@ struct DataConfig {
   int64_t train_batch_size = 8;  // sequences per accumulation round, over all dp ranks
   int64_t val_batch_size = 8;
   int64_t micro_batch_size = 0;  // pipeline microbatch; 0: the whole dp share
+  // Packed sequences: attention only within a document (a document ends
+  // with the end-of-text token) and rope positions restarting at each
+  // (Megatron's --reset-attention-mask --reset-position-ids).
+  bool document_masking = false;
+  // The end-of-text token id; -1: the data's (manifest.json "eot", else its tokenizer.json).
+  int64_t eot_token = -1;
 };
 
 struct LrConfig {
@@ -126,10 +132,18 @@ struct DeviceConfig {
   // Routed MoE experts split over this many ranks of the dp group (divides dp);
   // tokens reach them by all-to-all (parallel/expert_parallel.h).
   int64_t expert_parallel = 1;
+  // Context parallelism: each sequence split over this many ranks (a fourth
+  // mesh axis, world = dp * pp * tp * cp), parallel/context_parallel.h.
+  int64_t context_parallel = 1;
+  int64_t cp() const { return context_parallel; }
+  // Which attention kernel CUDA's sdpa tries first (the others follow when it
+  // refuses the inputs): auto = cuDNN's, measured 1.5x flash's on an H200
+  // (model/attention.h, prefer_attention_backend).
+  AttentionBackend attention_backend = AttentionBackend::Auto;
   int64_t dp() const { return n_device_axis[0]; }
   int64_t pp() const { return n_device_axis[1]; }
   int64_t tp() const { return n_device_axis[2]; }
-  int64_t world() const { return dp() * pp() * tp(); }
+  int64_t world() const { return dp() * pp() * tp() * cp(); }
 };
 
 struct InferenceConfig {

@@ -19,10 +19,20 @@ enum class Backend { Mpi, Nccl };
 // routed experts are split over ep consecutive dp ranks (an "ep group"); the
 // dp ranks holding the same experts (dp / ep of them, same dp % ep) form the
 // "expert-dp" group over which expert gradients are summed. ep adds no ranks.
+//
+// cp (context parallelism, device_config.context_parallel) divides dp too:
+// dp counts the ranks that hold the same parameters, which under cp are the
+// data-parallel replicas times cp. Gradients, ZeRO shards, FSDP and ep groups
+// span all of them (as Megatron's dp-cp group); only the data differ: the cp
+// consecutive dp ranks of a "cp group" read the same sequences and each keeps
+// its two chunks of them (parallel/context_parallel.h).
 struct MeshShape {
   int dp = 1, pp = 1, tp = 1;
   int ep = 1;
+  int cp = 1;
   int world() const { return dp * pp * tp; }
+  // Data-parallel replicas: the number of different batches.
+  int data_dp() const { return dp / cp; }
 };
 
 struct MeshCoord {
@@ -59,6 +69,11 @@ class Mesh {
   Communicator& expert_dp() { return shape_.ep > 1 ? *edp_ : *dp_; }
   // Which slice of the routed experts this rank holds: dp % ep.
   int ep_rank() const { return coord_.dp % shape_.ep; }
+  // The cp group (same pp, tp and dp / cp): rank() is cp_rank(). Size 1 without cp.
+  Communicator& cp() { return *cp_; }
+  int cp_rank() const { return coord_.dp % shape_.cp; }
+  // Which batch share this rank reads: dp / cp (the loaders' dp rank).
+  int data_rank() const { return coord_.dp / shape_.cp; }
   // "mpi" or "nccl": the backend of the three axis communicators.
   std::string backend() const { return dp_->backend(); }
   // Host-side (MPI, CPU tensors) world communicator for control messages such
@@ -69,10 +84,10 @@ class Mesh {
   bool is_last_stage() const { return coord_.pp == shape_.pp - 1; }
 
   // Every communicator of the mesh (cpu_world as "world", dp, pp, tp, ep,
-  // expert_dp) reports its ops to `recorder` from now on (core/flight_recorder.h).
+  // expert_dp, cp) reports its ops to `recorder` from now on (core/flight_recorder.h).
   void record_flight(FlightRecorder& recorder);
 
-  // Total bytes moved by the axis communicators, ep and expert-dp included (for traffic tests).
+  // Total bytes moved by the axis communicators, ep, expert-dp and cp included (for traffic tests).
   int64_t bytes_moved() const;
   void reset_bytes();
 
@@ -80,7 +95,7 @@ class Mesh {
   MeshShape shape_;
   MeshCoord coord_;
   int rank_ = 0;
-  std::unique_ptr<Communicator> dp_, pp_, tp_, ep_, edp_, cpu_world_;
+  std::unique_ptr<Communicator> dp_, pp_, tp_, ep_, edp_, cp_, cpu_world_;
 };
 
 }  // namespace meshtrain

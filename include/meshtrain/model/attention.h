@@ -11,6 +11,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/token_layout.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -19,9 +20,11 @@ class Attention : public torch::nn::Module {
  public:
   // cache may be nullptr (training); offset is the position of x's first token.
   // With a residual (defined), returns residual + attention(x), the add
-  // folded into the output projection (Linear::forward_residual).
+  // folded into the output projection (Linear::forward_residual). With a
+  // layout (training only: packed documents, context parallelism), each
+  // token's position and keys come from it instead (model/token_layout.h).
   virtual at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset,
-                             const at::Tensor& residual = {}) = 0;
+                             const at::Tensor& residual = {}, const TokenLayout* layout = nullptr) = 0;
 };
 
 // Parameters under prefix ("layers.3.attn"): wq (column d -> n_head*hd), wk,
@@ -34,8 +37,8 @@ class Attention : public torch::nn::Module {
 class MHA : public Attention {
  public:
   MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix);
-  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset,
-                     const at::Tensor& residual = {}) override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual = {},
+                     const TokenLayout* layout = nullptr) override;
 
  private:
   ModelConfig cfg_;
@@ -56,11 +59,14 @@ class MHA : public Attention {
 // up-projections (the rope key is computed from x and is not normed).
 // Cache: a = latent c [B, t, latent_dim] (after kv_norm), b = rotated rope key [B, t, dhR]
 // (undefined when dhR = 0); keys and values are re-expanded from c each step.
+// Under context parallelism the latent and the rope key cross the cp group,
+// not the keys and values: latent_dim + dhR numbers per token instead of
+// 2 * n_head * head_dim.
 class MLA : public Attention {
  public:
   MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix, int64_t dhR);
-  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset,
-                     const at::Tensor& residual = {}) override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual = {},
+                     const TokenLayout* layout = nullptr) override;
   int64_t dhR() const { return dhR_; }
 
  private:
@@ -87,6 +93,16 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // q/k heads hd + dhR, v's hd): v zero-padded to q's size so that flash
 // kernels, which want one head size, apply; the output has v's size.
 at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
+
+// The order in which CUDA's sdpa tries its kernels, process-wide (torch's
+// context): `first`, then flash, memory-efficient, math. auto puts cuDNN's
+// first: on an H200 it ran GPT-2's attention (bf16, causal, head size 64)
+// forward + backward in 0.81 ms against flash's 1.21 (scripts/sdpa-backends.py);
+// torch's own order never reaches it (math comes before it).
+void prefer_attention_backend(AttentionBackend first);
+// The kernel sdpa runs for causal attention of q, k, v [B, H, T, D] as
+// given ("flash", "cudnn", "efficient", "math"; "none" if it refuses them).
+std::string attention_backend_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // dhR of global layer i: 0 in each block's last layer when
 // cfg.mla_last_layer_no_rope (Jaxformer), cfg.dhR otherwise.

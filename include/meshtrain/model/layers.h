@@ -257,8 +257,16 @@ class Rotary {
   // = x.size(seq_dim)); the dims between seq_dim and the last are broadcast
   // (e.g. q and k stacked as [B, T, 2, H, dim] with seq_dim 1).
   at::Tensor apply(const at::Tensor& x, int64_t offset, int64_t seq_dim);
+  // x [B, T, ..., dim] with each token at its own position, positions [B, T]
+  // (< n): packed documents restart at 0, context-parallel chunks sit apart
+  // (model/token_layout.h). The same rope kernel over B * T rows, each with
+  // its own table row.
+  at::Tensor apply_at(const at::Tensor& x, const at::Tensor& positions, int64_t n);
   // The tables covering positions [0, n) of a dim-wide rotation on device.
   const ops::RopeTables& tables(int64_t dim, int64_t n, const at::Device& device);
+  // One table row per token of positions [B, T] (row b * T + t): the kernels
+  // then rotate rows [1, B * T, ...] at offset 0.
+  ops::RopeTables tables_at(int64_t dim, const at::Tensor& positions, int64_t n, const at::Device& device);
 
  private:
   double theta_;

@@ -14,6 +14,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/token_dispatcher.h"
+#include "meshtrain/model/token_layout.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -62,7 +63,11 @@ class MoE : public torch::nn::Module {
   // FFN output in the layout of x; dropped assignments contribute nothing. With
   // aux: adds the load-balancing loss, the (unweighted) z-loss when
   // router_z_loss > 0, expert loads and dropped/assigned counts.
-  at::Tensor forward(const at::Tensor& x, ForwardAux* aux);
+  // Under context parallelism (layout->gather) the router's logits of the
+  // whole sequences are gathered (E numbers per token), so capacity and the
+  // aux losses are those of whole sequences, as on one rank; each rank then
+  // runs its own tokens' assignments.
+  at::Tensor forward(const at::Tensor& x, ForwardAux* aux, const TokenLayout* layout = nullptr);
 
   const std::shared_ptr<Linear>& router() const { return router_; }
   const at::Tensor& w_in() const { return w_in_; }

@@ -13,6 +13,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/layer_hooks.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/token_layout.h"
 
 namespace meshtrain {
 
@@ -102,11 +103,15 @@ class Transformer : public torch::nn::Module {
   // each layer appends its keys, then forward_layers advances cache->length by
   // T. Each pipeline stage keeps its own KVCache for its own layers.
   // One chunk only (forward_chunk runs the chunks of an interleaved stage).
-  at::Tensor forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr);
+  // A layout (training: packed documents, context parallelism; model/
+  // token_layout.h) places the tokens; it must outlive the backward pass.
+  at::Tensor forward_layers(at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr,
+                            const TokenLayout* layout = nullptr);
   // Runs chunk `chunk` of range().chunks(). A cache holds every layer of the
   // stage; cache->length advances after the last chunk, so every chunk of one
   // step sees the same offset.
-  at::Tensor forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr);
+  at::Tensor forward_chunk(int64_t chunk, at::Tensor h, ForwardAux* aux, KVCache* cache = nullptr,
+                           const TokenLayout* layout = nullptr);
   int64_t n_chunks() const { return static_cast<int64_t>(chunk_blocks_.size()) - 1; }
   // Final norm + head: per-token losses [B, T] fp32 (last stage only).
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets);

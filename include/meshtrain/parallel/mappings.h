@@ -36,4 +36,8 @@ at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, Communicator& tp);
 at::Tensor gather_sequence_replicated(const at::Tensor& x, Communicator& tp);
 at::Tensor scatter_sequence(const at::Tensor& x, Communicator& tp);
 
+// Along any dim of any group (context parallelism's exchange): fwd
+// all-gather, bwd reduce-scatter, as gather_from_sequence.
+at::Tensor gather_from_group(const at::Tensor& x, Communicator& group, int64_t dim);
+
 }  // namespace meshtrain

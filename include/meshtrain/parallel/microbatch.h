@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "meshtrain/config/config.h"
@@ -58,6 +59,9 @@ struct RoundSpec {
 
 struct Microbatch {
   at::Tensor inputs, targets;
+  // Packed documents / context parallelism (parallel/context_parallel.h):
+  // inputs and targets are then this cp rank's chunks. Null: plain rows.
+  std::shared_ptr<const TokenLayout> layout;
 };
 
 std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets);

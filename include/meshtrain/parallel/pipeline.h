@@ -12,8 +12,12 @@
 namespace meshtrain {
 
 // inputs/targets: this dp rank's share [B_local, T] (on every stage; only the
-// first stage reads inputs and only the last reads targets).
+// first stage reads inputs and only the last reads targets), whole sequences
+// also under context parallelism (each cp rank keeps its chunks). host_inputs:
+// the same inputs on the host, where token layouts are built from
+// (parallel/context_parallel.h); undefined: read from inputs (a device sync
+// on CUDA, when layouts are needed).
 RoundSums run_round(ParallelModel& pm, Mesh& mesh, const Config& cfg, const at::Tensor& inputs,
-                    const at::Tensor& targets, const RoundSpec& spec);
+                    const at::Tensor& targets, const RoundSpec& spec, const at::Tensor& host_inputs = {});
 
 }  // namespace meshtrain

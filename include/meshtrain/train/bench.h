@@ -51,6 +51,9 @@ struct BenchResult {
   // The same bytes by payload dtype ("float32", "bfloat16", "int64", "int32",
   // ...), per axis; each entry max over ranks. JSON "comm_dtypes".
   std::map<std::string, std::map<std::string, double>> comm_bytes_by_dtype;
+  // CUDA: the kernel sdpa runs for the model's attention (device_config.
+  // attention_backend, model/attention.h); empty on CPU.
+  std::string attention_backend;
   bool profiled = false;
   ProfileSummary profile;           // this rank's, when profiled
 };

@@ -23,4 +23,9 @@ struct RunLoaders {
 // This dp rank's training and validation loaders.
 RunLoaders make_loaders(const Config& cfg, int dp_rank, int dp);
 
+// The end-of-text token id of the data in data_dir (document masking's
+// boundary): manifest.json's "eot" (prepare-data writes it), else the eot of
+// its tokenizer.json; neither is an error naming data_config.eot_token.
+int64_t data_eot_token(const DataConfig& data);
+
 }  // namespace meshtrain

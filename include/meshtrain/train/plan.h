@@ -100,6 +100,10 @@ struct MemoryPlan {
   int64_t zero_stage = 0;
   std::string precision;           // one line describing the precision model used
   int64_t dp = 1, pp = 1, tp = 1, ep = 1;
+  int64_t cp = 1;                  // device_config.context_parallel (dp counts batch shares)
+  // Context parallelism's traffic per rank and training step, on the most
+  // loaded stage: cp_exchange_bytes() of its layers.
+  double cp_exchange_bytes = 0;
   int64_t total_params = 0, active_params = 0, embedding_params = 0;
   int64_t micro_batch_size = 0, n_microbatches = 1;
   PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // meaningful when pp > 1
@@ -116,6 +120,15 @@ struct MemoryPlan {
 
 // device: what the run would use; the precision model above depends on it.
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device);
+
+// Bytes the cp group's collectives move per training step on a rank running
+// `layers` (as the communicators count them, comm.h: an all-gather its output,
+// a reduce-scatter its input): per layer and microbatch, forward gathers the
+// whole sequence's keys and values (this rank's kv heads; MLA: the latent and
+// the rope key) and backward reduce-scatters their gradients, each
+// B * T * width * activation bytes; an MoE layer adds its router logits
+// (B * T * n_experts, fp32) both ways. 0 without context parallelism.
+double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers);
 
 // Training FLOPs per token, nanoGPT / llm.c estimate_mfu: 6*N + 12*L*H*Q*T with
 // N all parameters (embedding included; MoE: the active ones) and Q the head
