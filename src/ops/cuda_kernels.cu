@@ -235,6 +235,41 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) rows::softmax_grad_row(l, z + r * ld, valid, V, targets[r], lse[r]);
 }
 
+// ---- AdamW: a multi-tensor launch ------------------------------------------
+// One launch covers up to kAdamwTensors tensors and kAdamwBlocks chunks of
+// kAdamwChunk elements; the table travels as the kernel's argument (under the
+// 4 KiB argument limit), as aten's multi_tensor_apply does.
+constexpr int kAdamwTensors = 36;
+constexpr int kAdamwBlocks = 320;
+constexpr int64_t kAdamwChunk = 65536;
+constexpr int kAdamwThreads = 512;
+
+struct AdamwTable {
+  float* p[kAdamwTensors];
+  const float* g[kAdamwTensors];
+  void* m[kAdamwTensors];
+  void* v[kAdamwTensors];
+  int64_t n[kAdamwTensors];
+  unsigned char tensor_of[kAdamwBlocks];
+  int chunk_of[kAdamwBlocks];
+};
+static_assert(sizeof(AdamwTable) <= 4000, "a kernel's arguments must stay under 4 KiB");
+
+template <class M>
+__global__ void __launch_bounds__(kAdamwThreads)
+    adamw_kernel(AdamwTable t, adamw::Hyper h, const float* step, const float* grad_scale, const float* found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;
+  const adamw::StepConsts c = adamw::step_consts(h, *step);
+  const int k = t.tensor_of[blockIdx.x];
+  const int64_t lo = static_cast<int64_t>(t.chunk_of[blockIdx.x]) * kAdamwChunk;
+  const int64_t hi = lo + kAdamwChunk < t.n[k] ? lo + kAdamwChunk : t.n[k];
+  float* p = t.p[k];
+  const float* g = t.g[k];
+  M* m = static_cast<M*>(t.m[k]);
+  M* v = static_cast<M*>(t.v[k]);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) adamw::element(p[i], g[i], m[i], v[i], c, grad_scale);
+}
+
 // Calls f with the element type of dt.
 template <class F>
 cudaError_t by_dtype(Dtype dt, F&& f) {
@@ -326,6 +361,57 @@ cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid
     softmax_grad_kernel<T><<<row_blocks(N), row_threads(V), 0, stream>>>(static_cast<T*>(z), ld, N, valid, V, targets,
                                                                          lse);
   });
+}
+
+cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const float* const* grads, void* const* m,
+                  void* const* v, const int64_t* n, const adamw::Hyper& h, const float* step, const float* grad_scale,
+                  const float* found_inf, cudaStream_t stream) {
+  if (moments == Dtype::F16) return cudaErrorInvalidValue;
+  AdamwTable t{};
+  int tensors = 0, blocks = 0;
+  const auto launch = [&] {
+    if (blocks > 0) {
+      if (moments == Dtype::BF16)
+        adamw_kernel<__nv_bfloat16><<<blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+      else
+        adamw_kernel<float><<<blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+    }
+    tensors = 0;
+    blocks = 0;
+  };
+  for (int64_t k = 0; k < count; ++k) {
+    if (n[k] == 0) continue;
+    t.p[tensors] = params[k];
+    t.g[tensors] = grads[k];
+    t.m[tensors] = m[k];
+    t.v[tensors] = v[k];
+    t.n[tensors] = n[k];
+    const int64_t chunks = (n[k] + kAdamwChunk - 1) / kAdamwChunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      t.tensor_of[blocks] = static_cast<unsigned char>(tensors);
+      t.chunk_of[blocks] = static_cast<int>(c);
+      if (++blocks == kAdamwBlocks) {
+        // The table is full of blocks: launch, and carry the tensor on if
+        // chunks of it remain (it becomes entry 0 of the next table).
+        const bool rest = c + 1 < chunks;
+        launch();
+        if (rest) {
+          t.p[0] = params[k];
+          t.g[0] = grads[k];
+          t.m[0] = m[k];
+          t.v[0] = v[k];
+          t.n[0] = n[k];
+          tensors = 0;
+        } else {
+          tensors = -1;  // incremented to 0 below
+        }
+      }
+    }
+    if (++tensors == kAdamwTensors) launch();
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  launch();
+  return cudaGetLastError();
 }
 
 }  // namespace meshtrain::ops::cuda

@@ -17,7 +17,8 @@ namespace {
 
 class ReplicatedAdamW : public Optimizer {
  public:
-  ReplicatedAdamW(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), opt_(params(pm), cfg) {}
+  ReplicatedAdamW(ParallelModel& pm, Mesh& mesh, const Config& cfg)
+      : pm_(pm), mesh_(mesh), opt_(params(pm), cfg.lr, state_dtype(cfg)) {}
 
   at::Tensor reduce_gradients() override { return grad_norm(pm_, mesh_); }
 
@@ -29,6 +30,11 @@ class ReplicatedAdamW : public Optimizer {
   int64_t state_numel() const override {
     int64_t n = 0;
     for (const auto& p : opt_.params()) n += p.exp_avg.numel() + p.exp_avg_sq.numel();
+    return n;
+  }
+  int64_t state_bytes() const {
+    int64_t n = 0;
+    for (const auto& p : opt_.params()) n += static_cast<int64_t>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
     return n;
   }
 
@@ -59,7 +65,7 @@ class ReplicatedAdamW : public Optimizer {
   AdamW* adamw() override { return &opt_; }
   ResidentBytes resident_bytes() const override {
     ResidentBytes b = parameter_bytes(pm_);
-    b.optimizer = state_numel() * 4;
+    b.optimizer = state_bytes();
     return b;
   }
 
@@ -91,8 +97,8 @@ ResidentBytes parameter_bytes(const ParallelModel& pm) {
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
   const int64_t stage = cfg.zero_stage_on(mesh.shape().dp);
   if (stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
-  if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
-  return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg.lr);
+  if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr, state_dtype(cfg));
+  return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg);
 }
 
 }  // namespace meshtrain
