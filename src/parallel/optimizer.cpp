@@ -6,6 +6,7 @@
 #include <set>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -96,6 +97,16 @@ ResidentBytes parameter_bytes(const ParallelModel& pm) {
 
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
   const int64_t stage = cfg.zero_stage_on(mesh.shape().dp);
+  // The start-up line "precision: ..." says fp32 optimizer state: not so here.
+  if (state_dtype(cfg) != at::kFloat) {
+    spdlog::info("optimizer: AdamW moments kept in bf16 (optimizer_state_dtype), updated in fp32");
+    // Rounding to nearest drops a change under half a bf16 step (2^-9 to 2^-8
+    // of the value): one step's decay of exp_avg_sq, 1 - beta2, must exceed it.
+    if (1.0 - cfg.lr.beta2 < 1.0 / 256)
+      spdlog::warn("optimizer_state_dtype bfloat16 with lr.beta2 {}: exp_avg_sq's decay per step ({}) is below bf16's "
+                   "rounding, so it may never decay; use beta2 <= 0.996 or float32 moments",
+                   cfg.lr.beta2, 1.0 - cfg.lr.beta2);
+  }
   if (stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
   if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr, state_dtype(cfg));
   return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg);
