@@ -6,7 +6,8 @@
 # loss, when the runs evaluated).
 # Usage: scripts/moments-accuracy.sh [CONFIG (configs/tiny.json)] [STEPS (300)] [EVERY (50)] [--set KEY=VALUE ...]
 # Env: BIN (build/meshtrain), DATA (data_config.data_dir; default the
-# config's), OUT (scratch dir for the two runs; default a new temp dir).
+# config's), OUT (scratch dir for the two runs; default a new temp dir),
+# TABLE_ONLY=1 (print the table of the runs already in OUT, train nothing).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CONFIG="${1:-$ROOT/configs/tiny.json}"
@@ -19,6 +20,7 @@ mkdir -p "$OUT"
 extra=("$@")
 [ -n "${DATA:-}" ] && extra+=(--set "data_config.data_dir=$DATA")
 for dt in float32 bfloat16; do
+  [ -n "${TABLE_ONLY:-}" ] && break
   OMP_NUM_THREADS=1 "$BIN" train --config "$CONFIG" --fresh --output_dir "$OUT" --name "$dt" \
     --training_steps "$STEPS" --checkpoint_steps "$STEPS" --set "optimizer_state_dtype=$dt" \
     --set "lr.end_steps=$STEPS" "${extra[@]}" >"$OUT/$dt.log" 2>&1 ||
@@ -44,6 +46,8 @@ for s in shown:
 last = sorted(s for s in a if s in b)[-20:]
 ma, mb = sum(a[s] for s in last) / len(last), sum(b[s] for s in last) / len(last)
 print(f"| mean of the last {len(last)} | {ma:.4f} | {mb:.4f} | {mb - ma:+.4f} |")
+both = [s for s in a if s in b]
+print(f"| mean of \\|bf16 - fp32\\| over all {len(both)} steps | | | {sum(abs(b[s] - a[s]) for s in both) / len(both):.4f} |")
 if va is not None and vb is not None:
     print(f"| validation at the end | {va:.4f} | {vb:.4f} | {vb - va:+.4f} |")
 PY
