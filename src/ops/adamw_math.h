@@ -48,4 +48,47 @@ MT_HD void element(float& p, float g, M& m, M& v, const StepConsts& c, const flo
   p = w - c.step_size * mm / denom;
 }
 
+// ---- the CUDA kernel's multi-tensor launches (cuda_kernels.cu), planned on
+// the host (so the CPU tests check the packing) -------------------------------
+// Tensors are cut into chunks of kChunk elements, a thread block per chunk;
+// a launch takes at most kTensors tensors and kBlocks chunks (its table is
+// the kernel's argument, under CUDA's 4 KiB limit, as aten's
+// multi_tensor_apply does). A tensor whose chunks do not fit goes on in the
+// next launch.
+constexpr int kTensors = 36;
+constexpr int kBlocks = 320;
+constexpr int64_t kChunk = 65536;
+
+struct LaunchPlan {
+  int tensors = 0, blocks = 0;
+  int64_t tensor[kTensors];          // index into the caller's lists
+  unsigned char tensor_of[kBlocks];  // block b updates chunk chunk_of[b] of entry tensor_of[b]
+  int chunk_of[kBlocks];
+};
+
+// Calls launch(const LaunchPlan&) for each launch covering n[0..count)
+// (empty tensors skipped), every chunk exactly once, in order.
+template <class F>
+void plan_launches(int64_t count, const int64_t* n, F&& launch) {
+  LaunchPlan p;
+  const auto flush = [&] {
+    if (p.blocks > 0) launch(p);
+    p.tensors = 0;
+    p.blocks = 0;
+  };
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t chunks = (n[k] + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (p.blocks == kBlocks) flush();
+      if (p.tensors == 0 || p.tensor[p.tensors - 1] != k) {
+        if (p.tensors == kTensors) flush();
+        p.tensor[p.tensors++] = k;
+      }
+      p.tensor_of[p.blocks] = static_cast<unsigned char>(p.tensors - 1);
+      p.chunk_of[p.blocks++] = static_cast<int>(c);
+    }
+  }
+  flush();
+}
+
 }  // namespace meshtrain::ops::adamw

@@ -235,23 +235,17 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) rows::softmax_grad_row(l, z + r * ld, valid, V, targets[r], lse[r]);
 }
 
-// ---- AdamW: a multi-tensor launch ------------------------------------------
-// One launch covers up to kAdamwTensors tensors and kAdamwBlocks chunks of
-// kAdamwChunk elements; the table travels as the kernel's argument (under the
-// 4 KiB argument limit), as aten's multi_tensor_apply does.
-constexpr int kAdamwTensors = 36;
-constexpr int kAdamwBlocks = 320;
-constexpr int64_t kAdamwChunk = 65536;
+// ---- AdamW: multi-tensor launches planned by adamw::plan_launches ------------
 constexpr int kAdamwThreads = 512;
 
 struct AdamwTable {
-  float* p[kAdamwTensors];
-  const float* g[kAdamwTensors];
-  void* m[kAdamwTensors];
-  void* v[kAdamwTensors];
-  int64_t n[kAdamwTensors];
-  unsigned char tensor_of[kAdamwBlocks];
-  int chunk_of[kAdamwBlocks];
+  float* p[adamw::kTensors];
+  const float* g[adamw::kTensors];
+  void* m[adamw::kTensors];
+  void* v[adamw::kTensors];
+  int64_t n[adamw::kTensors];
+  unsigned char tensor_of[adamw::kBlocks];
+  int chunk_of[adamw::kBlocks];
 };
 static_assert(sizeof(AdamwTable) <= 4000, "a kernel's arguments must stay under 4 KiB");
 
@@ -261,8 +255,8 @@ __global__ void __launch_bounds__(kAdamwThreads)
   if (found_inf && *found_inf != 0.0f) return;
   const adamw::StepConsts c = adamw::step_consts(h, *step);
   const int k = t.tensor_of[blockIdx.x];
-  const int64_t lo = static_cast<int64_t>(t.chunk_of[blockIdx.x]) * kAdamwChunk;
-  const int64_t hi = lo + kAdamwChunk < t.n[k] ? lo + kAdamwChunk : t.n[k];
+  const int64_t lo = static_cast<int64_t>(t.chunk_of[blockIdx.x]) * adamw::kChunk;
+  const int64_t hi = lo + adamw::kChunk < t.n[k] ? lo + adamw::kChunk : t.n[k];
   float* p = t.p[k];
   const float* g = t.g[k];
   M* m = static_cast<M*>(t.m[k]);
@@ -367,51 +361,29 @@ cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const floa
                   void* const* v, const int64_t* n, const adamw::Hyper& h, const float* step, const float* grad_scale,
                   const float* found_inf, cudaStream_t stream) {
   if (moments == Dtype::F16) return cudaErrorInvalidValue;
-  AdamwTable t{};
-  int tensors = 0, blocks = 0;
-  const auto launch = [&] {
-    if (blocks > 0) {
-      if (moments == Dtype::BF16)
-        adamw_kernel<__nv_bfloat16><<<blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
-      else
-        adamw_kernel<float><<<blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+  cudaError_t err = cudaSuccess;
+  adamw::plan_launches(count, n, [&](const adamw::LaunchPlan& lp) {
+    if (err != cudaSuccess) return;
+    AdamwTable t;
+    for (int e = 0; e < lp.tensors; ++e) {
+      const int64_t k = lp.tensor[e];
+      t.p[e] = params[k];
+      t.g[e] = grads[k];
+      t.m[e] = m[k];
+      t.v[e] = v[k];
+      t.n[e] = n[k];
     }
-    tensors = 0;
-    blocks = 0;
-  };
-  for (int64_t k = 0; k < count; ++k) {
-    if (n[k] == 0) continue;
-    t.p[tensors] = params[k];
-    t.g[tensors] = grads[k];
-    t.m[tensors] = m[k];
-    t.v[tensors] = v[k];
-    t.n[tensors] = n[k];
-    const int64_t chunks = (n[k] + kAdamwChunk - 1) / kAdamwChunk;
-    for (int64_t c = 0; c < chunks; ++c) {
-      t.tensor_of[blocks] = static_cast<unsigned char>(tensors);
-      t.chunk_of[blocks] = static_cast<int>(c);
-      if (++blocks == kAdamwBlocks) {
-        // The table is full of blocks: launch, and carry the tensor on if
-        // chunks of it remain (it becomes entry 0 of the next table).
-        const bool rest = c + 1 < chunks;
-        launch();
-        if (rest) {
-          t.p[0] = params[k];
-          t.g[0] = grads[k];
-          t.m[0] = m[k];
-          t.v[0] = v[k];
-          t.n[0] = n[k];
-          tensors = 0;
-        } else {
-          tensors = -1;  // incremented to 0 below
-        }
-      }
+    for (int b = 0; b < lp.blocks; ++b) {
+      t.tensor_of[b] = lp.tensor_of[b];
+      t.chunk_of[b] = lp.chunk_of[b];
     }
-    if (++tensors == kAdamwTensors) launch();
-    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  }
-  launch();
-  return cudaGetLastError();
+    if (moments == Dtype::BF16)
+      adamw_kernel<__nv_bfloat16><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+    else
+      adamw_kernel<float><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+    err = cudaGetLastError();
+  });
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace meshtrain::ops::cuda

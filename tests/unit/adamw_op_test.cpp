@@ -11,6 +11,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/ops/adamw.h"
+#include "ops/adamw_math.h"
 #include "ops/kernels.h"
 
 namespace meshtrain {
@@ -172,6 +173,47 @@ TEST(AdamwOp, RefusesMixedMomentsAndNonFp32Weights) {
   State bf16_weights = clone(s);
   bf16_weights.p[1] = bf16_weights.p[1].to(at::kBFloat16);
   EXPECT_THROW(ops::adamw_(bf16_weights.p, bf16_weights.g, bf16_weights.m, bf16_weights.v, scalar(1), kHyper), Error);
+}
+
+// The CUDA launches (planned on the host, ops/adamw_math.h) cover every
+// chunk of every tensor once, within a launch's table: more tensors than one
+// table holds, a tensor of more chunks than one launch's blocks (carried
+// over), empty tensors, a table filling up exactly at a tensor's end.
+TEST(AdamwOp, CudaLaunchPlanCoversEveryChunkOnce) {
+  using namespace ops::adamw;
+  std::vector<int64_t> n;
+  for (int64_t k = 0; k < 40; ++k) n.push_back(1 + 997 * k);
+  n.push_back(0);
+  n.push_back(kChunk * 323 + 5);
+  // Launch 1: 36 one-chunk tensors (the table's tensors); launch 2: 4 more
+  // and 316 chunks of the 324; launch 3: its last 8 and this one's 312, to
+  // the last block exactly; launch 4: the 3-element tensor.
+  n.push_back(kChunk * (kBlocks - 8));
+  n.push_back(0);
+  n.push_back(3);
+  std::vector<std::vector<int>> seen(n.size());
+  for (size_t k = 0; k < n.size(); ++k) seen[k].assign(static_cast<size_t>((n[k] + kChunk - 1) / kChunk), 0);
+  int launches = 0;
+  int64_t last = -1;
+  plan_launches(static_cast<int64_t>(n.size()), n.data(), [&](const LaunchPlan& p) {
+    ++launches;
+    ASSERT_GT(p.blocks, 0);
+    ASSERT_LE(p.blocks, kBlocks);
+    ASSERT_GT(p.tensors, 0);
+    ASSERT_LE(p.tensors, kTensors);
+    for (int b = 0; b < p.blocks; ++b) {
+      ASSERT_LT(p.tensor_of[b], p.tensors);
+      const int64_t k = p.tensor[p.tensor_of[b]];
+      ASSERT_GE(k, last) << "tensors in order";
+      last = k;
+      ASSERT_GE(p.chunk_of[b], 0);
+      ASSERT_LT(static_cast<size_t>(p.chunk_of[b]), seen[static_cast<size_t>(k)].size());
+      ++seen[static_cast<size_t>(k)][static_cast<size_t>(p.chunk_of[b])];
+    }
+  });
+  for (size_t k = 0; k < n.size(); ++k)
+    for (size_t c = 0; c < seen[k].size(); ++c) EXPECT_EQ(seen[k][c], 1) << "tensor " << k << " chunk " << c;
+  EXPECT_EQ(launches, 4);
 }
 
 }  // namespace

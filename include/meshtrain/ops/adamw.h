@@ -12,9 +12,10 @@
 // its own values only, never on where it sits in a list or a flat slice, so
 // zero_stage 0, 1, 2 and 3 stay bit-identical (the dp parity tests).
 //
-// CPU, meta and CUDA kernels (a multi-tensor launch), one element function for
-// both (src/ops/adamw_math.h); a CUDA build without nvcc runs the aten
-// composite (fp32 copies of the moments through at::_fused_adamw_).
+// CPU, meta and CUDA kernels (multi-tensor launches, planned on the host by
+// src/ops/adamw_math.h with the element function both kernels share); a CUDA
+// build without nvcc runs the aten composite (fp32 copies of the moments
+// through at::_fused_adamw_).
 #include <ATen/core/Tensor.h>
 
 #include <vector>
