@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "adamw_math.h"
 #include "kernels.h"
 
 #include "row_math.h"
@@ -160,6 +161,29 @@ at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at:
     });
   });
   return z;
+}
+
+void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
+               const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
+               const Opt& grad_scale, const Opt& found_inf) {
+  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf);
+  if (params.empty() || (found_inf && found_inf->item<float>() != 0.0f)) return;
+  const adamw::Hyper h{static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
+                       static_cast<float>(weight_decay), static_cast<float>(eps)};
+  const adamw::StepConsts c = adamw::step_consts(h, step.item<float>());
+  const float scale = grad_scale ? grad_scale->item<float>() : 1.0f;
+  const float* scale_p = grad_scale ? &scale : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, exp_avg[0].scalar_type(), "adamw_cpu", [&] {
+    for (size_t k = 0; k < params.size(); ++k) {
+      float* p = params[k].data_ptr<float>();
+      const float* g = grads[k].const_data_ptr<float>();
+      scalar_t* m = exp_avg[k].data_ptr<scalar_t>();
+      scalar_t* v = exp_avg_sq[k].data_ptr<scalar_t>();
+      at::parallel_for(0, params[k].numel(), 32768, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) adamw::element(p[i], g[i], m[i], v[i], c, scale_p);
+      });
+    }
+  });
 }
 
 }  // namespace meshtrain::ops::impl

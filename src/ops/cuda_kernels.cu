@@ -235,6 +235,35 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) rows::softmax_grad_row(l, z + r * ld, valid, V, targets[r], lse[r]);
 }
 
+// ---- AdamW: multi-tensor launches planned by adamw::plan_launches ------------
+constexpr int kAdamwThreads = 512;
+
+struct AdamwTable {
+  float* p[adamw::kTensors];
+  const float* g[adamw::kTensors];
+  void* m[adamw::kTensors];
+  void* v[adamw::kTensors];
+  int64_t n[adamw::kTensors];
+  unsigned char tensor_of[adamw::kBlocks];
+  int chunk_of[adamw::kBlocks];
+};
+static_assert(sizeof(AdamwTable) <= 4000, "a kernel's arguments must stay under 4 KiB");
+
+template <class M>
+__global__ void __launch_bounds__(kAdamwThreads)
+    adamw_kernel(AdamwTable t, adamw::Hyper h, const float* step, const float* grad_scale, const float* found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;
+  const adamw::StepConsts c = adamw::step_consts(h, *step);
+  const int k = t.tensor_of[blockIdx.x];
+  const int64_t lo = static_cast<int64_t>(t.chunk_of[blockIdx.x]) * adamw::kChunk;
+  const int64_t hi = lo + adamw::kChunk < t.n[k] ? lo + adamw::kChunk : t.n[k];
+  float* p = t.p[k];
+  const float* g = t.g[k];
+  M* m = static_cast<M*>(t.m[k]);
+  M* v = static_cast<M*>(t.v[k]);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) adamw::element(p[i], g[i], m[i], v[i], c, grad_scale);
+}
+
 // Calls f with the element type of dt.
 template <class F>
 cudaError_t by_dtype(Dtype dt, F&& f) {
@@ -326,6 +355,35 @@ cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid
     softmax_grad_kernel<T><<<row_blocks(N), row_threads(V), 0, stream>>>(static_cast<T*>(z), ld, N, valid, V, targets,
                                                                          lse);
   });
+}
+
+cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const float* const* grads, void* const* m,
+                  void* const* v, const int64_t* n, const adamw::Hyper& h, const float* step, const float* grad_scale,
+                  const float* found_inf, cudaStream_t stream) {
+  if (moments == Dtype::F16) return cudaErrorInvalidValue;
+  cudaError_t err = cudaSuccess;
+  adamw::plan_launches(count, n, [&](const adamw::LaunchPlan& lp) {
+    if (err != cudaSuccess) return;
+    AdamwTable t;
+    for (int e = 0; e < lp.tensors; ++e) {
+      const int64_t k = lp.tensor[e];
+      t.p[e] = params[k];
+      t.g[e] = grads[k];
+      t.m[e] = m[k];
+      t.v[e] = v[k];
+      t.n[e] = n[k];
+    }
+    for (int b = 0; b < lp.blocks; ++b) {
+      t.tensor_of[b] = lp.tensor_of[b];
+      t.chunk_of[b] = lp.chunk_of[b];
+    }
+    if (moments == Dtype::BF16)
+      adamw_kernel<__nv_bfloat16><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+    else
+      adamw_kernel<float><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+    err = cudaGetLastError();
+  });
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace meshtrain::ops::cuda

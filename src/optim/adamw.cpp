@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/ops/adamw.h"
 
 namespace meshtrain {
 
@@ -13,6 +14,12 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
   if (params.empty()) return;
   MT_ASSERT(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
             "fused_adamw: lists of different lengths");
+  // bf16 moments: aten's fused update wants one dtype for every list.
+  if (exp_avg.front().scalar_type() != at::kFloat) {
+    ops::adamw_(params, grads, exp_avg, exp_avg_sq, step, {lr, cfg.beta1, cfg.beta2, weight_decay, cfg.eps},
+                grad_scale, found_inf);
+    return;
+  }
   // Every parameter reads the one step counter: the lists may repeat a tensor.
   const std::vector<at::Tensor> steps(params.size(), step);
   std::optional<at::Tensor> inf;
@@ -23,11 +30,16 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
                     weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
 }
 
-AdamW::AdamW(std::vector<OptimParam> params, const LrConfig& cfg) : params_(std::move(params)), cfg_(cfg) {
+at::ScalarType state_dtype(const Config& cfg) {
+  return cfg.optimizer_state_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat;
+}
+
+AdamW::AdamW(std::vector<OptimParam> params, const LrConfig& cfg, at::ScalarType state_dtype)
+    : params_(std::move(params)), cfg_(cfg) {
   MT_CHECK(!params_.empty(), "the optimizer got no parameters");
   for (auto& p : params_) {
     MT_CHECK(p.param.defined(), "optimizer parameter '", p.name, "' is undefined");
-    auto opts = p.param.options().dtype(at::kFloat);
+    auto opts = p.param.options().dtype(state_dtype);
     if (!p.exp_avg.defined()) p.exp_avg = at::zeros(p.param.sizes(), opts);
     if (!p.exp_avg_sq.defined()) p.exp_avg_sq = at::zeros(p.param.sizes(), opts);
   }

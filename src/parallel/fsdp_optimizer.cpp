@@ -21,7 +21,8 @@ namespace {
 
 class FsdpOptimizer : public Optimizer {
  public:
-  FsdpOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), cfg_(cfg) {
+  FsdpOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype)
+      : pm_(pm), mesh_(mesh), cfg_(cfg) {
     MT_CHECK(pm.fsdp, "FSDP optimizer without FSDP units");
     const auto opts = pm.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
     step_t_ = at::zeros({}, opts);
@@ -29,8 +30,8 @@ class FsdpOptimizer : public Optimizer {
       for (Fsdp::Flat& f : u.flats) {
         State s;
         s.flat = &f;
-        s.exp_avg = at::zeros({f.slice}, opts);
-        s.exp_avg_sq = at::zeros({f.slice}, opts);
+        s.exp_avg = at::zeros({f.slice}, opts.dtype(state_dtype));
+        s.exp_avg_sq = at::zeros({f.slice}, opts.dtype(state_dtype));
         s.slices = slice_runs(pm, mesh, f.params, f.offsets, f.begin, f.slice);
         states_.push_back(std::move(s));
       }
@@ -130,8 +131,8 @@ class FsdpOptimizer : public Optimizer {
     for (const State& s : states_) {
       if (s.flat->shard.defined()) b.params += static_cast<int64_t>(s.flat->shard.nbytes());
       b.grads += static_cast<int64_t>(s.flat->grad.nbytes());
+      b.optimizer += static_cast<int64_t>(s.exp_avg.nbytes() + s.exp_avg_sq.nbytes());
     }
-    b.optimizer = state_numel() * 4;
     return b;
   }
 
@@ -154,7 +155,7 @@ class FsdpOptimizer : public Optimizer {
 
 std::unique_ptr<Optimizer> make_fsdp_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
   MT_CHECK(pm.fsdp, "zero_stage ", cfg.zero_stage, ": the model has no FSDP units (parallelize() installs them)");
-  return std::make_unique<FsdpOptimizer>(pm, mesh, cfg.lr);
+  return std::make_unique<FsdpOptimizer>(pm, mesh, cfg.lr, state_dtype(cfg));
 }
 
 }  // namespace meshtrain

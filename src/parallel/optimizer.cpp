@@ -6,6 +6,7 @@
 #include <set>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -17,7 +18,8 @@ namespace {
 
 class ReplicatedAdamW : public Optimizer {
  public:
-  ReplicatedAdamW(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), opt_(params(pm), cfg) {}
+  ReplicatedAdamW(ParallelModel& pm, Mesh& mesh, const Config& cfg)
+      : pm_(pm), mesh_(mesh), opt_(params(pm), cfg.lr, state_dtype(cfg)) {}
 
   at::Tensor reduce_gradients() override { return grad_norm(pm_, mesh_); }
 
@@ -29,6 +31,11 @@ class ReplicatedAdamW : public Optimizer {
   int64_t state_numel() const override {
     int64_t n = 0;
     for (const auto& p : opt_.params()) n += p.exp_avg.numel() + p.exp_avg_sq.numel();
+    return n;
+  }
+  int64_t state_bytes() const {
+    int64_t n = 0;
+    for (const auto& p : opt_.params()) n += static_cast<int64_t>(p.exp_avg.nbytes() + p.exp_avg_sq.nbytes());
     return n;
   }
 
@@ -59,7 +66,7 @@ class ReplicatedAdamW : public Optimizer {
   AdamW* adamw() override { return &opt_; }
   ResidentBytes resident_bytes() const override {
     ResidentBytes b = parameter_bytes(pm_);
-    b.optimizer = state_numel() * 4;
+    b.optimizer = state_bytes();
     return b;
   }
 
@@ -90,9 +97,19 @@ ResidentBytes parameter_bytes(const ParallelModel& pm) {
 
 std::unique_ptr<Optimizer> make_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
   const int64_t stage = cfg.zero_stage_on(mesh.shape().dp);
+  // The start-up line "precision: ..." says fp32 optimizer state: not so here.
+  if (state_dtype(cfg) != at::kFloat) {
+    spdlog::info("optimizer: AdamW moments kept in bf16 (optimizer_state_dtype), updated in fp32");
+    // Rounding to nearest drops a change under half a bf16 step (2^-9 to 2^-8
+    // of the value): one step's decay of exp_avg_sq, 1 - beta2, must exceed it.
+    if (1.0 - cfg.lr.beta2 < 1.0 / 256)
+      spdlog::warn("optimizer_state_dtype bfloat16 with lr.beta2 {}: exp_avg_sq's decay per step ({}) is below bf16's "
+                   "rounding, so it may never decay; use beta2 <= 0.996 or float32 moments",
+                   cfg.lr.beta2, 1.0 - cfg.lr.beta2);
+  }
   if (stage >= 2) return make_fsdp_optimizer(pm, mesh, cfg);
-  if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr);
-  return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg.lr);
+  if (stage == 1) return std::make_unique<ZeroOptimizer>(pm, mesh, cfg.lr, state_dtype(cfg));
+  return std::make_unique<ReplicatedAdamW>(pm, mesh, cfg);
 }
 
 }  // namespace meshtrain

@@ -11,7 +11,8 @@
 
 namespace meshtrain {
 
-ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg) : pm_(pm), mesh_(mesh), cfg_(cfg) {
+ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype)
+    : pm_(pm), mesh_(mesh), cfg_(cfg), state_dtype_(state_dtype) {
   MT_CHECK(!pm.params.empty(), "zero_stage 1: this rank has no parameters");
   const auto opts = pm.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
   step_t_ = at::zeros({}, opts);
@@ -38,8 +39,8 @@ void ZeroOptimizer::init_group(Group& g, Communicator& comm, int rank, int size)
   g.slice = g.padded / size;
   g.begin = rank * g.slice;
   const auto opts = pm_.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
-  g.exp_avg = at::zeros({g.slice}, opts);
-  g.exp_avg_sq = at::zeros({g.slice}, opts);
+  g.exp_avg = at::zeros({g.slice}, opts.dtype(state_dtype_));
+  g.exp_avg_sq = at::zeros({g.slice}, opts.dtype(state_dtype_));
   g.grad = at::zeros({g.slice}, opts);
   g.slices = slice_runs(pm_, mesh_, g.params, g.offsets, g.begin, g.slice);
 }
@@ -135,8 +136,10 @@ int64_t ZeroOptimizer::state_numel() const {
 
 ResidentBytes ZeroOptimizer::resident_bytes() const {
   ResidentBytes b = parameter_bytes(pm_);
-  for (const Group& g : groups_) b.grads += static_cast<int64_t>(g.grad.nbytes());
-  b.optimizer = state_numel() * 4;
+  for (const Group& g : groups_) {
+    b.grads += static_cast<int64_t>(g.grad.nbytes());
+    b.optimizer += static_cast<int64_t>(g.exp_avg.nbytes() + g.exp_avg_sq.nbytes());
+  }
   return b;
 }
 

@@ -169,6 +169,7 @@ struct PlanInputs {
   int64_t zero = 0;    // the zero_stage that runs: dp 1 has nothing to shard, stage 0 runs
   bool keep = false;   // fsdp_keep_gathered (with zero >= 2)
   int64_t v = 1;       // layer chunks per pp rank
+  double moments = 8;  // bytes of AdamW state per parameter (two fp32 moments; 4 in bf16)
 };
 
 // The mesh, the parameter counts, the precision and the microbatches: plan's
@@ -192,9 +193,11 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   // The policy is the same on every device (model/mixed_precision.h).
   const PrecisionPolicy policy = PrecisionPolicy::from_model_dtype(m.model_dtype);
   in.bf16 = policy.mixed();
-  plan.precision = policy.describe() + (in.bf16 ? "; weights 4 + grads 4 + Adam moments 8 = 16 B/param (+2 "
-                                                  "transient bf16 copies)"
-                                                : "; weights 4 + grads 4 + Adam moments 8 = 16 B/param");
+  in.moments = cfg.optimizer_state_dtype == ModelDtype::Bfloat16 ? 4 : 8;
+  plan.precision = policy.describe() +
+                   (in.moments == 4 ? "; weights 4 + grads 4 + Adam moments 4 (bf16) = 12 B/param"
+                                    : "; weights 4 + grads 4 + Adam moments 8 = 16 B/param") +
+                   (in.bf16 ? " (+2 transient bf16 copies)" : "");
   in.e = in.bf16 ? 2.0 : 4.0;
   in.mask = device == PlanDevice::Cuda ? 1.0 : in.e;  // CPU dropout keeps a float mask
   plan.activation_bytes_per_element = in.e;
@@ -231,8 +234,8 @@ void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanIn
         fsdp_slice_elements(m, plan.pp, plan.tp, sm.stage, replicas, plan.ep, in.v));
     sm.weights = stage == 3 ? 4 * (owned + frozen) : 4 * n;
     sm.grads = 4 * owned;
-    sm.optimizer = 8 * owned;
-    sm.experts = (stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + 12 * ne / zero_div_experts;
+    sm.optimizer = in.moments * owned;
+    sm.experts = (stage == 3 ? 4 * ne / zero_div_experts : 4 * ne) + (4 + in.moments) * ne / zero_div_experts;
     double largest = 0, layers = 0;
     for (const LayerSpan& c : sm.params.chunks)
       for (int64_t i = c.first; i < c.end; ++i) {
@@ -256,8 +259,8 @@ void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanIn
     sm.weights = 4 * n;
     sm.grads = 4 * trainable;  // zero_stage 1: during backward, before the reduce-scatter
     // AdamW keeps moments for every parameter, the frozen ones too (zeros).
-    sm.optimizer = 8 * nd / zero_div + 8 * ne / zero_div_experts;
-    sm.experts = 4 * ne + 4 * ne + 8 * ne / zero_div_experts;
+    sm.optimizer = in.moments * nd / zero_div + in.moments * ne / zero_div_experts;
+    sm.experts = 4 * ne + 4 * ne + in.moments * ne / zero_div_experts;
   }
   if (in.bf16 && stage < 2) sm.autocast_copies = 2 * n;
   sm.reference_static = 2 * n + 4 * n + (4 + 8) * nd / zero_div + (4 + 8) * ne / zero_div_experts;

@@ -9,7 +9,9 @@
 //   - resume on GPU is exact with dropout (the CUDA RNG state is saved);
 //   - the fused kernels (ops/fused.h) and the grouped GEMM on CUDA give what
 //     they give on the CPU, forward and backward, fp32 and bf16;
-//   - flash's varlen attention of packed documents / cp chunks equals the mask.
+//   - flash's varlen attention of packed documents / cp chunks equals the mask;
+//   - the AdamW kernel (ops/adamw.h) on CUDA gives what its CPU kernel gives,
+//     bf16 and fp32 moments, across the multi-tensor launch's table limits.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -23,6 +25,7 @@
 #include "meshtrain/dist/device.h"
 #include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/token_layout.h"
+#include "meshtrain/ops/adamw.h"
 #include "meshtrain/ops/fused.h"
 #include "parity.h"
 
@@ -183,6 +186,59 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
     both({randn({20, 32}), randn({4, 32, 48})},
          [&](const auto& v) { return std::vector{at::_grouped_mm(v[0], v[1], offs.to(v[0].device()))}; },
          "_grouped_mm");
+  }
+}
+
+// meshtrain::adamw_ on CUDA against its CPU kernel: 40 small tensors (more
+// than one launch's table holds) and one of 21.2M elements (more chunks than
+// one launch's blocks: its chunks carry over into the next launch), three
+// steps with clipping, then a step skipped by found_inf.
+TEST(Cuda, AdamwKernelMatchesItsCpuKernel) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  const at::Device cuda(at::kCUDA, 0);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  for (at::ScalarType dt : {at::kBFloat16, at::kFloat}) {
+    const std::string tag = dt == at::kFloat ? " fp32 moments" : " bf16 moments";
+    std::vector<at::Tensor> p, g, m, v;
+    std::vector<int64_t> sizes;
+    for (int64_t k = 0; k < 40; ++k) sizes.push_back(1 + 997 * k);
+    sizes.push_back(int64_t{65536} * 323 + 5);
+    for (int64_t n : sizes) {
+      p.push_back(at::randn({n}, gen, f32));
+      g.push_back(at::randn({n}, gen, f32) * 0.1);
+      m.push_back((at::randn({n}, gen, f32) * 0.01).to(dt));
+      v.push_back((at::randn({n}, gen, f32).abs() * 1e-3).to(dt));
+    }
+    const auto on_gpu = [&](const std::vector<at::Tensor>& ts) {
+      std::vector<at::Tensor> out;
+      for (const auto& t : ts) out.push_back(t.to(cuda));
+      return out;
+    };
+    std::vector<at::Tensor> pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v);
+    const ops::AdamwHyper h{1e-3, 0.9, 0.95, 0.1, 1e-8};
+    const at::Tensor scale = at::full({}, 1.7f, f32);
+    for (int t = 1; t <= 4; ++t) {
+      const at::Tensor step = at::full({}, static_cast<float>(t), f32);
+      const at::Tensor inf = at::full({}, t == 4 ? 1.0f : 0.0f, f32);
+      ops::adamw_(p, g, m, v, step, h, scale, inf);
+      ops::adamw_(pg, gg, mg, vg, step.to(cuda), h, scale.to(cuda), inf.to(cuda));
+    }
+    int64_t differ = 0, total = 0;
+    for (size_t k = 0; k < p.size(); ++k) {
+      const std::string what = "tensor " + std::to_string(k) + tag;
+      // nvcc fuses multiply-adds the CPU compiler does not: round-off apart.
+      expect_close(pg[k], p[k], 1e-6, what + " param");
+      expect_close(mg[k], m[k], dt == at::kFloat ? 1e-5 : 1.0 / 128, what + " exp_avg");
+      expect_close(vg[k], v[k], dt == at::kFloat ? 1e-5 : 1.0 / 128, what + " exp_avg_sq");
+      EXPECT_TRUE(at::equal(gg[k].cpu(), g[k])) << what << ": the gradient was written";
+      differ += mg[k].cpu().ne(m[k]).sum().item<int64_t>() + vg[k].cpu().ne(v[k]).sum().item<int64_t>();
+      total += 2 * m[k].numel();
+    }
+    std::printf("adamw_%s: %lld of %lld moments differ between CUDA and CPU\n", tag.c_str(),
+                static_cast<long long>(differ), static_cast<long long>(total));
+    if (dt == at::kBFloat16) EXPECT_LE(differ, total / 1000);
   }
 }
 

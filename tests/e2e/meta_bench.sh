@@ -62,6 +62,31 @@ check "moe1b: zero_stage 3 on dp 1 runs stage 0's step (kernels $(field "$out" k
   test "$(field "$out" kernels)" = "$(field "$z0" kernels)"
 check "... and moves the same bytes ($(field "$out" non_gemm_gb) GB)" test "$(field "$out" non_gemm_gb)" = "$(field "$z0" non_gemm_gb)"
 
+# AdamW's bytes per parameter: aten's fused update reads and writes the fp32
+# weight, gradient (it writes the unscaled one back) and both moments, 32 B;
+# with optimizer_state_dtype bfloat16, meshtrain::adamw_ reads the gradient
+# only and the moments are bf16: 8 + 4 + 2 * (2 + 2) = 20 B.
+f32=$("$BIN" bench --device meta --config "$SRC/configs/moe1b-1gpu.json" 2>&1)
+b16=$("$BIN" bench --device meta --config "$SRC/configs/moe1b-1gpu.json" --set optimizer_state_dtype=bfloat16 2>&1)
+check "bench --device meta moe1b-1gpu with bf16 moments exits 0" test $? -eq 0
+check "AdamW traffic: 32 B/param with fp32 moments, 20 B/param with bf16 ones, the rest of the step alike" python3 -c "
+import json, re, sys
+def parse(text):
+    params = float(re.search(r'parameters: ([0-9.]+)M total', text).group(1)) * 1e6
+    ops = {m.group(1): float(m.group(2)) for m in re.finditer(r'^  (\S+)\s+\d+\s+([0-9.]+)\s+[0-9.]+$', text, re.M)}
+    row = [json.loads(l) for l in text.splitlines() if l.startswith('{')][-1]
+    return params, ops, row
+p, a, ra = parse(sys.argv[1])
+q, b, rb = parse(sys.argv[2])
+assert p == q, (p, q)
+assert abs(a['aten::_fused_adamw_'] - 32 * p / 1e9) < 0.01, a['aten::_fused_adamw_']
+assert abs(b['meshtrain::adamw_'] - 20 * p / 1e9) < 0.01, b['meshtrain::adamw_']
+assert 'aten::_fused_adamw_' not in b
+assert abs(ra['non_gemm_gb'] - rb['non_gemm_gb'] - 12 * p / 1e9) < 0.01, (ra['non_gemm_gb'], rb['non_gemm_gb'])
+assert ra['kernels'] == rb['kernels'] and ra['gemm_tflop'] == rb['gemm_tflop']
+print('       # non-GEMM GB', ra['non_gemm_gb'], '->', rb['non_gemm_gb'])
+" "$f32" "$b16"
+
 out=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --efficiency 1.5 2>&1)
 check "--efficiency above 1 is refused" test $? -ne 0
 check "... naming the flag" grep -q -- "--efficiency" <<<"$out"

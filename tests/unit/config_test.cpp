@@ -78,6 +78,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys 
     {"pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
     {"activation_checkpointing", {"none", "full", "selective"}},
     {"nan_policy", {"skip", "stop"}},
+    {"optimizer_state_dtype", {"float32", "bfloat16"}},
 };
 
 // A value of the same JSON type as v, different from it; for a choice key

@@ -74,3 +74,40 @@ TEST(AdamW, SkipsParamsWithoutGrad) {
   opt.step(0.1);
   EXPECT_TRUE(torch::equal(w, torch::ones({2})));
 }
+
+// optimizer_state_dtype bfloat16: the moments are bf16 and the update is the
+// closed form to bf16's precision of the moments; a step skipped by found_inf
+// changes nothing and does not count.
+TEST(AdamW, Bf16MomentsFollowTheClosedForm) {
+  LrConfig cfg;
+  cfg.beta1 = 0.9;
+  cfg.beta2 = 0.95;
+  cfg.eps = 1e-8;
+  cfg.weight_decay = 0.1;
+  at::Tensor w = torch::tensor({1.0f, -2.0f, 3.0f}).requires_grad_(true);
+  AdamW opt({{"w", w, true, {}, {}}}, cfg, at::kBFloat16);
+  ASSERT_EQ(opt.params()[0].exp_avg.scalar_type(), at::kBFloat16);
+  ASSERT_EQ(opt.params()[0].exp_avg_sq.scalar_type(), at::kBFloat16);
+  const float g1[3] = {0.1f, -0.2f, 0.3f}, g2[3] = {-0.3f, 0.1f, 0.2f};
+  const double lr = 0.01;
+  double ref[3] = {1, -2, 3}, m[3] = {0, 0, 0}, v[3] = {0, 0, 0};
+  for (int t = 1; t <= 2; ++t) {
+    const float* g = t == 1 ? g1 : g2;
+    w.mutable_grad() = torch::tensor({g[0], g[1], g[2]});
+    opt.step(lr);
+    for (int i = 0; i < 3; ++i) {
+      m[i] = 0.9 * m[i] + 0.1 * g[i];
+      v[i] = 0.95 * v[i] + 0.05 * g[i] * g[i];
+      const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.95, t));
+      ref[i] -= lr * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * ref[i]);
+    }
+  }
+  // Step 2 reads moments rounded to bf16 (2^-9 relative): a share of a step.
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(w[i].item<double>(), ref[i], lr * 1e-2) << i;
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(opt.params()[0].exp_avg[i].item<double>(), m[i], std::abs(m[i]) / 128) << i;
+  const at::Tensor before = w.detach().clone();
+  w.mutable_grad() = torch::tensor({1.0f, 1.0f, 1.0f});
+  opt.step(lr, torch::ones({}));  // found_inf
+  EXPECT_TRUE(torch::equal(w.detach(), before));
+  EXPECT_EQ(opt.steps_taken(), 2);
+}

@@ -72,7 +72,8 @@ std::string name(const Config& c) {
   return std::string(choice_name(c.model.attention)) + "/" + choice_name(c.model.ffn) +
          (c.model.tie_embeddings ? "/tied" : "/untied") +
          (c.model.gated_mlp() ? "/swiglu" : "") +
-         (c.model.dropout_rate > 0 ? "/dropout" : "") + "/T" + std::to_string(c.model.T);
+         (c.model.dropout_rate > 0 ? "/dropout" : "") + "/T" + std::to_string(c.model.T) +
+         (c.optimizer_state_dtype == ModelDtype::Bfloat16 ? "/bf16-moments" : "");
 }
 
 TEST(Plan, CountsMatchBuiltModels) {
@@ -121,6 +122,8 @@ TEST(Plan, ZeroOneShardsTheOptimizerOverDp) {
   EXPECT_DOUBLE_EQ(z1.worst().optimizer * 4, z0.worst().optimizer);
   EXPECT_DOUBLE_EQ(z1.worst().weights, z0.worst().weights);
   EXPECT_DOUBLE_EQ(z1.worst().grads, z0.worst().grads);
+  c.optimizer_state_dtype = ModelDtype::Bfloat16;  // bf16 moments: half of them
+  EXPECT_DOUBLE_EQ(plan_memory(c, PlanDevice::Cpu).worst().optimizer * 2, z1.worst().optimizer);
 }
 
 // With one dp rank ZeRO and FSDP have nothing to shard: every stage runs as
@@ -312,8 +315,11 @@ TEST(Plan, StaticBytesMatchATinyTrainer) {
   char* args[] = {arg0, nullptr};
   char** argv = args;
   Runtime runtime(&argc, &argv);
+  // The MoE model also with bf16 moments (optimizer_state_dtype): 4 B/param.
+  Config bf16_moments = tiny(AttentionKind::Mla, FfnKind::Moe, false);
+  bf16_moments.optimizer_state_dtype = ModelDtype::Bfloat16;
   for (const Config& base :
-       {tiny(AttentionKind::Mha, FfnKind::Dense, true), tiny(AttentionKind::Mla, FfnKind::Moe, false)}) {
+       {tiny(AttentionKind::Mha, FfnKind::Dense, true), tiny(AttentionKind::Mla, FfnKind::Moe, false), bf16_moments}) {
     Config c = base;
     c.data.data_dir = prep.output_dir;
     c.model.vocab_size = 320;

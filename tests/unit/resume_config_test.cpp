@@ -57,6 +57,18 @@ TEST(ResumeConfig, ResumableKeysPassOthersWarn) {
   EXPECT_TRUE(mentions(d.warned, "model_config.dropout_rate"));
 }
 
+// The moments convert as they load (optim/adamw.h): a switch resumes, and
+// the log names the key.
+TEST(ResumeConfig, OptimizerStateDtypeChangeWarnsNamingTheKey) {
+  Config saved;
+  Config now;
+  now.optimizer_state_dtype = ModelDtype::Bfloat16;
+  const ResumeDiff d = compare_for_resume(to_json(saved), now);
+  EXPECT_TRUE(d.refused.empty());
+  ASSERT_EQ(d.warned.size(), 1u);
+  EXPECT_TRUE(mentions(d.warned, "optimizer_state_dtype: \"float32\" in the checkpoint, \"bfloat16\" now"));
+}
+
 TEST(ResumeConfig, KeysMissingOnEitherSideAreNotCompared) {
   nlohmann::json saved = to_json(Config{});
   saved["model_config"].erase("n_head");

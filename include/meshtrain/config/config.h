@@ -191,6 +191,7 @@ struct Config {
   int64_t zero_stage = 0;                      // 1: AdamW moments sharded over dp
   bool fsdp_keep_gathered = false;             // zero_stage 2/3: layers stay gathered, gradients whole, over a step
   bool overlap_grad_reduce = true;             // zero_stage 0: dp all-reduce in buckets during backward
+  ModelDtype optimizer_state_dtype = ModelDtype::Float32;  // AdamW moments: float32 | bfloat16 (fp32 math)
   double grad_bucket_mb = 25;                  // bucket size of that all-reduce, MiB
   std::vector<int64_t> rampup_batch_size;      // [start, increment, samples] (Megatron); empty: off
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::None;  // none | full | selective

@@ -7,7 +7,8 @@
 // The update is at::_fused_adamw_ (one multi-tensor kernel per group on CUDA)
 // over two groups, decay and no decay; fused_adamw() is the same update for
 // any lists of tensors (ZeRO-1 and FSDP run it on their flat slices,
-// parallel/flat_slices.h).
+// parallel/flat_slices.h). Moments kept in bf16 (optimizer_state_dtype)
+// go through meshtrain::adamw_ (ops/adamw.h) instead: fp32 math, bf16 storage.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -22,12 +23,15 @@ struct OptimParam {
   std::string name;     // global name (checkpoints)
   at::Tensor param;     // the model's parameter (updated in place)
   bool decay = true;    // weight decay applies
-  at::Tensor exp_avg;   // first moment, fp32, param's shape
+  at::Tensor exp_avg;   // first moment, param's shape, fp32 or bf16 (state_dtype)
   at::Tensor exp_avg_sq;
 };
 
+// The dtype AdamW keeps its moments in: optimizer_state_dtype (fp32 default).
+at::ScalarType state_dtype(const Config& cfg);
+
 // One AdamW update of params (fp32) from grads with moments exp_avg,
-// exp_avg_sq, all lists of equal length and shapes; step is a 0-dim fp32
+// exp_avg_sq (fp32, or all bf16: ops/adamw.h), all lists of equal length and shapes; step is a 0-dim fp32
 // tensor on the parameters' device holding the step number (1 for the first
 // update). found_inf (0-dim fp32, optional): the update is skipped on the
 // device where it is non-zero, so skipping needs no host read. grad_scale
@@ -40,7 +44,8 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
 
 class AdamW {
  public:
-  AdamW(std::vector<OptimParam> params, const LrConfig& cfg);
+  // Moments the caller leaves undefined start as zeros of state_dtype.
+  AdamW(std::vector<OptimParam> params, const LrConfig& cfg, at::ScalarType state_dtype = at::kFloat);
 
   // One update with learning rate lr from each parameter's .grad(). Parameters
   // without a gradient are left alone (their moments too). found_inf and

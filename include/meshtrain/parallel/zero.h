@@ -32,7 +32,8 @@ namespace meshtrain {
 
 class ZeroOptimizer : public Optimizer {
  public:
-  ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg);
+  // state_dtype: the moments' (optim/adamw.h state_dtype).
+  ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype = at::kFloat);
 
   // Sums the parameters' .grad() over dp, keeping this rank's slice, and
   // returns the global L2 norm with each parameter counted once (tp replicas
@@ -78,6 +79,7 @@ class ZeroOptimizer : public Optimizer {
   ParallelModel& pm_;
   Mesh& mesh_;
   LrConfig cfg_;
+  at::ScalarType state_dtype_;
   at::Tensor step_t_;  // 0-dim fp32 step counter on the device
   std::vector<Group> groups_;
 };
