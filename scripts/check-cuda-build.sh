@@ -34,9 +34,9 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_PREFIX_PATH="$PREFIX" -DMESHTRAIN_CUDA=ON "
 cmake --build "$BUILD" -j "${BUILD_JOBS:-$(nproc)}"
 # The binary must really carry the CUDA libraries (not libtorch.so, see
 # cmake/Dependencies.cmake) and load them on a machine without a GPU.
-ldd "$BUILD/meshtrain" | grep -q libtorch_cuda.so ||
+ldd "$BUILD/meshtrain" | grep libtorch_cuda.so >/dev/null ||
   { echo "check-cuda-build: $BUILD/meshtrain does not load libtorch_cuda.so" >&2; exit 1; }
-if ldd "$BUILD/meshtrain" | grep -q 'libtorch\.so'; then
+if ldd "$BUILD/meshtrain" | grep 'libtorch\.so' >/dev/null; then
   echo "check-cuda-build: $BUILD/meshtrain loads libtorch.so (its std::filesystem breaks on Debian 12)" >&2
   exit 1
 fi

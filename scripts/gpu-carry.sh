@@ -64,9 +64,9 @@ unpack() {
 binary() {
   local build="${1:-$ROOT/build-cuda}" bin="$CARRY/bin"
   [ -x "$build/meshtrain" ] || { echo "gpu-carry: no $build/meshtrain (scripts/check-cuda-build.sh builds it)" >&2; return 1; }
-  ldd "$build/meshtrain" | grep -q libtorch_cuda.so ||
+  ldd "$build/meshtrain" | grep libtorch_cuda.so >/dev/null ||
     { echo "gpu-carry: $build/meshtrain is not a CUDA build (it does not load libtorch_cuda.so)" >&2; return 1; }
-  ldd "$build/meshtrain" | grep -q 'libparquet' &&
+  ldd "$build/meshtrain" | grep 'libparquet' >/dev/null &&
     { echo "gpu-carry: $build/meshtrain loads pyarrow's libparquet; configure with -DMESHTRAIN_PARQUET=OFF" >&2; return 1; }
   rm -rf "$bin"
   mkdir -p "$bin"

@@ -303,7 +303,8 @@ print(f"{'step':<26} {'status':<22} {'seconds':>7}")
 for s in steps:
     print(f"{s['step']:<26} {s['status']:<22} {s['seconds']:>7}")
 print()
-cols = [("name", "{}"), ("device", "{}"), ("tokens_per_sec", "{:.0f}"), ("est_tokens_per_sec", "{:.0f}"),
+cols = [("name", "{}"), ("device", "{}"), ("attention_backend", "{}"), ("tokens_per_sec", "{:.0f}"),
+        ("est_tokens_per_sec", "{:.0f}"),
         ("tflops_per_device", "{:.1f}"),
         ("mfu", "{:.3f}"), ("peak_memory_bytes", "{:.2e}"), ("last_loss", "{:.3f}"),
         ("ratio_to_eager", "{:.3f}"), ("ratio_to_compile", "{:.3f}")]

@@ -212,22 +212,18 @@ at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, c
 }
 
 void prefer_attention_backend(AttentionBackend first) {
-  using B = at::SDPBackend;
-  std::vector<int64_t> order;
-  const auto add = [&](B b) {
-    if (std::find(order.begin(), order.end(), static_cast<int64_t>(b)) == order.end())
-      order.push_back(static_cast<int64_t>(b));
-  };
-  switch (first) {
-    case AttentionBackend::Auto:
-    case AttentionBackend::Cudnn: add(B::cudnn_attention); break;
-    case AttentionBackend::Flash: add(B::flash_attention); break;
-    case AttentionBackend::Efficient: add(B::efficient_attention); break;
-    case AttentionBackend::Math: add(B::math); break;
-  }
-  for (B b : {B::flash_attention, B::efficient_attention, B::math, B::cudnn_attention, B::overrideable}) add(b);
-  at::globalContext().setSDPUseCuDNN(true);
-  at::globalContext().setSDPPriorityOrder(order);
+  // torch's CUDA selection takes its own order (cuDNN's kernels ran first on
+  // an H200, the profile's kernel names say), so a choice disables the
+  // kernels that would come before it; auto restores torch's defaults. Every
+  // flag is set each time: sessions of one process may choose differently.
+  at::Context& ctx = at::globalContext();
+  const bool cudnn = first == AttentionBackend::Auto || first == AttentionBackend::Cudnn;
+  const bool flash = first != AttentionBackend::Efficient && first != AttentionBackend::Math;
+  const bool efficient = first != AttentionBackend::Math;
+  ctx.setSDPUseCuDNN(cudnn);
+  ctx.setSDPUseFlash(first == AttentionBackend::Cudnn ? false : flash);
+  ctx.setSDPUseMemEfficient(first == AttentionBackend::Cudnn ? false : efficient);
+  ctx.setSDPUseMath(true);  // the fallback for inputs no fused kernel takes
 }
 
 std::string attention_backend_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

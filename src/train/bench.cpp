@@ -143,8 +143,13 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
       const auto it = comm->bytes_by_dtype().find(c10_name);
       maxed.push_back(it == comm->bytes_by_dtype().end() ? 0.0 : static_cast<double>(it->second));
     }
+  // Context parallelism's exchanges (wall time on CPU ranks, enqueue time on NCCL), last.
+  double cpx = 0;
+  for (const auto& [op, s] : mesh.cp().seconds_by_op()) cpx += s;
+  maxed.push_back(cpx);
   at::Tensor t = at::tensor(maxed, at::kDouble);
   mesh.cpu_world().all_reduce(t, ReduceOp::Max);
+  r.cp_exchange_seconds = t[t.size(0) - 1].item<double>();
   secs = t[0].item<double>();
   r.peak_memory_bytes = t[1].item<double>();
   r.all_to_all_seconds = t[2].item<double>();
@@ -159,6 +164,7 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
     }
   }
   r.expert_parallel = cfg.device.expert_parallel;
+  r.context_parallel = cfg.device.cp();
   if (!opts.profile_dir.empty()) {
     MT_CHECK(opts.profile_steps >= 1, "bench --profile-steps must be >= 1, got ", opts.profile_steps);
     fs::create_directories(opts.profile_dir);
@@ -201,6 +207,9 @@ std::string to_string(const BenchResult& r) {
   } else {
     o << "  MFU                unknown (no peak for " << r.device << "; pass --peak-tflops)\n";
   }
+  if (r.context_parallel > 1)
+    o << "  cp exchange        " << r.cp_exchange_seconds << " s, " << 100 * r.cp_exchange_share()
+      << " % of the step time (context_parallel " << r.context_parallel << ", slowest rank)\n";
   if (r.expert_parallel > 1)
     o << "  all-to-all         " << r.all_to_all_seconds << " s, " << 100 * r.all_to_all_share()
       << " % of the step time (expert_parallel " << r.expert_parallel << ", slowest rank)\n";
@@ -242,6 +251,11 @@ std::string to_json(const BenchResult& r) {
   j["expert_parallel"] = r.expert_parallel;
   j["all_to_all_seconds"] = r.all_to_all_seconds;
   j["all_to_all_share"] = r.all_to_all_share();
+  if (r.context_parallel > 1) {
+    j["context_parallel"] = r.context_parallel;
+    j["cp_exchange_seconds"] = r.cp_exchange_seconds;
+    j["cp_exchange_share"] = r.cp_exchange_share();
+  }
   return j.dump();
 }
 

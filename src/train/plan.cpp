@@ -326,15 +326,20 @@ double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers) 
   const double rows = static_cast<double>(cfg.data.train_batch_size / cfg.device.dp() * cfg.grad_step);
   const double tokens = rows * static_cast<double>(cfg.data.T);
   const int64_t kv = m.kv_heads(), kv_local = kv % tp == 0 ? kv / tp : 1;
+  // Recomputation gathers again in backward what its segments gathered:
+  // full, the attention's and the router's; selective, the router's.
+  const auto ckpt = cfg.activation_checkpointing;
+  const double attn_times = ckpt == ActivationCheckpointing::Full ? 3.0 : 2.0;
+  const double router_times = ckpt == ActivationCheckpointing::None ? 2.0 : 3.0;
   double per_token = 0;
   for (int64_t i : layers) {
     if (m.attention == AttentionKind::Mla)
-      per_token += static_cast<double>(m.latent_dim + mla_layer_dhR(m, i)) * e;
+      per_token += attn_times * static_cast<double>(m.latent_dim + mla_layer_dhR(m, i)) * e;
     else
-      per_token += 2.0 * static_cast<double>(kv_local * m.head_dim()) * e;
-    if (is_moe_layer(m, i)) per_token += static_cast<double>(m.n_experts) * 4.0;
+      per_token += attn_times * 2.0 * static_cast<double>(kv_local * m.head_dim()) * e;
+    if (is_moe_layer(m, i)) per_token += router_times * static_cast<double>(m.n_experts) * 4.0;
   }
-  return 2.0 * tokens * per_token;  // forward all-gather + backward reduce-scatter
+  return tokens * per_token;  // forward all-gathers (again when recomputed) + backward reduce-scatters
 }
 
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
@@ -414,12 +419,12 @@ std::string to_string(const MemoryPlan& p) {
   o << "  weights            " << gib(w.weights) << "\n";
   o << "  gradients          " << gib(w.grads) << "\n";
   o << "  optimizer (Adam)   " << gib(w.optimizer) << "\n";
-  if (p.zero_stage > 0 && p.dp == 1)
+  if (p.zero_stage > 0 && p.dp * p.cp == 1)
     o << "  zero_stage " << p.zero_stage << "       nothing to shard with dp 1: runs as zero_stage 0\n";
   else if (p.zero_stage > 0)
     o << "  zero_stage " << p.zero_stage << "       "
       << (p.zero_stage == 1 ? "moments" : p.zero_stage == 2 ? "moments and gradients" : "moments, gradients and weights")
-      << " sharded over dp " << p.dp << "\n";
+      << " sharded over dp " << p.dp << (p.cp > 1 ? " x cp " + std::to_string(p.cp) : std::string()) << "\n";
   if (w.gathered > 0) o << "  gathered (FSDP)    " << gib(w.gathered) << " (root unit + the running and the prefetched layer, or with fsdp_keep_gathered every layer)\n";
   if (w.params.experts > 0)
     o << "  of which experts   " << gib(w.experts) << " (" << w.params.experts << " routed-expert params per rank, 1/"

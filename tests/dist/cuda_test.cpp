@@ -228,8 +228,10 @@ TEST(Cuda, AdamwKernelMatchesItsCpuKernel) {
     int64_t differ = 0, total = 0;
     for (size_t k = 0; k < p.size(); ++k) {
       const std::string what = "tensor " + std::to_string(k) + tag;
-      // nvcc fuses multiply-adds the CPU compiler does not: round-off apart.
-      expect_close(pg[k], p[k], 1e-6, what + " param");
+      // nvcc fuses multiply-adds the CPU compiler does not: round-off apart
+      // (an H200 measured 1.8e-6 of the largest parameter: a few fp32 ulps of
+      // its update; a wrong update is off by lr, 1e-3).
+      expect_close(pg[k], p[k], 1e-5, what + " param");
       expect_close(mg[k], m[k], dt == at::kFloat ? 1e-5 : 1.0 / 128, what + " exp_avg");
       expect_close(vg[k], v[k], dt == at::kFloat ? 1e-5 : 1.0 / 128, what + " exp_avg_sq");
       EXPECT_TRUE(at::equal(gg[k].cpu(), g[k])) << what << ": the gradient was written";
@@ -288,8 +290,8 @@ TEST(Cuda, VarlenAttentionMatchesTheMaskOnCpu) {
                          c = v0.detach().requires_grad_(true);
         const at::Tensor y = layout_attention(a, b, c, 0.0, L);
         y.backward(dy.to(y.device(), y.scalar_type()));
-        return std::vector<at::Tensor>{y.detach().float().cpu(), a.grad().float().cpu(), b.grad().float().cpu(),
-                                       c.grad().float().cpu()};
+        const auto host = [](const at::Tensor& t) { return t.detach().to(at::kFloat).cpu(); };
+        return std::vector<at::Tensor>{host(y), host(a.grad()), host(b.grad()), host(c.grad())};
       };
       const auto want = grads(q, k, v, cpu);
       const auto bf = [](const at::Tensor& t) { return t.to(at::kCUDA, at::kBFloat16); };

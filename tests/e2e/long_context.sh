@@ -58,10 +58,11 @@ j = json.loads(sys.argv[1]); assert j['context_parallel'] == 2 and j['cp_exchang
 
 out=$("${MPIRUN[@]}" -np 2 "$BIN" bench --config tiny.json --steps 2 --set device_config.context_parallel=2 \
       --set data_config.T=64 --set model_config.T=64 2>&1)
-check "bench at cp 2 reports the cp traffic" python3 -c "
+check "bench at cp 2 reports the cp traffic and its share of the step" python3 -c "
 import json, sys
 rows = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith('{')]
-assert rows and rows[-1]['comm_bytes'].get('cp', 0) > 0, rows[-1:]" "$out"
+assert rows and rows[-1]['comm_bytes'].get('cp', 0) > 0, rows[-1:]
+assert rows[-1]['context_parallel'] == 2 and 0 < rows[-1]['cp_exchange_share'] < 1, rows[-1]" "$out"
 
 refused() {  # NAME EXPECTED... -- ARGS: exits non-zero and names every EXPECTED
   local name="$1" expected=() args=()

@@ -94,11 +94,12 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // kernels, which want one head size, apply; the output has v's size.
 at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
 
-// The order in which CUDA's sdpa tries its kernels, process-wide (torch's
-// context): `first`, then flash, memory-efficient, math. auto puts cuDNN's
-// first: on an H200 it ran GPT-2's attention (bf16, causal, head size 64)
-// forward + backward in 0.81 ms against flash's 1.21 (scripts/sdpa-backends.py);
-// torch's own order never reaches it (math comes before it).
+// Which kernel CUDA's sdpa may pick, process-wide (torch's context): auto is
+// torch's own choice, which on an H200 runs cuDNN's kernels for GPT-2's and
+// moe1B's attention (the profile's kernel names; in isolation cuDNN's
+// forward + backward took 0.81 ms for GPT-2's shape against flash's 1.21,
+// scripts/sdpa-backends.py); cudnn allows cuDNN's and math only, flash
+// leaves cuDNN's out, efficient also flash's, math every fused one.
 void prefer_attention_backend(AttentionBackend first);
 // The kernel sdpa runs for causal attention of q, k, v [B, H, T, D] as
 // given ("flash", "cudnn", "efficient", "math"; "none" if it refuses them).

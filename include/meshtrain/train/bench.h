@@ -44,6 +44,9 @@ struct BenchResult {
   int64_t expert_parallel = 1;
   double all_to_all_seconds = 0;    // expert parallelism's token exchanges, slowest rank
   double all_to_all_share() const { return seconds > 0 ? all_to_all_seconds / seconds : 0; }
+  int64_t context_parallel = 1;
+  double cp_exchange_seconds = 0;   // the cp group's all-gathers and reduce-scatters, slowest rank
+  double cp_exchange_share() const { return seconds > 0 ? cp_exchange_seconds / seconds : 0; }
   // Payload bytes per step that this rank's collectives and point-to-point
   // transfers moved, by mesh axis ("dp", "pp", "tp", "ep", and "expert_dp"
   // when ep > 1), max over ranks, over the timed steps.

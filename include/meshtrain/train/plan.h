@@ -127,7 +127,8 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device);
 // whole sequence's keys and values (this rank's kv heads; MLA: the latent and
 // the rope key) and backward reduce-scatters their gradients, each
 // B * T * width * activation bytes; an MoE layer adds its router logits
-// (B * T * n_experts, fp32) both ways. 0 without context parallelism.
+// (B * T * n_experts, fp32) both ways; recomputation gathers once more
+// (full: both, selective: the router's). 0 without context parallelism.
 double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers);
 
 // Training FLOPs per token, nanoGPT / llm.c estimate_mfu: 6*N + 12*L*H*Q*T with
