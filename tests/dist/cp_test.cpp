@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "meshtrain/data/shards.h"
+#include "meshtrain/model/attention.h"
 #include "meshtrain/train/plan.h"
 #include "parity.h"
 
@@ -137,7 +138,8 @@ TEST(ContextParallel, DocumentMaskingChangesTheLosses) {
 // and a reduce-scatter by its input, so each gather moves the whole
 // sequence's tensor both ways): per layer, microbatch and direction,
 //   MHA: B * T * 2 * (n_kv_head / tp) * head_dim * 4       (k and v, fp32)
-//   MLA: B * T * (latent_dim + dhR) * 4                     (latent and rope key)
+//   MLA: B * T * (latent_dim + dhR) * 4                     (latent and rope key;
+//        dhR 0 in a block's last layer under mla_last_layer_no_rope)
 //   MoE layer: + B * T * n_experts * 4                      (router logits)
 // with B this rank's sequences per step. MLA's exchange is the latent's: for
 // this model 20 numbers per token against 2 * n_head * head_dim = 64 for its
@@ -159,7 +161,7 @@ TEST(ContextParallel, ExchangeBytesEqualTheFormula) {
     double per_step = 0;
     for (int64_t i = 0; i < mc.n_layers(); ++i) {
       const double width = mc.attention == AttentionKind::Mla
-                               ? static_cast<double>(mc.latent_dim + mc.dhR)
+                               ? static_cast<double>(mc.latent_dim + mla_layer_dhR(mc, i))
                                : 2.0 * static_cast<double>(mc.kv_heads() * mc.head_dim());
       per_step += 2 * B * T * width * 4;
       if (mc.ffn == FfnKind::Moe) per_step += 2 * B * T * static_cast<double>(mc.n_experts) * 4;
