@@ -136,9 +136,9 @@ struct DeviceConfig {
   // mesh axis, world = dp * pp * tp * cp), parallel/context_parallel.h.
   int64_t context_parallel = 1;
   int64_t cp() const { return context_parallel; }
-  // Which attention kernel CUDA's sdpa tries first (the others follow when it
-  // refuses the inputs): auto = cuDNN's, measured 1.5x flash's on an H200
-  // (model/attention.h, prefer_attention_backend).
+  // Which attention kernels CUDA's sdpa may use: auto = torch's choice
+  // (cuDNN's on an H200), or the one named (model/attention.h,
+  // prefer_attention_backend).
   AttentionBackend attention_backend = AttentionBackend::Auto;
   int64_t dp() const { return n_device_axis[0]; }
   int64_t pp() const { return n_device_axis[1]; }
