@@ -35,7 +35,7 @@ Builds and runs (or with --dry-run only prints) the mpirun command that starts
                         before with no newer checkpoint (default 0)
   --drop-unreachable    a host that cannot be reached over ssh at the start
                         or at a restart is left out and the run goes on with
-                        the other hosts: a smaller dp (pp and tp kept, read
+                        the other hosts: a smaller dp (pp, tp and cp kept, read
                         from --n_device_axis, --set or the config), passed as
                         -- --n_device_axis DP PP TP; the newest checkpoint is
                         resharded. Without it such a host stops the launch
@@ -219,19 +219,37 @@ print(*json.load(open(sys.argv[1])).get("device_config", {}).get("n_device_axis"
   fi
 }
 
+# device_config.context_parallel of the run: the last -- --set, else the config's (1).
+cp_of() {
+  local i set=""
+  for ((i = 0; i < ${#extra[@]}; i++)); do
+    if [ "${extra[$i]}" = --set ] && [[ "${extra[i + 1]:-}" == device_config.context_parallel=* ]]; then
+      set="${extra[i + 1]#*=}"
+    fi
+  done
+  if [ -n "$set" ]; then echo "$set"
+  else
+    python3 -c 'import json, sys
+print(json.load(open(sys.argv[1])).get("device_config", {}).get("context_parallel", 1))' "$config"
+  fi
+}
+
 # --drop-unreachable: leaves out the hosts preflight could not reach and
-# passes the smaller dp (pp and tp kept); fails when that is impossible.
+# passes the smaller dp (pp, tp and cp kept); fails when that is impossible.
 drop_hosts() {
-  local h keep=() dp pp tp world new_dp i args=()
+  local h keep=() dp pp tp cp world new_dp i args=()
   for h in "${hosts[@]}"; do [[ " ${unreachable_hosts[*]} " == *" $h "* ]] || keep+=("$h"); done
   read -r dp pp tp < <(mesh_of) || true
-  [[ "$dp$pp$tp" =~ ^[0-9]+$ ]] || { say "cannot read the mesh [dp, pp, tp] of the run to shrink it"; return 1; }
+  cp="$(cp_of)" || true
+  [[ "$dp$pp$tp$cp" =~ ^[0-9]+$ ]] || { say "cannot read the mesh [dp, pp, tp] and context_parallel of the run to shrink it"; return 1; }
   world=$((${#keep[@]} * ranks_per_host))
-  if ((world == 0 || world % (pp * tp))); then
-    say "cannot leave out ${unreachable_hosts[*]}: the ${world} rank(s) left are not a multiple of pp x tp = $pp x $tp"
+  if ((world == 0 || world % (pp * tp * cp))); then
+    say "cannot leave out ${unreachable_hosts[*]}: the ${world} rank(s) left are not a multiple of pp x tp x cp = $pp x $tp x $cp"
     return 1
   fi
-  new_dp=$((world / (pp * tp)))
+  new_dp=$((world / (pp * tp * cp)))
+  local cp_note=""
+  if ((cp > 1)); then cp_note=" x cp $cp"; fi
   hosts=("${keep[@]}")
   # -- --n_device_axis wins over --set and the config: replace it.
   for ((i = 0; i < ${#extra[@]}; i++)); do
@@ -241,7 +259,7 @@ drop_hosts() {
   extra=("${args[@]}" --n_device_axis "$new_dp" "$pp" "$tp")
   build_cmd
   say "--drop-unreachable: left out unreachable host(s) ${unreachable_hosts[*]}; going on with ${#hosts[@]}" \
-    "host(s) (${hosts[*]}): world $world, mesh dp $new_dp x pp $pp x tp $tp (was dp $dp)"
+    "host(s) (${hosts[*]}): world $world, mesh dp $new_dp x pp $pp x tp $tp${cp_note} (was dp $dp)"
 }
 
 # preflight; with --drop-unreachable, hosts it could not reach are left out

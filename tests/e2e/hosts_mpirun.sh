@@ -81,7 +81,7 @@ on_host_for 60 h1 bash "$SRC/scripts/launch-mpirun.sh" --hostfile hostfile.dead 
   -- "${S[@]}" --name nodrop --n_device_axis 1 2 1 > nodrop.log 2>&1
 rc=$?
 check "--drop-unreachable, pp 2 on one rank left: refused (rc $rc), nothing started" \
-  bash -c "test $rc -eq 1 && grep -q 'the 1 rank(s) left are not a multiple of pp x tp = 2 x 1' nodrop.log &&
+  bash -c "test $rc -eq 1 && grep -q 'the 1 rank(s) left are not a multiple of pp x tp x cp = 2 x 1 x 1' nodrop.log &&
            grep -q 'nothing started' nodrop.log && ! test -e runs/nodrop"
 
 # output_dir on each host's own /tmp: refused at start-up, naming h2.
