@@ -10,29 +10,13 @@
 #include "meshtrain/model/activation.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/transformer.h"
+#include "tiny_model.h"
 
 namespace meshtrain {
 namespace {
 
 ModelConfig tiny(const std::string& attention = "mha", const std::string& ffn = "dense") {
-  ModelConfig c;
-  c.model_dimension = 32;
-  c.vocab_size = 61;
-  c.n_head = 4;
-  c.blocks = 2;
-  c.layers_per_block = 2;
-  c.T = 16;
-  c.attention = parse_choice<AttentionKind>(attention).value();
-  c.ffn = parse_choice<FfnKind>(ffn).value();
-  c.latent_dim = 16;
-  c.dhR = 4;
-  c.n_experts = 4;
-  c.k = 2;
-  c.n_shared = 1;
-  c.mlp_hidden = 24;
-  c.capacity_factor = 0;  // no drops: the composition tests compare exact losses
-  c.init_std = 0.1;       // larger than 0.02 so logits differ visibly between tokens
-  return c;
+  return test::tiny_model(parse_choice<AttentionKind>(attention).value(), parse_choice<FfnKind>(ffn).value());
 }
 
 at::Tensor random_tokens(const ModelConfig& c, int64_t B, int64_t T, uint64_t seed) {

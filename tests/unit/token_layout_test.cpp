@@ -10,31 +10,18 @@
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/token_layout.h"
 #include "meshtrain/model/transformer.h"
+#include "tiny_model.h"
 
 namespace meshtrain {
 namespace {
 
 constexpr int64_t kEot = 0;
 
+// The unit tests' tiny model at T 24 (rows of four documents).
 ModelConfig tiny(AttentionKind attention, FfnKind ffn, int64_t kv_heads = 0) {
-  ModelConfig c;
-  c.model_dimension = 32;
-  c.vocab_size = 61;
-  c.n_head = 4;
+  ModelConfig c = test::tiny_model(attention, ffn);
   c.n_kv_head = kv_heads;
-  c.blocks = 2;
-  c.layers_per_block = 2;
   c.T = 24;
-  c.attention = attention;
-  c.ffn = ffn;
-  c.latent_dim = 16;
-  c.dhR = 4;
-  c.n_experts = 4;
-  c.k = 2;
-  c.n_shared = 1;
-  c.mlp_hidden = 24;
-  c.capacity_factor = 0;
-  c.init_std = 0.1;
   return c;
 }
 
