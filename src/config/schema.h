@@ -124,6 +124,7 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "fsdp_keep_gathered", c.fsdp_keep_gathered);
   v(kTop, "overlap_grad_reduce", c.overlap_grad_reduce);
   v(kTop, "optimizer_state_dtype", c.optimizer_state_dtype);
+  v(kTop, "optimizer_writes_casts", c.optimizer_writes_casts);
   v(kTop, "grad_bucket_mb", c.grad_bucket_mb);
   v(kTop, "rampup_batch_size", c.rampup_batch_size);
   v(kTop, "activation_checkpointing", c.activation_checkpointing);

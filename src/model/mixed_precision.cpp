@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <vector>
@@ -9,6 +10,25 @@
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
+
+namespace {
+
+// A kept cast read as the parameter's cast: the forward is the cast itself
+// (no kernel), the backward what Tensor::to's is -- the gradient converted
+// to the parameter's dtype.
+class KeptCast : public torch::autograd::Function<KeptCast> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& param, const at::Tensor& cast) {
+    ctx->saved_data["dtype"] = param.scalar_type();
+    return cast.view_as(cast);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0].to(ctx->saved_data["dtype"].toScalarType()), at::Tensor()};
+  }
+};
+
+}  // namespace
 
 PrecisionPolicy PrecisionPolicy::from_model_dtype(ModelDtype model_dtype) {
   PrecisionPolicy p;
@@ -31,6 +51,14 @@ at::Tensor MixedPrecision::operand(const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.find(t.unsafeGetTensorImpl());
   if (it != cache_.end()) return it->second.second;
+  if (const at::Tensor k = kept(t, 0); k.defined()) {
+    const at::Tensor c = k.size(0) == t.size(0) ? k : k.narrow(0, 0, t.size(0));
+    if (!cache) return c;
+    const at::Tensor out = KeptCast::apply(t, c);
+    if (depth_ > 0) cache_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, out));
+    return out;
+  }
+  ++casts_made_;
   if (depth_ == 0 || !cache) return t.to(policy_.compute);
   return cache_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, t.to(policy_.compute))).first->second.second;
 }
@@ -48,7 +76,11 @@ at::Tensor MixedPrecision::operand_detached(const at::Tensor& t, int64_t rows) {
   }
   const bool pad = want > source.size(0);
   if (!pad && (!policy_.mixed() || source.scalar_type() == policy_.compute)) return source.detach();
+  if (source.is_same(t)) {
+    if (const at::Tensor k = kept(t, want); k.defined()) return k.size(0) == want ? k : k.narrow(0, 0, want);
+  }
   const auto make = [&] {
+    ++casts_made_;
     at::NoGradGuard no_grad;
     if (!pad) return source.to(policy_.compute);
     std::vector<int64_t> shape = source.sizes().vec();
@@ -83,6 +115,58 @@ void MixedPrecision::provide(const at::Tensor& param, at::Tensor cast) {
   std::lock_guard<std::mutex> lock(mu_);
   provided_[param.unsafeGetTensorImpl()] = cast.detach();  // operand_detached's source
   cache_[param.unsafeGetTensorImpl()] = std::make_pair(param, std::move(cast));
+}
+
+at::Tensor MixedPrecision::kept(const at::Tensor& t, int64_t rows) {
+  if (!policy_.mixed() || t.scalar_type() == policy_.compute || !keep_.count(t.unsafeGetTensorImpl())) return {};
+  const int64_t want = std::max(rows, t.size(0));
+  Kept& k = kept_[t.unsafeGetTensorImpl()];
+  at::NoGradGuard no_grad;
+  if (!k.cast.defined() || k.cast.size(0) < want) {
+    // Made once (or once more, wider, for a padded reader): padding rows stay zero.
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[0] = want;
+    k.param = t;
+    k.cast = at::zeros(shape, t.options().dtype(policy_.compute).requires_grad(false));
+    k.version = -1;
+  }
+  const void* data = t.storage().data();
+  if (k.version != t._version() || k.data != data) {
+    ++casts_made_;
+    k.cast.narrow(0, 0, t.size(0)).copy_(t);
+    k.version = t._version();
+    k.data = data;
+  }
+  return k.cast;
+}
+
+void MixedPrecision::keep_casts(const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MT_ASSERT(policy_.mixed(), "keep_casts: an fp32 policy casts nothing");
+  for (const at::Tensor& p : params) keep_.insert(p.unsafeGetTensorImpl());
+}
+
+at::Tensor MixedPrecision::cast_to_write(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = kept_.find(param.unsafeGetTensorImpl());
+  if (it == kept_.end() || !it->second.cast.defined()) return {};
+  const at::Tensor& c = it->second.cast;
+  return c.size(0) == param.size(0) ? c : c.narrow(0, 0, param.size(0));
+}
+
+void MixedPrecision::casts_written(const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const at::Tensor& p : params) {
+    auto it = kept_.find(p.unsafeGetTensorImpl());
+    MT_ASSERT(it != kept_.end(), "casts_written: a parameter without a kept cast");
+    it->second.version = p._version();
+    it->second.data = p.storage().data();
+  }
+}
+
+int64_t MixedPrecision::casts_made() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return casts_made_;
 }
 
 size_t MixedPrecision::cached() const {

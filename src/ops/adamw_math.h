@@ -34,9 +34,10 @@ MT_HD StepConsts step_consts(const Hyper& h, float t) {
 
 // p (fp32) updated from g (fp32; divided by *grad_scale when given) with its
 // moments m, v of storage type M, read as fp32 and stored rounded to M. The
-// step uses the fp32 moments before rounding.
-template <class M>
-MT_HD void element(float& p, float g, M& m, M& v, const StepConsts& c, const float* grad_scale) {
+// step uses the fp32 moments before rounding. cast (optional): the new p
+// rounded to C (the compute dtype's copy of the weight).
+template <class M, class C = float>
+MT_HD void element(float& p, float g, M& m, M& v, const StepConsts& c, const float* grad_scale, C* cast = nullptr) {
   if (grad_scale) g = g / *grad_scale;
   float w = p;
   w -= c.lr_decay * w;
@@ -46,6 +47,7 @@ MT_HD void element(float& p, float g, M& m, M& v, const StepConsts& c, const flo
   v = rows::st<M>(vv);
   const float denom = sqrtf(vv) / c.bc2_sqrt + c.eps;
   p = w - c.step_size * mm / denom;
+  if (cast) *cast = rows::st<C>(p);
 }
 
 // ---- the CUDA kernel's multi-tensor launches (cuda_kernels.cu), planned on

@@ -165,8 +165,8 @@ at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at:
 
 void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf) {
-  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf);
+               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {
+  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts);
   if (params.empty() || (found_inf && found_inf->item<float>() != 0.0f)) return;
   const adamw::Hyper h{static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
                        static_cast<float>(weight_decay), static_cast<float>(eps)};
@@ -179,8 +179,9 @@ void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_a
       const float* g = grads[k].const_data_ptr<float>();
       scalar_t* m = exp_avg[k].data_ptr<scalar_t>();
       scalar_t* v = exp_avg_sq[k].data_ptr<scalar_t>();
+      c10::BFloat16* out = casts.empty() ? nullptr : casts[k].data_ptr<c10::BFloat16>();
       at::parallel_for(0, params[k].numel(), 32768, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) adamw::element(p[i], g[i], m[i], v[i], c, scale_p);
+        for (int64_t i = b; i < e; ++i) adamw::element(p[i], g[i], m[i], v[i], c, scale_p, out ? out + i : nullptr);
       });
     }
   });

@@ -243,6 +243,7 @@ struct AdamwTable {
   const float* g[adamw::kTensors];
   void* m[adamw::kTensors];
   void* v[adamw::kTensors];
+  __nv_bfloat16* c[adamw::kTensors];  // the weights' bf16 casts, or null
   int64_t n[adamw::kTensors];
   unsigned char tensor_of[adamw::kBlocks];
   int chunk_of[adamw::kBlocks];
@@ -261,7 +262,9 @@ __global__ void __launch_bounds__(kAdamwThreads)
   const float* g = t.g[k];
   M* m = static_cast<M*>(t.m[k]);
   M* v = static_cast<M*>(t.v[k]);
-  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) adamw::element(p[i], g[i], m[i], v[i], c, grad_scale);
+  __nv_bfloat16* cast = t.c[k];
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+    adamw::element(p[i], g[i], m[i], v[i], c, grad_scale, cast ? cast + i : nullptr);
 }
 
 // Calls f with the element type of dt.
@@ -358,8 +361,8 @@ cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid
 }
 
 cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const float* const* grads, void* const* m,
-                  void* const* v, const int64_t* n, const adamw::Hyper& h, const float* step, const float* grad_scale,
-                  const float* found_inf, cudaStream_t stream) {
+                  void* const* v, void* const* casts, const int64_t* n, const adamw::Hyper& h, const float* step,
+                  const float* grad_scale, const float* found_inf, cudaStream_t stream) {
   if (moments == Dtype::F16) return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
   adamw::plan_launches(count, n, [&](const adamw::LaunchPlan& lp) {
@@ -371,6 +374,7 @@ cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const floa
       t.g[e] = grads[k];
       t.m[e] = m[k];
       t.v[e] = v[k];
+      t.c[e] = casts ? static_cast<__nv_bfloat16*>(casts[k]) : nullptr;
       t.n[e] = n[k];
     }
     for (int b = 0; b < lp.blocks; ++b) {

@@ -32,9 +32,10 @@ cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid
 // AdamW over `count` tensors: params[k], grads[k] (fp32), m[k], v[k] (moments
 // of dtype `moments`, F32 or BF16), n[k] elements each, in as few launches as
 // their pointers fit (multi-tensor: a block per chunk of a tensor). step,
-// grad_scale, found_inf: device scalars (the last two may be null).
+// grad_scale, found_inf: device scalars (the last two may be null). casts:
+// null, or count bf16 buffers of n[k] elements that get the new weights.
 cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const float* const* grads, void* const* m,
-                  void* const* v, const int64_t* n, const adamw::Hyper& h, const float* step, const float* grad_scale,
-                  const float* found_inf, cudaStream_t stream);
+                  void* const* v, void* const* casts, const int64_t* n, const adamw::Hyper& h, const float* step,
+                  const float* grad_scale, const float* found_inf, cudaStream_t stream);
 
 }  // namespace meshtrain::ops::cuda

@@ -120,8 +120,8 @@ at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at
 
 void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-                const Opt& grad_scale, const Opt& found_inf) {
-  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf);
+                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {
+  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts);
   if (params.empty()) return;
   const c10::cuda::CUDAGuard guard(params[0].device());
   for (const at::Tensor* t : {&step, grad_scale ? &*grad_scale : nullptr, found_inf ? &*found_inf : nullptr})
@@ -130,19 +130,20 @@ void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_
   const size_t n = params.size();
   std::vector<float*> p(n);
   std::vector<const float*> g(n);
-  std::vector<void*> m(n), v(n);
+  std::vector<void*> m(n), v(n), c(casts.size());
   std::vector<int64_t> numel(n);
   for (size_t k = 0; k < n; ++k) {
     p[k] = params[k].data_ptr<float>();
     g[k] = grads[k].const_data_ptr<float>();
     m[k] = exp_avg[k].data_ptr();
     v[k] = exp_avg_sq[k].data_ptr();
+    if (!casts.empty()) c[k] = casts[k].data_ptr();
     numel[k] = params[k].numel();
   }
   const adamw::Hyper h{static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
                        static_cast<float>(weight_decay), static_cast<float>(eps)};
   check_launch(cuda::adamw(dtype_of(exp_avg[0]), static_cast<int64_t>(n), p.data(), g.data(), m.data(), v.data(),
-                           numel.data(), h, step.const_data_ptr<float>(), fptr(grad_scale), fptr(found_inf),
+                           c.empty() ? nullptr : c.data(), numel.data(), h, step.const_data_ptr<float>(), fptr(grad_scale), fptr(found_inf),
                            stream_of(params[0])),
                "adamw_");
 }

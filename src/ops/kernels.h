@@ -21,9 +21,10 @@ void check_norm(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Op
 void check_rows(const at::Tensor& z, const at::Tensor& targets);
 // meshtrain::adamw_ (ops/adamw.h): every list as long as params, each element
 // of it contiguous, on one device, with params' element count; params and
-// grads fp32, the moments all fp32 or all bf16.
+// grads fp32, the moments all fp32 or all bf16; casts empty or bf16, one per
+// parameter.
 void check_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
-                 const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf);
+                 const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
 
 at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                          int64_t seq_dim, bool inverse, at::Tensor& out);
@@ -35,7 +36,7 @@ at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int
 at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
 void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf);
+               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
 
 at::Tensor& rope_out_ref(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                          int64_t seq_dim, bool inverse, at::Tensor& out);
@@ -47,7 +48,7 @@ at::Tensor softmax_stats_ref(const at::Tensor& z, const at::Tensor& targets, int
 at::Tensor& softmax_grad_ref(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
 void adamw_ref(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf);
+               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
 
 #ifdef MESHTRAIN_CUDA_KERNELS
 at::Tensor& rope_out_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
@@ -60,7 +61,7 @@ at::Tensor softmax_stats_cuda(const at::Tensor& z, const at::Tensor& targets, in
 at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
 void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-                const Opt& grad_scale, const Opt& found_inf);
+                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
 #endif
 
 }  // namespace meshtrain::ops::impl

@@ -7,6 +7,8 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
+#include "meshtrain/model/mixed_precision.h"
+#include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -19,12 +21,28 @@ namespace {
 class ReplicatedAdamW : public Optimizer {
  public:
   ReplicatedAdamW(ParallelModel& pm, Mesh& mesh, const Config& cfg)
-      : pm_(pm), mesh_(mesh), opt_(params(pm), cfg.lr, state_dtype(cfg)) {}
+      : pm_(pm), mesh_(mesh), opt_(params(pm), cfg.lr, state_dtype(cfg)) {
+    // Whole parameters updated here: the update can write their casts too
+    // (model/mixed_precision.h), so no step reads the fp32 weights to cast them.
+    if (cfg.optimizer_writes_casts && pm.model && pm.model->precision().policy().mixed()) {
+      precision_ = &pm.model->precision();
+      std::vector<at::Tensor> ts;
+      for (const auto& p : opt_.params()) ts.push_back(p.param);
+      precision_->keep_casts(ts);
+    }
+  }
 
   at::Tensor reduce_gradients() override { return grad_norm(pm_, mesh_); }
 
   void step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
-    opt_.step(lr, found_inf, grad_scale);
+    if (!precision_) return opt_.step(lr, found_inf, grad_scale);
+    std::vector<at::Tensor> casts, written;
+    for (const auto& p : opt_.params()) {
+      casts.push_back(p.param.grad().defined() ? precision_->cast_to_write(p.param) : at::Tensor());
+      if (casts.back().defined()) written.push_back(p.param);
+    }
+    opt_.step(lr, found_inf, grad_scale, casts);
+    precision_->casts_written(written);
   }
   int64_t steps_taken() const override { return opt_.steps_taken(); }
   void set_steps_taken(int64_t s) override { opt_.set_steps_taken(s); }
@@ -80,6 +98,7 @@ class ReplicatedAdamW : public Optimizer {
   ParallelModel& pm_;
   Mesh& mesh_;
   AdamW opt_;
+  MixedPrecision* precision_ = nullptr;  // optimizer_writes_casts in a bf16 model, else null
 };
 
 }  // namespace

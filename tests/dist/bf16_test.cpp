@@ -207,6 +207,40 @@ TEST(Bf16, RecomputationOnTheBackwardThread) {
   }
 }
 
+// optimizer_writes_casts (default): the update writes each weight's bf16
+// cast, and the next forward reads it instead of casting the fp32 weight.
+// Those are the same bits as the casts it replaces, so with bf16 moments
+// (meshtrain::adamw_ either way) every loss and gradient norm is equal; with
+// fp32 moments the run without it updates through aten's fused AdamW, whose
+// round-off differs in the last bits (1e-6 of a weight per step), so the runs
+// agree to 1e-5 over the steps compared. A cast one update behind, or never
+// written, moves the losses by lr-sized steps: far outside either.
+TEST(Bf16, OptimizerWrittenCastsAreTheCastsOfEachStep) {
+  if (test_runtime().size() != 1) GTEST_SKIP() << "one process (-np 1)";
+  for (ModelDtype moments : {ModelDtype::Bfloat16, ModelDtype::Float32})
+    for (Config c : {dense("written-casts"), moe("written-casts-moe"), dropless("written-casts-dropless")}) {
+      c.training_steps = 5;
+      c.optimizer_state_dtype = moments;
+      c.name += std::string("-") + choice_name(moments);
+      Config off = c;
+      off.optimizer_writes_casts = false;
+      off.name += "-off";
+      SCOPED_TRACE(c.name);
+      const test::Curve on_curve = test::single_process_losses(c), off_curve = test::single_process_losses(off);
+      ASSERT_EQ(on_curve.size(), off_curve.size());
+      for (size_t i = 0; i < on_curve.size(); ++i) {
+        if (moments == ModelDtype::Bfloat16) {
+          EXPECT_EQ(on_curve[i], off_curve[i]) << "loss of step " << i + 1;
+          EXPECT_EQ(on_curve.grad_norms[i], off_curve.grad_norms[i]) << "grad norm of step " << i + 1;
+        } else {
+          EXPECT_NEAR(on_curve[i], off_curve[i], 1e-5 * std::abs(off_curve[i])) << "loss of step " << i + 1;
+          EXPECT_NEAR(on_curve.grad_norms[i], off_curve.grad_norms[i], 1e-5 * off_curve.grad_norms[i])
+              << "grad norm of step " << i + 1;
+        }
+      }
+    }
+}
+
 // The policy is the model's: bf16 on CPU is not fp32 (the casts run), and
 // stays within bf16's tolerance of it.
 TEST(Bf16, OneProcessWithinBf16OfFp32) {

@@ -192,7 +192,9 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
 // meshtrain::adamw_ on CUDA against its CPU kernel: 40 small tensors (more
 // than one launch's table holds) and one of 21.2M elements (more chunks than
 // one launch's blocks: its chunks carry over into the next launch), three
-// steps with clipping, then a step skipped by found_inf.
+// steps with clipping, then a step skipped by found_inf. The GPU run also
+// writes the weights' bf16 casts: they must be Tensor::to's casts of its
+// weights, bit for bit (the kept casts of model/mixed_precision.h).
 TEST(Cuda, AdamwKernelMatchesItsCpuKernel) {
   SKIP_WITHOUT_CUDA();
   SKIP_UNLESS_RANKS(1);
@@ -216,14 +218,15 @@ TEST(Cuda, AdamwKernelMatchesItsCpuKernel) {
       for (const auto& t : ts) out.push_back(t.to(cuda));
       return out;
     };
-    std::vector<at::Tensor> pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v);
+    std::vector<at::Tensor> pg = on_gpu(p), gg = on_gpu(g), mg = on_gpu(m), vg = on_gpu(v), cg;
+    for (const auto& t : pg) cg.push_back(at::zeros(t.sizes(), t.options().dtype(at::kBFloat16)));
     const ops::AdamwHyper h{1e-3, 0.9, 0.95, 0.1, 1e-8};
     const at::Tensor scale = at::full({}, 1.7f, f32);
     for (int t = 1; t <= 4; ++t) {
       const at::Tensor step = at::full({}, static_cast<float>(t), f32);
       const at::Tensor inf = at::full({}, t == 4 ? 1.0f : 0.0f, f32);
       ops::adamw_(p, g, m, v, step, h, scale, inf);
-      ops::adamw_(pg, gg, mg, vg, step.to(cuda), h, scale.to(cuda), inf.to(cuda));
+      ops::adamw_(pg, gg, mg, vg, step.to(cuda), h, scale.to(cuda), inf.to(cuda), cg);
     }
     int64_t differ = 0, total = 0;
     for (size_t k = 0; k < p.size(); ++k) {
@@ -235,6 +238,7 @@ TEST(Cuda, AdamwKernelMatchesItsCpuKernel) {
       expect_close(mg[k], m[k], dt == at::kFloat ? 1e-5 : 1.0 / 128, what + " exp_avg");
       expect_close(vg[k], v[k], dt == at::kFloat ? 1e-5 : 1.0 / 128, what + " exp_avg_sq");
       EXPECT_TRUE(at::equal(gg[k].cpu(), g[k])) << what << ": the gradient was written";
+      EXPECT_TRUE(at::equal(cg[k], pg[k].to(at::kBFloat16))) << what << ": the cast is not the weight's";
       differ += mg[k].cpu().ne(m[k]).sum().item<int64_t>() + vg[k].cpu().ne(v[k]).sum().item<int64_t>();
       total += 2 * m[k].numel();
     }

@@ -1,8 +1,8 @@
 // meshtrain::adamw_ (ops/adamw.h): the CPU kernel against aten's fused AdamW
 // (fp32 moments) and against fp32 math on the bf16 state (the aten composite:
 // aten's update on widened copies of the moments, rounded back), found_inf
-// and grad_scale as aten has them, gradients left alone, the meta kernel and
-// the argument checks.
+// and grad_scale as aten has them, gradients left alone, the weights' bf16
+// casts written in the same pass, the meta kernel and the argument checks.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -101,7 +101,7 @@ TEST(AdamwOp, Bf16MomentsAreFp32MathRoundedOnce) {
     const at::Tensor step = scalar(static_cast<float>(t));
     ops::adamw_(ours.p, ours.g, ours.m, ours.v, step, kHyper, scale);
     ops::impl::adamw_ref(ref.p, ref.g, ref.m, ref.v, step, kHyper.lr, kHyper.beta1, kHyper.beta2, kHyper.weight_decay,
-                    kHyper.eps, scale, std::nullopt);
+                    kHyper.eps, scale, std::nullopt, {});
     for (size_t k = 0; k < ours.m.size(); ++k) {
       ASSERT_EQ(ours.m[k].scalar_type(), at::kBFloat16);
       ASSERT_EQ(ours.v[k].scalar_type(), at::kBFloat16);
@@ -150,6 +150,37 @@ TEST(AdamwOp, FoundInfSkipsTheWholeUpdate) {
     }
     ops::adamw_(s.p, s.g, s.m, s.v, scalar(1), kHyper, {}, scalar(0));
     EXPECT_FALSE(at::equal(s.p.back(), before.p.back()));
+  }
+}
+
+// The casts a bf16 model reads next (model/mixed_precision.h's kept casts)
+// are the updated weights rounded as Tensor::to rounds them, bit for bit,
+// for both moment dtypes; a skipped update leaves them, and every update
+// bumps the weights' version counters (what tells a kept cast it is stale).
+TEST(AdamwOp, CastsAreTheUpdatedWeightsAsToRoundsThem) {
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(dt == at::kFloat ? "fp32 moments" : "bf16 moments");
+    State s = make(dt, 6), plain = clone(s);
+    std::vector<at::Tensor> casts;
+    for (const auto& p : s.p) casts.push_back(at::full(p.sizes(), 7.0, p.options().dtype(at::kBFloat16)));
+    const int64_t v0 = s.p[0]._version();
+    const at::Tensor scale = scalar(1.3f);
+    ops::adamw_(s.p, s.g, s.m, s.v, scalar(1), kHyper, scale, {}, casts);
+    ops::adamw_(plain.p, plain.g, plain.m, plain.v, scalar(1), kHyper, scale);
+    EXPECT_GT(s.p[0]._version(), v0);
+    for (size_t k = 0; k < s.p.size(); ++k) {
+      EXPECT_TRUE(at::equal(s.p[k], plain.p[k])) << "the update itself is the same, tensor " << k;
+      EXPECT_TRUE(at::equal(casts[k], s.p[k].to(at::kBFloat16))) << "tensor " << k;
+    }
+    const std::vector<at::Tensor> before = {casts[0].clone(), casts[3].clone()};
+    ops::adamw_(s.p, s.g, s.m, s.v, scalar(2), kHyper, {}, scalar(1), casts);
+    EXPECT_TRUE(at::equal(casts[0], before[0]) && at::equal(casts[3], before[1])) << "skipped update wrote casts";
+    // Wrong casts are refused by name.
+    std::vector<at::Tensor> wrong = casts;
+    wrong[2] = wrong[2].to(at::kHalf);
+    EXPECT_THROW(ops::adamw_(s.p, s.g, s.m, s.v, scalar(2), kHyper, {}, {}, wrong), Error);
+    wrong.pop_back();
+    EXPECT_THROW(ops::adamw_(s.p, s.g, s.m, s.v, scalar(2), kHyper, {}, {}, wrong), Error);
   }
 }
 

@@ -192,6 +192,7 @@ struct Config {
   bool fsdp_keep_gathered = false;             // zero_stage 2/3: layers stay gathered, gradients whole, over a step
   bool overlap_grad_reduce = true;             // zero_stage 0: dp all-reduce in buckets during backward
   ModelDtype optimizer_state_dtype = ModelDtype::Float32;  // AdamW moments: float32 | bfloat16 (fp32 math)
+  bool optimizer_writes_casts = true;          // bf16 model, zero_stage 0: AdamW writes the weights' bf16 casts
   double grad_bucket_mb = 25;                  // bucket size of that all-reduce, MiB
   std::vector<int64_t> rampup_batch_size;      // [start, increment, samples] (Megatron); empty: off
   ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::None;  // none | full | selective

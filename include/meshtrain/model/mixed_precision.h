@@ -23,12 +23,25 @@
 // layer for a forward (parallel/fsdp.cpp): its backward order relies on every
 // node of a layer being created inside that layer's forward. Outside a scope
 // nothing is cached, so a cast never outlives an optimizer update.
+//
+// Kept casts (keep_casts; the replicated optimizer of a bf16 model turns them
+// on, optimizer_writes_casts): each parameter's cast lives in a buffer of its
+// own across steps, and the optimizer writes the updated weights' casts into
+// it in its update pass (ops/adamw.h), so a step reads the fp32 weights once,
+// in the optimizer, instead of once more to cast them. A kept cast is used
+// only while its parameter is as it was when the cast was written (same
+// version counter and storage); any other write to the parameter (a
+// checkpoint load, a broadcast) makes the next use cast it again. The values
+// are the same bits as a fresh cast, and the gradient flows to the fp32
+// parameter as through Tensor::to.
 #include <ATen/core/Tensor.h>
 
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "meshtrain/config/choices.h"
 
@@ -76,6 +89,19 @@ class MixedPrecision {
   // Cached casts now (tests).
   size_t cached() const;
 
+  // Kept casts for these parameters (see the top of this file); a mixed
+  // policy only.
+  void keep_casts(const std::vector<at::Tensor>& params);
+  // The buffer the optimizer writes param's updated cast into ([param's
+  // shape], the first rows of a padded cast), undefined while it has none.
+  at::Tensor cast_to_write(const at::Tensor& param);
+  // The optimizer wrote the casts of these parameters with their update:
+  // they hold the parameters as they are now.
+  void casts_written(const std::vector<at::Tensor>& params);
+  // Casts made (a parameter read without a kept cast that matches it); tests
+  // and the performance model count them.
+  int64_t casts_made() const;
+
  private:
   friend class CastScope;
   void open();
@@ -89,6 +115,18 @@ class MixedPrecision {
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> cache_;  // impl -> (source, cast)
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> detached_;  // operand_detached's
   std::unordered_map<const c10::TensorImpl*, at::Tensor> provided_;  // provide()'s casts, without their history
+
+  struct Kept {
+    at::Tensor param, cast;  // cast: [rows >= param's, ...], rows past the parameter's zero
+    int64_t version = -1;    // param's version counter when cast was written
+    const void* data = nullptr;
+  };
+  // The kept cast of t with at least `rows` rows, written anew when t changed
+  // since; undefined where t has none. Called under mu_.
+  at::Tensor kept(const at::Tensor& t, int64_t rows);
+  std::unordered_set<const c10::TensorImpl*> keep_;  // keep_casts' parameters
+  std::unordered_map<const c10::TensorImpl*, Kept> kept_;
+  int64_t casts_made_ = 0;
 };
 
 // The lifetime of the cast cache: the casts made while the outermost scope

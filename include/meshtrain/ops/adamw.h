@@ -33,8 +33,18 @@ struct AdamwHyper {
 // 1 - beta^t). grad_scale (0-dim fp32, optional): gradients divided by it as
 // they are read (clipping). found_inf (0-dim fp32, optional): nothing changes
 // where it is non-zero. No host read of any device tensor.
+//
+// casts (empty, or one per parameter): bf16 tensors with the parameter's
+// element count, contiguous, written with the updated weight rounded to
+// nearest even -- the bits at::Tensor::to(kBFloat16) gives -- in the same
+// pass, so a bf16 model's next forward reads its weights' casts without a
+// pass of its own over the fp32 weights (model/mixed_precision.h). Where the
+// update is skipped (found_inf) they are left as they are, like the weights.
+// Every parameter's version counter is bumped (the update is an in-place
+// write that a cached cast must see).
 void adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
             const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq, const at::Tensor& step,
-            const AdamwHyper& h, const at::Tensor& grad_scale = {}, const at::Tensor& found_inf = {});
+            const AdamwHyper& h, const at::Tensor& grad_scale = {}, const at::Tensor& found_inf = {},
+            const std::vector<at::Tensor>& casts = {});
 
 }  // namespace meshtrain::ops
