@@ -155,9 +155,9 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
 at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate, int64_t B,
                                     int64_t T) {
   // Every expert gets B * C slots (C per sequence) in one buffer; assignment
-  // (b, t, j) goes to row expert * B * C + b * C + slot - 1 and dropped ones
-  // to a spare row that is never computed. Static shapes: no host sync, and
-  // the experts run as two batched GEMMs over [E, B * C] rows.
+  // (b, t, j) goes to row expert * B * C + b * C + slot - 1. Static shapes:
+  // no host sync, and the experts run as two batched GEMMs over [E, B * C]
+  // rows.
   const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension, N = xflat.size(0);
   const int64_t C = r.capacity, S = B * C;
   const auto ids = r.expert.options();
@@ -166,9 +166,15 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor seq = a.div(T * k, "floor");
   const at::Tensor slot_row = r.expert.reshape({N * k}) * S + seq * C + (r.slot.reshape({N * k}) - 1);
   const at::Tensor row = at::where(r.keep.reshape({N * k}), slot_row, at::full({}, E * S, ids));
-  const at::Tensor buf = at::zeros({E * S + 1, d}, xflat.options()).index_copy(0, row, xflat.index_select(0, token));
+  // The buffer is one gather of the tokens' rows, slot by slot: the token in
+  // each slot (an index table, E * S integers), and row N, zero, for empty
+  // slots. Its backward adds each slot's gradient to its token's row. (A
+  // zeroed buffer scattered into costs a pass more each way.)
+  const at::Tensor source =
+      at::full({E * S + 1}, N, ids).index_copy_(0, row, token).narrow(0, 0, E * S);  // dropped: the spare entry
+  const at::Tensor padded = at::cat({xflat, at::zeros({1, d}, xflat.options())});
   // Dispatch: this rank's experts get every sender's slots ([E_local, ep * S, d]).
-  const at::Tensor xin = dispatcher_->dispatch_slots(buf.narrow(0, 0, E * S).view({E, S, d}));
+  const at::Tensor xin = dispatcher_->dispatch_slots(padded.index_select(0, source).view({E, S, d}));
   MixedPrecision& mp = *factory_->precision();
   // The expert weights' gradients come out of their GEMMs in fp32 (model/mixed_matmul.h).
   const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp) : at::Tensor();
@@ -181,11 +187,13 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them (exact: the combine is linear). Dropped assignments read a real row
   // with a zero weight, which adds exactly 0 (and no gradient) without a
-  // copy of the outputs with a zero row appended.
+  // copy of the outputs with a zero row appended. A token's k assignments
+  // are consecutive rows (a = token * k + j), so they sum as [N, k, d] over
+  // k, with no zeroed output to scatter into.
   const at::Tensor weight = (gate * r.keep.reshape({N * k}).to(gate.scalar_type())).unsqueeze(1);
   const at::Tensor each =
       out.reshape({E * S, d}).index_select(0, slot_row.clamp(0, E * S - 1)) * weight.to(out.scalar_type());
-  return at::zeros({N, d}, out.options()).index_add(0, token, each);
+  return each.view({N, k, d}).sum(1);
 }
 
 at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate) {
