@@ -20,7 +20,7 @@ using torch::autograd::variable_list;
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& t,
-                            int64_t chunk, int64_t precision) {
+                            int64_t chunk, int64_t precision, int64_t tied) {
     const int64_t N = h.size(0), V = w.size(0), Vp = padded_vocab(V);
     const bool grad = h.requires_grad() || w.requires_grad();
     // The cast (padded) weight is the one every other use of w this round
@@ -45,6 +45,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       ctx->saved_data["h_dtype"] = h.scalar_type();
       ctx->saved_data["w_dtype"] = w.scalar_type();
       ctx->saved_data["vocab"] = V;
+      ctx->saved_data["tied"] = tied;
     }
     return losses;
   }
@@ -57,7 +58,13 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const at::Tensor dh = (at::mm(d, w) * g).to(ctx->saved_data["h_dtype"].toScalarType());
     // Padded rows: dropped (the parameter has V rows).
     const at::Tensor dw = weight_grad(d, h * g, ctx->saved_data["w_dtype"].toScalarType()).narrow(0, 0, V);
-    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor()};
+    if (auto* tied = reinterpret_cast<TiedGrad*>(ctx->saved_data["tied"].toInt())) {
+      // The embedding's backward, later in this pass, adds its rows and returns the sum.
+      std::lock_guard<std::mutex> lock(tied->mu);
+      tied->head = tied->head.defined() ? tied->head + dw : dw;
+      return {dh, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -66,13 +73,13 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
 int64_t padded_vocab(int64_t vocab) { return (vocab + 127) / 128 * 128; }
 
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t chunk_rows, MixedPrecision* precision) {
+                                 int64_t chunk_rows, MixedPrecision* precision, TiedGrad* tied) {
   MT_ASSERT(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1), "cross-entropy: h ", h.sizes(),
             " and weight ", weight.sizes(), " do not match");
   MT_ASSERT(targets.numel() == h.size(0), "cross-entropy: ", targets.numel(), " targets for ", h.size(0), " rows");
   if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t{128} << 20) / std::max<int64_t>(1, weight.size(0)));
   return ChunkedCrossEntropy::apply(h, weight, targets.reshape({-1}).to(at::kLong), chunk_rows,
-                                    reinterpret_cast<int64_t>(precision));
+                                    reinterpret_cast<int64_t>(precision), reinterpret_cast<int64_t>(tied));
 }
 
 }  // namespace meshtrain

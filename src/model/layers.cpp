@@ -18,13 +18,20 @@ class PlainEmbedding : public Embedding {
   // In the compute dtype: the residual stream is bf16 under mixed precision
   // (the padded cast is the one the tied head makes anyway).
   at::Tensor forward(const at::Tensor& tokens) override {
-    return embedding_rows(weight_, tokens, *precision_, padded_vocab(weight_.size(0)));
+    return embedding_rows(weight_, tokens, *precision_, padded_vocab(weight_.size(0)), tied_grad_.get());
   }
   at::Tensor weight() const override { return weight_; }
+  // A head on this stage reads this table: its weight gradient comes here
+  // (mixed precision only: the fp32 lookup is aten's).
+  TiedGrad* tie() {
+    if (precision_->policy().mixed() && !tied_grad_) tied_grad_ = std::make_shared<TiedGrad>();
+    return tied_grad_.get();
+  }
 
  private:
   at::Tensor weight_;
   std::shared_ptr<MixedPrecision> precision_;
+  std::shared_ptr<TiedGrad> tied_grad_;
 };
 
 // Either owns its weight or reads the tied embedding's at every call, so the
@@ -34,13 +41,15 @@ class PlainHead : public LMHead {
   PlainHead(at::Tensor w, std::shared_ptr<MixedPrecision> p)
       : weight_(register_parameter("weight", std::move(w))), precision_(std::move(p)) {}
   PlainHead(std::shared_ptr<Embedding> tied, std::shared_ptr<MixedPrecision> p)
-      : tied_(std::move(tied)), precision_(std::move(p)) {}
+      : tied_(std::move(tied)), precision_(std::move(p)) {
+    if (auto* e = dynamic_cast<PlainEmbedding*>(tied_.get())) tied_grad_ = e->tie();
+  }
 
   at::Tensor logits(const at::Tensor& h) override { return precision_->linear(h, weight()); }
 
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets) override {
     // Chunked: never the whole batch's fp32 logits (model/cross_entropy.h).
-    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), weight(), targets, 0, precision_.get())
+    return chunked_cross_entropy(h.reshape({-1, h.size(-1)}), weight(), targets, 0, precision_.get(), tied_grad_)
         .view(targets.sizes());
   }
 
@@ -50,6 +59,7 @@ class PlainHead : public LMHead {
   at::Tensor weight_;
   std::shared_ptr<Embedding> tied_;
   std::shared_ptr<MixedPrecision> precision_;
+  TiedGrad* tied_grad_ = nullptr;  // the tied embedding's (it outlives the head: tied_ holds it)
 };
 
 }  // namespace

@@ -41,9 +41,10 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
 class EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& index, int64_t precision,
-                            int64_t rows) {
+                            int64_t rows, int64_t tied) {
     auto& mp = *reinterpret_cast<MixedPrecision*>(precision);
     ctx->save_for_backward({index});
+    ctx->saved_data["tied"] = tied;
     ctx->saved_data["vocab"] = w.size(0);
     ctx->saved_data["w_dtype"] = w.scalar_type();
     return at::embedding(mp.operand_detached(w, rows), index);
@@ -53,8 +54,21 @@ class EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
     const at::Tensor index = ctx->get_saved_variables()[0];
     // The rows' gradients summed in the parameter's dtype (fp32), not in bf16.
     const at::Tensor g = grads[0].to(ctx->saved_data["w_dtype"].toScalarType());
+    if (auto* tied = reinterpret_cast<TiedGrad*>(ctx->saved_data["tied"].toInt())) {
+      at::Tensor head;
+      {
+        std::lock_guard<std::mutex> lock(tied->mu);
+        head = std::move(tied->head);
+        tied->head = at::Tensor();
+      }
+      if (head.defined()) {
+        // Row by row into the head's gradient (in place: it is this pass's own buffer).
+        head.index_add_(0, index.reshape({-1}), g.reshape({-1, g.size(-1)}));
+        return {head, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      }
+    }
     const at::Tensor dw = at::embedding_dense_backward(g, index, ctx->saved_data["vocab"].toInt(), -1, false);
-    return {dw, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -79,10 +93,11 @@ at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecisi
   return BatchedLinear::apply(x, w, reinterpret_cast<int64_t>(&precision));
 }
 
-at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows) {
+at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows,
+                          TiedGrad* tied) {
   MT_ASSERT(w.dim() == 2, "embedding_rows wants a [V, d] table, got ", w.sizes());
   if (!precision.policy().mixed()) return at::embedding(w, index);
-  return EmbeddingRows::apply(w, index, reinterpret_cast<int64_t>(&precision), rows);
+  return EmbeddingRows::apply(w, index, reinterpret_cast<int64_t>(&precision), rows, reinterpret_cast<int64_t>(tied));
 }
 
 }  // namespace meshtrain

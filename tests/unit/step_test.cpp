@@ -191,6 +191,103 @@ TEST(Step, BatchedLinearGivesTheWeightGradientInFp32) {
   EXPECT_EQ(obs.totals().by_op.at("aten::copy_").calls, 1);
 }
 
+// A tied embedding's gradient (bf16, one stage): the head's backward leaves
+// its fp32 [V, d] gradient for the embedding's, which adds its rows into it
+// (mixed_matmul.h's TiedGrad) -- the sum of what an untied head and embedding
+// holding the same values get, to fp32 round-off; nothing is left over for
+// the next pass (a second identical pass doubles the gradient exactly).
+TEST(Step, TiedEmbeddingAddsItsRowsToTheHeadsGradient) {
+  auto mp = std::make_shared<MixedPrecision>(PrecisionPolicy::from_model_dtype(ModelDtype::Bfloat16));
+  const int64_t V = 200, d = 8, N = 40;
+  LayerFactory f;
+  f.set_seed(5);
+  f.set_precision(mp);
+  auto emb = f.embedding("embed", V, d, 0.5);
+  auto tied = f.head("head", d, V, 0.5, emb);
+  auto emb2 = f.embedding("embed2", V, d, 0.5);
+  auto untied = f.head("head2", d, V, 0.5, nullptr);
+  {
+    at::NoGradGuard no_grad;
+    emb2->weight().copy_(emb->weight());
+    untied->parameters()[0].copy_(emb->weight());
+  }
+  // Tokens repeat (a row gets several rows' gradients) and some are targets.
+  const at::Tensor tokens = at::randint(0, 50, {N}, at::make_generator<at::CPUGeneratorImpl>(9), at::kLong);
+  const at::Tensor targets = (tokens * 3 + 1) % V;
+  const auto pass = [&](Embedding& e, LMHead& h) {
+    CastScope scope(*mp);
+    h.token_losses(e.forward(tokens).view({1, N, d}), targets.view({1, N})).sum().backward();
+  };
+  pass(*emb, *tied);
+  pass(*emb2, *untied);
+  const at::Tensor got = emb->weight().grad().clone();
+  const at::Tensor want = emb2->weight().grad() + untied->parameters()[0].grad();
+  ASSERT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::allclose(got, want, 1e-6, 1e-6)) << (got - want).abs().max().item<double>();
+  EXPECT_GT(emb2->weight().grad().abs().sum().item<double>(), 0.0);
+  pass(*emb, *tied);
+  EXPECT_TRUE(at::equal(emb->weight().grad(), got * 2)) << "a gradient was left over or lost between passes";
+}
+
+// Kept casts (mixed_precision.h): read through operand (with autograd) and
+// operand_detached (padded), they are fresh casts bit for bit and give the
+// gradient Tensor::to gives; the optimizer's update writes them (no cast made
+// on the next round); a write to a parameter outside the optimizer (a
+// checkpoint load) is seen, and the next read casts again.
+TEST(Step, KeptCastsAreFreshCastsWrittenByTheOptimizer) {
+  MixedPrecision mp(PrecisionPolicy::from_model_dtype(ModelDtype::Bfloat16));
+  const at::Tensor w = randn({6, 4}, 40).requires_grad_(true);
+  const at::Tensor e = randn({5, 4}, 41).requires_grad_(true);  // read padded to 8 rows, like a vocabulary
+  const at::Tensor other = randn({3, 4}, 42).requires_grad_(true);  // not kept: cast every round
+  mp.keep_casts({w, e});
+  const auto fresh = [](const at::Tensor& t) { return t.detach().to(at::kBFloat16); };
+  const at::Tensor x = randn({3, 4}, 43).to(at::kBFloat16);
+  {
+    CastScope scope(mp);
+    const at::Tensor wc = mp.operand(w);
+    EXPECT_TRUE(at::equal(wc, fresh(w)));
+    EXPECT_TRUE(mp.operand(w).is_same(wc)) << "one cast per round";
+    const at::Tensor ec = mp.operand_detached(e, 8);
+    ASSERT_EQ(ec.size(0), 8);
+    EXPECT_TRUE(at::equal(ec.narrow(0, 0, 5), fresh(e)));
+    EXPECT_EQ(ec.narrow(0, 5, 3).abs().sum().item<float>(), 0.0f);
+    at::mm(x, wc.t()).sum().backward();
+    mp.operand(other);
+  }
+  EXPECT_EQ(mp.casts_made(), 3);
+  const at::Tensor w2 = w.detach().clone().requires_grad_(true);
+  at::mm(x, w2.to(at::kBFloat16).t()).sum().backward();
+  EXPECT_TRUE(at::equal(w.grad(), w2.grad())) << "the gradient Tensor::to's backward gives";
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+
+  e.mutable_grad() = randn({5, 4}, 44);
+  AdamW opt({{"w", w, true, {}, {}}, {"e", e, false, {}, {}}}, LrConfig{}, at::kFloat);
+  const std::vector<at::Tensor> casts = {mp.cast_to_write(w), mp.cast_to_write(e)};
+  ASSERT_TRUE(casts[0].defined() && casts[1].defined());
+  EXPECT_EQ(casts[1].sizes(), e.sizes());
+  EXPECT_FALSE(mp.cast_to_write(other).defined());
+  const at::Tensor w_before = w.detach().clone();
+  opt.step(1e-2, {}, {}, casts);
+  mp.casts_written({w, e});
+  ASSERT_FALSE(at::equal(w.detach(), w_before));
+  {
+    CastScope scope(mp);
+    EXPECT_TRUE(at::equal(mp.operand(w), fresh(w))) << "the optimizer's cast of the updated weight";
+    EXPECT_TRUE(at::equal(mp.operand_detached(e, 8).narrow(0, 0, 5), fresh(e)));
+    mp.operand(other);
+  }
+  EXPECT_EQ(mp.casts_made(), 4) << "only the parameter that is not kept was cast";
+  {
+    at::NoGradGuard no_grad;
+    w.detach().add_(1.0);  // as a checkpoint load writes it
+  }
+  {
+    CastScope scope(mp);
+    EXPECT_TRUE(at::equal(mp.operand(w), fresh(w))) << "a stale kept cast was used";
+  }
+  EXPECT_EQ(mp.casts_made(), 5);
+}
+
 // The head over an odd vocabulary: GEMMs over padded_vocab(V) columns, losses
 // and gradients of exactly V (fp32: the unpadded aten values; bf16: one
 // padded cast shared by the tied embedding and the head, gradients fp32 [V, d]).

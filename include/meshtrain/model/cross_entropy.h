@@ -13,14 +13,18 @@
 namespace meshtrain {
 
 class MixedPrecision;
+struct TiedGrad;
 
 // h [N, d], weight [V, d], targets [N] int64 -> per-token losses [N] fp32.
 // The GEMMs run over padded_vocab(V) columns; the losses read the first V.
 // chunk_rows <= 0: chunks of about 128M logits (a bound on one kernel's size,
 // and on evaluation's buffer, which holds one chunk). The GEMMs take their
-// operands in `precision`'s compute dtype (nullptr: as they come).
+// operands in `precision`'s compute dtype (nullptr: as they come). tied
+// (optional): weight is a tied embedding's on this stage, whose backward
+// takes the weight's gradient from there (model/mixed_matmul.h's TiedGrad).
 at::Tensor chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t chunk_rows = 0, MixedPrecision* precision = nullptr);
+                                 int64_t chunk_rows = 0, MixedPrecision* precision = nullptr,
+                                 TiedGrad* tied = nullptr);
 
 // The vocabulary the head's GEMMs compute with: vocab rounded up to a
 // multiple of 128, so the logits' rows, the cast weight and the weight

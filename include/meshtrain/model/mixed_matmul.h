@@ -9,10 +9,23 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <mutex>
 
 namespace meshtrain {
 
 class MixedPrecision;
+
+// A tied embedding's weight gradient, handed from the LM head's backward to
+// the embedding's when one stage holds both (the head's runs first): the
+// head leaves its fp32 [V, d] gradient here instead of returning it, and the
+// embedding's backward adds its rows into it and returns the sum. That is one
+// scatter of the batch's rows instead of a dense [V, d] gradient of the
+// embedding's own plus a [V, d] add of the two (1.2 GB a step for a 100K x
+// 768 table).
+struct TiedGrad {
+  std::mutex mu;
+  at::Tensor head;  // the head's gradient waiting for the embedding's rows, or undefined
+};
 
 // dW = dy^T x for a weight of dtype param_dtype, accumulated in fp32 when
 // dy and x are bf16/fp16 and the weight fp32: a GEMM with an fp32 output
@@ -29,7 +42,9 @@ at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecisi
 // Rows `index` of the table w [V, d] in the compute dtype (the embedding
 // lookup; index any shape of int64 in [0, V)); w's gradient comes out fp32,
 // summed in fp32. The cast table is padded to `rows` rows so that a tied
-// head's padded GEMM (model/cross_entropy.h) shares it.
-at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows);
+// head's padded GEMM (model/cross_entropy.h) shares it. tied (optional): the
+// head's gradient, added to (see TiedGrad).
+at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows,
+                          TiedGrad* tied = nullptr);
 
 }  // namespace meshtrain
