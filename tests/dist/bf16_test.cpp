@@ -210,11 +210,12 @@ TEST(Bf16, RecomputationOnTheBackwardThread) {
 // optimizer_writes_casts (default): the update writes each weight's bf16
 // cast, and the next forward reads it instead of casting the fp32 weight.
 // Those are the same bits as the casts it replaces, so with bf16 moments
-// (meshtrain::adamw_ either way) every loss and gradient norm is equal; with
-// fp32 moments the run without it updates through aten's fused AdamW, whose
-// round-off differs in the last bits (1e-6 of a weight per step), so the runs
-// agree to 1e-5 over the steps compared. A cast one update behind, or never
-// written, moves the losses by lr-sized steps: far outside either.
+// (meshtrain::adamw_ either way) every loss and gradient norm is equal: a
+// cast one update behind, or never written, fails that. With fp32 moments
+// the run without it updates through aten's fused AdamW, whose fp32
+// round-off differs in the last bits; a weight that lands on the other side
+// of a bf16 rounding boundary then reads one bf16 ulp apart, so the runs are
+// two differently rounded bf16 programs: within kMesh (measured 2.5e-4).
 TEST(Bf16, OptimizerWrittenCastsAreTheCastsOfEachStep) {
   if (test_runtime().size() != 1) GTEST_SKIP() << "one process (-np 1)";
   for (ModelDtype moments : {ModelDtype::Bfloat16, ModelDtype::Float32})
@@ -233,8 +234,8 @@ TEST(Bf16, OptimizerWrittenCastsAreTheCastsOfEachStep) {
           EXPECT_EQ(on_curve[i], off_curve[i]) << "loss of step " << i + 1;
           EXPECT_EQ(on_curve.grad_norms[i], off_curve.grad_norms[i]) << "grad norm of step " << i + 1;
         } else {
-          EXPECT_NEAR(on_curve[i], off_curve[i], 1e-5 * std::abs(off_curve[i])) << "loss of step " << i + 1;
-          EXPECT_NEAR(on_curve.grad_norms[i], off_curve.grad_norms[i], 1e-5 * off_curve.grad_norms[i])
+          EXPECT_NEAR(on_curve[i], off_curve[i], kMesh * std::abs(off_curve[i])) << "loss of step " << i + 1;
+          EXPECT_NEAR(on_curve.grad_norms[i], off_curve.grad_norms[i], kMesh * off_curve.grad_norms[i])
               << "grad norm of step " << i + 1;
         }
       }
