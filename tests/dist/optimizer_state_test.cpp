@@ -126,3 +126,26 @@ TEST(OptimizerState, ResumeUnderTheOtherStateDtypeConverts) {
     for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(straight[3 + i], resumed[i], 0.02) << "loss of step " << 3 + i;
   }
 }
+
+// A bf16 model at zero_stage 0 keeps the weights' casts the optimizer writes
+// (optimizer_writes_casts): a resumed run casts its loaded weights afresh and
+// must continue bit for bit as the run that never stopped, whose casts came
+// out of the update (fp32 and bf16 moments).
+TEST(OptimizerState, Bf16ModelWithWrittenCastsResumesBitExactly) {
+  for (ModelDtype moments : {ModelDtype::Float32, ModelDtype::Bfloat16}) {
+    SCOPED_TRACE(moments == ModelDtype::Float32 ? "fp32 moments" : "bf16 moments");
+    Config c = config("resume-casts", 0, moments);
+    c.model.model_dtype = ModelDtype::Bfloat16;
+    ASSERT_TRUE(c.optimizer_writes_casts);
+    const auto straight = train_and_save(c, 6, 3);
+    const auto again = train_and_save(c, 3, 3);
+    ASSERT_EQ(again.size(), 3u);
+    const auto resumed = resume(c, 6, 3);
+    ASSERT_EQ(resumed.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(straight[3 + i], resumed[i]) << "loss of step " << 3 + i;
+      EXPECT_EQ(straight.grad_norms[3 + i], resumed.grad_norms[i]) << "grad norm of step " << 3 + i;
+    }
+  }
+}
+
