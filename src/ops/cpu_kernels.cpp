@@ -50,8 +50,17 @@ at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::T
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     const float *c = cos.const_data_ptr<float>(), *sn = sin.const_data_ptr<float>();
+    // The CUDA kernel's path where it takes it (16-byte vectors), else pair by pair.
+    const bool vec = rows::rope_vectorizable<scalar_t>(s, xp, op, c, sn);
     at::parallel_for(0, n_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.half)), [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) rows::rope_row(s, r, xp, op, c, sn, offset, inverse);
+      for (int64_t r = b; r < e; ++r) {
+        if (!vec) {
+          rows::rope_row(s, r, xp, op, c, sn, offset, inverse);
+          continue;
+        }
+        for (int64_t f = 0; f < s.half; f += rows::kRopeVec<scalar_t>)
+          rows::rope_vec_of_row(s, r, f, xp, op, c, sn, offset, inverse);
+      }
     });
   });
   return out;

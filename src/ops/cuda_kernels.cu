@@ -136,6 +136,19 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(rows::Strided s, con
                             cos, sin, offset, inverse);
 }
 
+// Work item i: the 16-byte vector i % chunks of row i / chunks (both halves
+// of kRopeVec<T> pairs: two 128-bit loads and stores of x, two of the
+// tables), where rows::rope_vectorizable says every access is aligned. The
+// pair-by-pair kernel above makes 16 two-byte accesses for the same work.
+template <class T>
+__global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(rows::Strided s, const T* x, T* out, const float* cos,
+                                                                const float* sin, int64_t offset, bool inverse,
+                                                                int64_t chunks, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    rows::rope_vec_of_row(s, i / chunks, (i % chunks) * rows::kRopeVec<T>, x, out, cos, sin, offset, inverse);
+}
+
 // A row per warp (rows of at most kWarpRowMax elements): the reductions are
 // warp shuffles, no block barrier; kWarpRowThreads / kWarp rows per block.
 struct WarpLanes {
@@ -296,6 +309,13 @@ cudaError_t rope(Dtype dt, const rows::Strided& s, const void* x, void* out, con
   const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
+    if (rows::rope_vectorizable<T>(s, x, out, cos, sin)) {
+      const int64_t vchunks = s.half / rows::kRopeVec<T>, vn = pairs / s.half * vchunks;
+      const int vblocks = static_cast<int>(std::min<int64_t>((vn + threads - 1) / threads, 65535 * 8));
+      rope_vec_kernel<T><<<vblocks, threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos,
+                                                          sin, offset, inverse, vchunks, vn);
+      return;
+    }
     rope_kernel<T><<<blocks, threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos, sin, offset,
                                                    inverse, chunks, n);
   });

@@ -9,6 +9,7 @@
 // storage): each side specialises it for its bf16/fp16 types before use.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define MT_HD __host__ __device__ __forceinline__
@@ -115,6 +116,86 @@ MT_HD void rope_pairs_of_row(const Strided& s, int64_t row, int64_t f0, int64_t 
   for (int64_t f = f0; f < end; ++f) rope_at(x + r.x, out + r.out, cos + t, sin + t, sign, s.half, f);
 }
 constexpr int64_t kRopePairsPerThread = 8;
+
+// ---- RoPE by 16-byte vectors: kRopeVec<T> pairs of a row at once ----------
+// Each half of the pairs is read and written as one 16-byte vector, and the
+// tables as 16-byte vectors too, where rope_vectorizable() says every such
+// access is 16-byte aligned. The arithmetic is rope_at's, element for element
+// (the same expression, so the same bits), and both kernels take this path
+// when they can: the CPU tests check its indexing against the scalar path.
+template <class T>
+constexpr int kRopeVec = static_cast<int>(16 / sizeof(T));
+
+template <class T, int N>
+struct alignas(16) Vec {
+  T v[N];
+};
+
+// A 16-byte-aligned load / store (on the host through memcpy: no aliasing
+// assumptions; on the device one 128-bit access).
+template <class V, class T>
+MT_HD V load_vec(const T* p) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(V) % 16 == 0, "16-byte vectors");
+  V v;
+  for (int k = 0; k < static_cast<int>(sizeof(V) / 16); ++k)
+    reinterpret_cast<uint4*>(&v)[k] = reinterpret_cast<const uint4*>(p)[k];
+  return v;
+#else
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+#endif
+}
+template <class V, class T>
+MT_HD void store_vec(T* p, const V& v) {
+#if defined(__CUDA_ARCH__)
+  for (int k = 0; k < static_cast<int>(sizeof(V) / 16); ++k)
+    reinterpret_cast<uint4*>(p)[k] = reinterpret_cast<const uint4*>(&v)[k];
+#else
+  std::memcpy(p, &v, sizeof(V));
+#endif
+}
+
+// Whether every row's halves and table rows start 16-byte aligned: the
+// feature dim contiguous, half a multiple of the vector, every other stride
+// a multiple of it, and the four base pointers aligned.
+template <class T>
+inline bool rope_vectorizable(const Strided& s, const void* x, const void* out, const float* cos, const float* sin) {
+  constexpr int V = kRopeVec<T>;
+  if (s.dims < 1 || s.x_stride[s.dims - 1] != 1 || s.out_stride[s.dims - 1] != 1 || s.half % V != 0) return false;
+  for (int d = 0; d < s.dims - 1; ++d)
+    if (s.x_stride[d] % V != 0 || s.out_stride[d] % V != 0) return false;
+  for (const void* p : {x, out, static_cast<const void*>(cos), static_cast<const void*>(sin)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Pairs [f0, f0 + kRopeVec<T>) of one row (f0 a multiple of the vector).
+template <class T>
+MT_HD void rope_vec_of_row(const Strided& s, int64_t row, int64_t f0, const T* x, T* out, const float* cos,
+                           const float* sin, int64_t offset, bool inverse) {
+  constexpr int V = kRopeVec<T>;
+  using TV = Vec<T, V>;
+  using FV = Vec<float, V>;
+  const RopeRow r = rope_row_start(s, row);
+  const int64_t t = (r.pos + offset) * s.half + f0;
+  const float sign = inverse ? -1.0f : 1.0f;
+  const TV a = load_vec<TV>(x + r.x + f0), b = load_vec<TV>(x + r.x + f0 + s.half);
+  const FV c = load_vec<FV>(cos + t), sn = load_vec<FV>(sin + t);
+  TV oa, ob;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int i = 0; i < V; ++i) {
+    const float cc = c.v[i], ss = sign * sn.v[i];
+    const float av = ld(a.v[i]), bv = ld(b.v[i]);
+    oa.v[i] = st<T>(av * cc - bv * ss);
+    ob.v[i] = st<T>(bv * cc + av * ss);
+  }
+  store_vec(out + r.out + f0, oa);
+  store_vec(out + r.out + f0 + s.half, ob);
+}
 
 // One row per work item (the CPU kernel).
 template <class T>

@@ -91,6 +91,58 @@ TEST(Ops, RopeChunkedPairsEqualRows) {
   }
 }
 
+// The 16-byte-vector path (rows::rope_vec_of_row, the CUDA kernel's where
+// every access is aligned, and the CPU kernel's likewise) equals the pair-by-
+// pair path bit for bit; layouts it cannot take fall back.
+TEST(Ops, RopeVectorPathEqualsPairByPair) {
+  const auto t = ops::rope_tables(64, 16, 10000.0, at::kCPU);
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    // The fused QKV layout [B, T, 3, H, hd], q rotated in place of a view.
+    const at::Tensor qkv = randn({2, 12, 3, 4, 64}, 11).to(dt);
+    for (const at::Tensor& x : {qkv.select(2, 0), qkv.select(2, 1).transpose(1, 2)}) {
+      const int64_t seq = x.size(1) == 12 ? 1 : 2;
+      at::Tensor vec = at::empty_like(x), pairs = at::empty_like(x);
+      const ops::rows::Strided s = ops::impl::strided_layout(x, vec, seq);
+      const bool ok = dt == at::kFloat
+                          ? ops::rows::rope_vectorizable<float>(s, x.const_data_ptr(), vec.data_ptr(),
+                                                                t.cos.const_data_ptr<float>(), t.sin.const_data_ptr<float>())
+                          : ops::rows::rope_vectorizable<c10::BFloat16>(s, x.const_data_ptr(), vec.data_ptr(),
+                                                                        t.cos.const_data_ptr<float>(),
+                                                                        t.sin.const_data_ptr<float>());
+      ASSERT_TRUE(ok) << "an aligned layout must take the vector path";
+      ops::impl::rope_out_cpu(x, t.cos, t.sin, 3, seq, false, vec);
+      // The same values one element past an aligned address: the pair path.
+      const auto shifted = [&](const at::Tensor& v) {
+        return at::empty({v.numel() + 1}, v.options()).narrow(0, 1, v.numel()).view(v.sizes());
+      };
+      const at::Tensor x_off = shifted(x).copy_(x);
+      at::Tensor pairs_off = shifted(x);
+      ops::impl::rope_out_cpu(x_off, t.cos, t.sin, 3, seq, false, pairs_off);
+      pairs.copy_(pairs_off);
+      EXPECT_TRUE(at::equal(vec, pairs)) << "seq dim " << seq << " dtype " << dt;
+      EXPECT_FALSE(at::equal(vec, x));
+    }
+    // Not aligned: the base two elements in (bf16: 4 bytes), or a half of 20
+    // pairs (not a multiple of 8 bf16): the pair path, the same values.
+    const at::Tensor wide = randn({2, 12, 4, 66}, 12).to(dt);
+    const at::Tensor off = wide.narrow(-1, 2, 64);
+    at::Tensor y = at::empty_like(off);
+    const ops::rows::Strided s = ops::impl::strided_layout(off, y, 1);
+    if (dt == at::kBFloat16) {
+      EXPECT_FALSE(ops::rows::rope_vectorizable<c10::BFloat16>(s, off.const_data_ptr(), y.data_ptr(),
+                                                               t.cos.const_data_ptr<float>(), t.sin.const_data_ptr<float>()));
+      const at::Tensor odd = randn({2, 12, 4, 40}, 13).to(dt);
+      at::Tensor z = at::empty_like(odd);
+      EXPECT_FALSE(ops::rows::rope_vectorizable<c10::BFloat16>(ops::impl::strided_layout(odd, z, 1),
+                                                               odd.const_data_ptr(), z.data_ptr(),
+                                                               t.cos.const_data_ptr<float>(), t.sin.const_data_ptr<float>()));
+    }
+    ops::impl::rope_out_cpu(off, t.cos, t.sin, 0, 1, false, y);
+    expect_close(y.to(at::kFloat), aten_rope(off.to(at::kFloat), 0, 1, 10000.0), dt == at::kFloat ? 1e-6 : 8e-3,
+                 "rope unaligned");
+  }
+}
+
 TEST(Ops, RopeBf16IsFp32MathRoundedOnce) {
   const at::Tensor x = randn({2, 9, 2, 16}, 2);
   const auto t = ops::rope_tables(16, 9, 10000.0, at::kCPU);
