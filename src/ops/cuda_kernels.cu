@@ -122,31 +122,26 @@ int row_threads(int64_t D) {
 // Row blocks: one per row up to a grid that fills the GPU several times over.
 int row_blocks(int64_t N) { return static_cast<int>(std::min<int64_t>(std::max<int64_t>(N, 1), 65535)); }
 
-// Work item i: pairs [c * kRopePairsPerThread, (c + 1) * kRopePairsPerThread)
-// of row i / chunks, c = i % chunks. Measured on an H100 (GPT-2's q and k,
-// bf16): ~0.21 ms a call, as with a thread per pair, about 3x the time its
-// bytes need: the row's index arithmetic is not what limits it.
-template <class T>
+// Work item i: chunk c = i % chunks of row i / chunks. Pair by pair: pairs
+// [c * kRopePairsPerThread, (c + 1) * kRopePairsPerThread), the last chunk of
+// a row cut short (measured on an H100, GPT-2's q and k, bf16: ~0.21 ms a
+// call, about 3x the time its bytes need: 16 two-byte accesses per 8 pairs,
+// not the row's index arithmetic, limit it). kVec: the 16-byte vector c of
+// the row (both halves of kRopeVec<T> pairs: two 128-bit loads and stores of
+// x, 128-bit loads of the tables), where rows::rope_vectorizable says every
+// access is aligned.
+template <class T, bool kVec>
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(rows::Strided s, const T* x, T* out, const float* cos,
                                                             const float* sin, int64_t offset, bool inverse,
                                                             int64_t chunks, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    rows::rope_pairs_of_row(s, i / chunks, (i % chunks) * rows::kRopePairsPerThread, rows::kRopePairsPerThread, x, out,
-                            cos, sin, offset, inverse);
-}
-
-// Work item i: the 16-byte vector i % chunks of row i / chunks (both halves
-// of kRopeVec<T> pairs: two 128-bit loads and stores of x, two of the
-// tables), where rows::rope_vectorizable says every access is aligned. The
-// pair-by-pair kernel above makes 16 two-byte accesses for the same work.
-template <class T>
-__global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(rows::Strided s, const T* x, T* out, const float* cos,
-                                                                const float* sin, int64_t offset, bool inverse,
-                                                                int64_t chunks, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    rows::rope_vec_of_row(s, i / chunks, (i % chunks) * rows::kRopeVec<T>, x, out, cos, sin, offset, inverse);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (kVec)
+      rows::rope_vec_of_row(s, i / chunks, (i % chunks) * rows::kRopeVec<T>, x, out, cos, sin, offset, inverse);
+    else
+      rows::rope_pairs_of_row(s, i / chunks, (i % chunks) * rows::kRopePairsPerThread, rows::kRopePairsPerThread, x,
+                              out, cos, sin, offset, inverse);
+  }
 }
 
 // A row per warp (rows of at most kWarpRowMax elements): the reductions are
@@ -303,21 +298,20 @@ cudaError_t rope(Dtype dt, const rows::Strided& s, const void* x, void* out, con
                  int64_t offset, bool inverse, cudaStream_t stream) {
   const int64_t pairs = rows::rope_pairs(s);
   if (pairs == 0) return cudaSuccess;
-  const int64_t chunks = (s.half + rows::kRopePairsPerThread - 1) / rows::kRopePairsPerThread;
-  const int64_t n = pairs / s.half * chunks;
-  const int threads = kRopeThreads;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    if (rows::rope_vectorizable<T>(s, x, out, cos, sin)) {
-      const int64_t vchunks = s.half / rows::kRopeVec<T>, vn = pairs / s.half * vchunks;
-      const int vblocks = static_cast<int>(std::min<int64_t>((vn + threads - 1) / threads, 65535 * 8));
-      rope_vec_kernel<T><<<vblocks, threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos,
-                                                          sin, offset, inverse, vchunks, vn);
-      return;
-    }
-    rope_kernel<T><<<blocks, threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos, sin, offset,
-                                                   inverse, chunks, n);
+    const bool vec = rows::rope_vectorizable<T>(s, x, out, cos, sin);
+    const int64_t per_chunk = vec ? rows::kRopeVec<T> : rows::kRopePairsPerThread;
+    const int64_t chunks = (s.half + per_chunk - 1) / per_chunk, n = pairs / s.half * chunks;
+    const int blocks = static_cast<int>(std::min<int64_t>((n + kRopeThreads - 1) / kRopeThreads, 65535 * 8));
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kRopeThreads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos, sin, offset,
+                                                 inverse, chunks, n);
+    };
+    if (vec)
+      launch(rope_kernel<T, true>);
+    else
+      launch(rope_kernel<T, false>);
   });
 }
 
