@@ -12,16 +12,14 @@ namespace meshtrain {
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
                  const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
-                 const at::Tensor& found_inf, const at::Tensor& grad_scale, const std::vector<at::Tensor>& casts) {
+                 const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   if (params.empty()) return;
-  MT_ASSERT(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size() &&
-                (casts.empty() || casts.size() == params.size()),
+  MT_ASSERT(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
             "fused_adamw: lists of different lengths");
-  // bf16 moments: aten's fused update wants one dtype for every list; casts:
-  // aten's writes no second copy.
-  if (exp_avg.front().scalar_type() != at::kFloat || !casts.empty()) {
+  // bf16 moments: aten's fused update wants one dtype for every list.
+  if (exp_avg.front().scalar_type() != at::kFloat) {
     ops::adamw_(params, grads, exp_avg, exp_avg_sq, step, {lr, cfg.beta1, cfg.beta2, weight_decay, cfg.eps},
-                grad_scale, found_inf, casts);
+                grad_scale, found_inf);
     return;
   }
   // Every parameter reads the one step counter: the lists may repeat a tensor.
@@ -62,8 +60,9 @@ void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_
   at::NoGradGuard no_grad;
   MT_ASSERT(casts.empty() || casts.size() == params_.size(), "AdamW::step: ", casts.size(), " casts for ",
             params_.size(), " parameters");
-  // [decay][has a cast]: one fused call per group (the casts' lists must be
-  // all or nothing); with any cast, all groups take meshtrain::adamw_.
+  // [decay][has a cast]: one call per group (a call's casts are all or
+  // nothing); with any cast, every group takes meshtrain::adamw_ (aten's
+  // update writes no cast).
   const bool ours = std::any_of(casts.begin(), casts.end(), [](const at::Tensor& c) { return c.defined(); });
   std::vector<at::Tensor> p[2][2], g[2][2], m[2][2], v[2][2], c[2][2];
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -80,15 +79,13 @@ void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_
   step_.add_(1);
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) {
-      if (ours && j == 0 && !p[i][j].empty() && p[i][j].front().scalar_type() == at::kFloat &&
-          m[i][j].front().scalar_type() == at::kFloat) {
-        // Uncast parameters (norms, the fp32 router) take the same kernel as the cast ones.
-        ops::adamw_(p[i][j], g[i][j], m[i][j], v[i][j], step_,
-                    {lr, cfg_.beta1, cfg_.beta2, i == 1 ? cfg_.weight_decay : 0.0, cfg_.eps}, grad_scale, found_inf);
-        continue;
+      const double decay = i == 1 ? cfg_.weight_decay : 0.0;
+      if (!ours) {
+        fused_adamw(p[i][j], g[i][j], m[i][j], v[i][j], step_, lr, cfg_, decay, found_inf, grad_scale);
+      } else if (!p[i][j].empty()) {
+        ops::adamw_(p[i][j], g[i][j], m[i][j], v[i][j], step_, {lr, cfg_.beta1, cfg_.beta2, decay, cfg_.eps},
+                    grad_scale, found_inf, c[i][j]);
       }
-      fused_adamw(p[i][j], g[i][j], m[i][j], v[i][j], step_, lr, cfg_, i == 1 ? cfg_.weight_decay : 0.0, found_inf,
-                  grad_scale, c[i][j]);
     }
   if (found_inf.defined()) step_.sub_(found_inf);  // a skipped update is no step
 }

@@ -36,15 +36,11 @@ at::ScalarType state_dtype(const Config& cfg);
 // update). found_inf (0-dim fp32, optional): the update is skipped on the
 // device where it is non-zero, so skipping needs no host read. grad_scale
 // (0-dim fp32, optional): the gradients are divided by it inside the update
-// (gradient clipping without a pass of its own over the gradients). casts
-// (empty or one per parameter): bf16 copies written with the new weights in
-// the same pass (ops/adamw.h); then the update is meshtrain::adamw_ whatever
-// the moments' dtype.
+// (gradient clipping without a pass of its own over the gradients).
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
                  const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
-                 const at::Tensor& found_inf, const at::Tensor& grad_scale = {},
-                 const std::vector<at::Tensor>& casts = {});
+                 const at::Tensor& found_inf, const at::Tensor& grad_scale = {});
 
 class AdamW {
  public:
@@ -55,7 +51,7 @@ class AdamW {
   // without a gradient are left alone (their moments too). found_inf and
   // grad_scale: see fused_adamw (a skipped update does not count as a step).
   // casts (empty, or one per parameter of params(), undefined where none):
-  // bf16 copies the update writes (fused_adamw); with any, every parameter
+  // bf16 copies the update writes (ops/adamw.h); with any, every parameter
   // goes through meshtrain::adamw_, so all take the same arithmetic.
   void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {},
             const std::vector<at::Tensor>& casts = {});
