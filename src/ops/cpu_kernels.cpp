@@ -58,7 +58,7 @@ at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::T
           rows::rope_row(s, r, xp, op, c, sn, offset, inverse);
           continue;
         }
-        for (int64_t f = 0; f < s.half; f += rows::kRopeVec<scalar_t>)
+        for (int64_t f = 0; f < s.half; f += rows::kVec<scalar_t>)
           rows::rope_vec_of_row(s, r, f, xp, op, c, sn, offset, inverse);
       }
     });
@@ -82,11 +82,15 @@ Norm rms_norm_fwd_cpu(const at::Tensor& a, const Opt& b, const at::Tensor& w, co
     const float* wp = w.const_data_ptr<float>();
     const float* biasp = bias ? bias->const_data_ptr<float>() : nullptr;
     float* rp = rstd.data_ptr<float>();
-    at::parallel_for(0, N, grain(D), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        rp[r] = rows::rms_norm_row(SerialLanes{}, ap + r * D, bp ? bp + r * D : nullptr, wp, biasp,
-                                   hp ? hp + r * D : nullptr, yp + r * D, D, static_cast<float>(eps));
-    });
+    const auto run = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      at::parallel_for(0, N, grain(D), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          rp[r] = rows::rms_norm_row<V>(SerialLanes{}, ap + r * D, bp ? bp + r * D : nullptr, wp, biasp,
+                                        hp ? hp + r * D : nullptr, yp + r * D, D, static_cast<float>(eps));
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(D, D, {ap, bp, hp, yp, wp, biasp}), run);
   });
   return {h, y, rstd};
 }
@@ -110,12 +114,17 @@ Norm rms_norm_bwd_cpu(const at::Tensor& dy, const at::Tensor& h, const at::Tenso
     const float* rp = rstd.const_data_ptr<float>();
     float* dwp = dw_part.data_ptr<float>();
     float* dbp = bias ? db_part.data_ptr<float>() : nullptr;
-    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t r = t * g; r < std::min(N, (t + 1) * g); ++r)
-          rows::rms_norm_backward_row(SerialLanes{}, dyp + r * D, hp + r * D, wp, rp[r], resp ? resp + r * D : nullptr,
-                                      dhp + r * D, dwp + t * D, dbp ? dbp + t * D : nullptr, D);
-    });
+    const auto run = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t r = t * g; r < std::min(N, (t + 1) * g); ++r)
+            rows::rms_norm_backward_row<V>(SerialLanes{}, dyp + r * D, hp + r * D, wp, rp[r],
+                                           resp ? resp + r * D : nullptr, dhp + r * D, dwp + t * D,
+                                           dbp ? dbp + t * D : nullptr, D);
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(D, D, {dyp, hp, resp, dhp, wp}), run);
   });
   return {dh, dw_part.sum(0), bias ? db_part.sum(0) : at::empty({0}, w.options())};
 }
@@ -129,15 +138,20 @@ at::Tensor cross_entropy_rows_cpu(at::Tensor& z, const at::Tensor& targets, bool
     scalar_t* zp = z.data_ptr<scalar_t>();
     const int64_t* tp = t.const_data_ptr<int64_t>();
     float* lp = loss.data_ptr<float>();
-    at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) lp[r] = rows::cross_entropy_row(SerialLanes{}, zp + r * ld, V, tp[r], grad);
-    });
+    const auto run = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          lp[r] = rows::cross_entropy_row<W>(SerialLanes{}, zp + r * ld, V, tp[r], grad);
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(V, ld, {zp}), run);
   });
   return loss;
 }
 
 at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
-  check_rows(z, targets);
+  check_rows(z, targets, valid);
   const int64_t N = z.size(0), ld = z.stride(0);
   at::Tensor out = at::empty({3, N}, z.options().dtype(at::kFloat));
   const at::Tensor t = targets.contiguous();
@@ -145,29 +159,37 @@ at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int
     const scalar_t* zp = z.const_data_ptr<scalar_t>();
     const int64_t* tp = t.const_data_ptr<int64_t>();
     float* op = out.data_ptr<float>();
-    at::parallel_for(0, N, grain(valid), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const rows::SoftmaxStats s = rows::softmax_stats_row(SerialLanes{}, zp + r * ld, valid);
-        op[r] = s.max;
-        op[N + r] = s.sum;
-        op[2 * N + r] = tp[r] >= 0 && tp[r] < valid ? rows::ld(zp[r * ld + tp[r]]) : 0.0f;
-      }
-    });
+    const auto run = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      at::parallel_for(0, N, grain(valid), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const rows::SoftmaxStats s = rows::softmax_stats_row<V>(SerialLanes{}, zp + r * ld, valid);
+          op[r] = s.max;
+          op[N + r] = s.sum;
+          op[2 * N + r] = tp[r] >= 0 && tp[r] < valid ? rows::ld(zp[r * ld + tp[r]]) : 0.0f;
+        }
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(z.size(1), ld, {zp}), run);
   });
   return out;
 }
 
 at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid) {
-  check_rows(z, targets);
+  check_rows(z, targets, valid);
   const int64_t N = z.size(0), V = z.size(1), ld = z.stride(0);
   const at::Tensor t = targets.contiguous(), l = lse.to(at::kFloat).contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, z.scalar_type(), "softmax_grad_cpu", [&] {
     scalar_t* zp = z.data_ptr<scalar_t>();
     const int64_t* tp = t.const_data_ptr<int64_t>();
     const float* lp = l.const_data_ptr<float>();
-    at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) rows::softmax_grad_row(SerialLanes{}, zp + r * ld, valid, V, tp[r], lp[r]);
-    });
+    const auto run = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      at::parallel_for(0, N, grain(V), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) rows::softmax_grad_row<W>(SerialLanes{}, zp + r * ld, valid, V, tp[r], lp[r]);
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(V, ld, {zp}), run);
   });
   return z;
 }

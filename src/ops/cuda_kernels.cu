@@ -127,7 +127,7 @@ int row_blocks(int64_t N) { return static_cast<int>(std::min<int64_t>(std::max<i
 // a row cut short (measured on an H100, GPT-2's q and k, bf16: ~0.21 ms a
 // call, about 3x the time its bytes need: 16 two-byte accesses per 8 pairs,
 // not the row's index arithmetic, limit it). kVec: the 16-byte vector c of
-// the row (both halves of kRopeVec<T> pairs: two 128-bit loads and stores of
+// the row (both halves of kVec<T> pairs: two 128-bit loads and stores of
 // x, 128-bit loads of the tables), where rows::rope_vectorizable says every
 // access is aligned.
 template <class T, bool kVec>
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(rows::Strided s, con
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if constexpr (kVec)
-      rows::rope_vec_of_row(s, i / chunks, (i % chunks) * rows::kRopeVec<T>, x, out, cos, sin, offset, inverse);
+      rows::rope_vec_of_row(s, i / chunks, (i % chunks) * rows::kVec<T>, x, out, cos, sin, offset, inverse);
     else
       rows::rope_pairs_of_row(s, i / chunks, (i % chunks) * rows::kRopePairsPerThread, rows::kRopePairsPerThread, x,
                               out, cos, sin, offset, inverse);
@@ -167,65 +167,84 @@ int warp_row_blocks(int64_t rows) {
   return static_cast<int>(std::clamp<int64_t>((rows + per_block - 1) / per_block, 1, 65535));
 }
 
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kWarpRowThreads)
     rms_norm_fwd_warp_kernel(const T* a, const T* b, const float* w, const float* bias, T* h, T* y, float* rstd,
                              int64_t N, int64_t D, float eps) {
   const WarpLanes l;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpRowThreads / kWarp);
   for (int64_t r = warp_id(); r < N; r += warps) {
-    const float v = rows::rms_norm_row(l, a + r * D, b ? b + r * D : nullptr, w, bias, h ? h + r * D : nullptr,
-                                       y + r * D, D, eps);
+    const float v = rows::rms_norm_row<V>(l, a + r * D, b ? b + r * D : nullptr, w, bias, h ? h + r * D : nullptr,
+                                          y + r * D, D, eps);
     if (threadIdx.x % kWarp == 0) rstd[r] = v;
   }
 }
 
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
     rms_norm_fwd_kernel(const T* a, const T* b, const float* w, const float* bias, T* h, T* y, float* rstd, int64_t N,
                         int64_t D, float eps) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const float v = rows::rms_norm_row(l, a + r * D, b ? b + r * D : nullptr, w, bias, h ? h + r * D : nullptr,
-                                       y + r * D, D, eps);
+    const float v = rows::rms_norm_row<V>(l, a + r * D, b ? b + r * D : nullptr, w, bias, h ? h + r * D : nullptr,
+                                          y + r * D, D, eps);
     if (threadIdx.x == 0) rstd[r] = v;
   }
 }
 
-template <class T>
+// The column sums of a block's rows: in shared memory when they fit
+// (sums_in_shared), else straight in the block's row of dw_part / db_part.
+// A thread visits the same columns in every row and owns their sums, so
+// neither the zeroing nor the copy out needs a barrier.
+template <class T, int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
     rms_norm_bwd_kernel(const T* dy, const T* h, const float* w, const float* rstd, const T* dres, T* dh,
-                        float* dw_part, float* db_part, int64_t N, int64_t D) {
+                        float* dw_part, float* db_part, int64_t N, int64_t D, bool sums_in_shared) {
   __shared__ float scratch[kWarp];
+  extern __shared__ float sums[];  // [D] dw, then [D] db
   const BlockLanes l{scratch};
-  // This block's partial column sums: a thread always visits the same columns.
-  float* dw = dw_part + blockIdx.x * D;
-  float* db = db_part ? db_part + blockIdx.x * D : nullptr;
+  float* dw_out = dw_part + blockIdx.x * D;
+  float* db_out = db_part ? db_part + blockIdx.x * D : nullptr;
+  float* dw = sums_in_shared ? sums : dw_out;
+  float* db = db_out && sums_in_shared ? sums + D : db_out;
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * V, step = static_cast<int64_t>(blockDim.x) * V;
+  if (sums_in_shared)
+    for (int64_t c = first; c < D; c += step)
+      for (int i = 0; i < V; ++i) {
+        dw[c + i] = 0.0f;
+        if (db) db[c + i] = 0.0f;
+      }
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x)
-    rows::rms_norm_backward_row(l, dy + r * D, h + r * D, w, rstd[r], dres ? dres + r * D : nullptr, dh + r * D, dw,
-                                db, D);
+    rows::rms_norm_backward_row<V>(l, dy + r * D, h + r * D, w, rstd[r], dres ? dres + r * D : nullptr, dh + r * D,
+                                   dw, db, D);
+  if (sums_in_shared)
+    for (int64_t c = first; c < D; c += step)
+      for (int i = 0; i < V; ++i) {
+        dw_out[c + i] = dw[c + i];
+        if (db) db_out[c + i] = db[c + i];
+      }
 }
 
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    cross_entropy_kernel(T* z, int64_t ld, int64_t N, int64_t V, const int64_t* targets, float* loss, bool grad) {
+    cross_entropy_kernel(T* z, int64_t ld, int64_t N, int64_t cols, const int64_t* targets, float* loss, bool grad) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const float v = rows::cross_entropy_row(l, z + r * ld, V, targets[r], grad);
+    const float v = rows::cross_entropy_row<V>(l, z + r * ld, cols, targets[r], grad);
     if (threadIdx.x == 0) loss[r] = v;
     __syncthreads();  // the next row's first reduction reuses scratch
   }
 }
 
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
     softmax_stats_kernel(const T* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets, float* out) {
   __shared__ float scratch[kWarp];
   const BlockLanes l{scratch};
   for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
-    const rows::SoftmaxStats s = rows::softmax_stats_row(l, z + r * ld, valid);
+    const rows::SoftmaxStats s = rows::softmax_stats_row<V>(l, z + r * ld, valid);
     if (threadIdx.x == 0) {
       const int64_t t = targets[r];
       out[r] = s.max;
@@ -235,12 +254,13 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
-template <class T>
+template <class T, int V>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    softmax_grad_kernel(T* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
+    softmax_grad_kernel(T* z, int64_t ld, int64_t N, int64_t valid, int64_t cols, const int64_t* targets,
                         const float* lse) {
   const BlockLanes l{nullptr};  // no reduction: only the column split
-  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) rows::softmax_grad_row(l, z + r * ld, valid, V, targets[r], lse[r]);
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x)
+    rows::softmax_grad_row<V>(l, z + r * ld, valid, cols, targets[r], lse[r]);
 }
 
 // ---- AdamW: multi-tensor launches planned by adamw::plan_launches ------------
@@ -301,7 +321,7 @@ cudaError_t rope(Dtype dt, const rows::Strided& s, const void* x, void* out, con
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
     const bool vec = rows::rope_vectorizable<T>(s, x, out, cos, sin);
-    const int64_t per_chunk = vec ? rows::kRopeVec<T> : rows::kRopePairsPerThread;
+    const int64_t per_chunk = vec ? rows::kVec<T> : rows::kRopePairsPerThread;
     const int64_t chunks = (s.half + per_chunk - 1) / per_chunk, n = pairs / s.half * chunks;
     const int blocks = static_cast<int>(std::min<int64_t>((n + kRopeThreads - 1) / kRopeThreads, 65535 * 8));
     const auto launch = [&](auto kernel) {
@@ -320,15 +340,18 @@ cudaError_t rms_norm_fwd(Dtype dt, const void* a, const void* b, const float* w,
   if (N == 0) return cudaSuccess;
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    if (D <= kWarpRowMax) {
-      rms_norm_fwd_warp_kernel<T><<<warp_row_blocks(N), kWarpRowThreads, 0, stream>>>(
+    rows::with_width<T>(rows::rows_vectorizable<T>(D, D, {a, b, h, y, w, bias}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      if (D <= kWarpRowMax) {
+        rms_norm_fwd_warp_kernel<T, V><<<warp_row_blocks(N), kWarpRowThreads, 0, stream>>>(
+            static_cast<const T*>(a), static_cast<const T*>(b), w, bias, static_cast<T*>(h), static_cast<T*>(y), rstd,
+            N, D, eps);
+        return;
+      }
+      rms_norm_fwd_kernel<T, V><<<row_blocks(N), row_threads(D / V), 0, stream>>>(
           static_cast<const T*>(a), static_cast<const T*>(b), w, bias, static_cast<T*>(h), static_cast<T*>(y), rstd,
           N, D, eps);
-      return;
-    }
-    rms_norm_fwd_kernel<T><<<row_blocks(N), row_threads(D), 0, stream>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), w, bias, static_cast<T*>(h), static_cast<T*>(y), rstd, N,
-        D, eps);
+    });
   });
 }
 
@@ -336,11 +359,18 @@ cudaError_t rms_norm_bwd(Dtype dt, const void* dy, const void* h, const float* w
                          void* dh, float* dw_part, float* db_part, int64_t N, int64_t D, int blocks,
                          cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
+  // The default limit of dynamic shared memory a block may take without opting in.
+  constexpr int64_t kSharedSums = 48 * 1024;
+  const int64_t sums_bytes = D * static_cast<int64_t>(sizeof(float)) * (db_part ? 2 : 1);
+  const bool shared = sums_bytes <= kSharedSums;
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_bwd_kernel<T><<<blocks, row_threads(D), 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(h), w, rstd, static_cast<const T*>(dres), static_cast<T*>(dh),
-        dw_part, db_part, N, D);
+    rows::with_width<T>(rows::rows_vectorizable<T>(D, D, {dy, h, dres, dh, w}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      rms_norm_bwd_kernel<T, V><<<blocks, row_threads(D / V), shared ? sums_bytes : 0, stream>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(h), w, rstd, static_cast<const T*>(dres),
+          static_cast<T*>(dh), dw_part, db_part, N, D, shared);
+    });
   });
 }
 
@@ -349,18 +379,24 @@ cudaError_t cross_entropy_rows(Dtype dt, void* z, int64_t ld, int64_t N, int64_t
   if (N == 0) return cudaSuccess;
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_kernel<T><<<row_blocks(N), row_threads(V), 0, stream>>>(static_cast<T*>(z), ld, N, V, targets, loss,
-                                                                          grad);
+    rows::with_width<T>(rows::rows_vectorizable<T>(V, ld, {z}), [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      cross_entropy_kernel<T, W><<<row_blocks(N), row_threads(V / W), 0, stream>>>(static_cast<T*>(z), ld, N, V,
+                                                                                   targets, loss, grad);
+    });
   });
 }
 
-cudaError_t softmax_stats(Dtype dt, const void* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets,
-                          float* out, cudaStream_t stream) {
+cudaError_t softmax_stats(Dtype dt, const void* z, int64_t ld, int64_t N, int64_t cols, int64_t valid,
+                          const int64_t* targets, float* out, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    softmax_stats_kernel<T><<<row_blocks(N), row_threads(valid), 0, stream>>>(static_cast<const T*>(z), ld, N, valid,
-                                                                              targets, out);
+    rows::with_width<T>(rows::rows_vectorizable<T>(cols, ld, {z}), [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      softmax_stats_kernel<T, W><<<row_blocks(N), row_threads(valid / W), 0, stream>>>(static_cast<const T*>(z), ld,
+                                                                                       N, valid, targets, out);
+    });
   });
 }
 
@@ -369,8 +405,11 @@ cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid
   if (N == 0) return cudaSuccess;
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
-    softmax_grad_kernel<T><<<row_blocks(N), row_threads(V), 0, stream>>>(static_cast<T*>(z), ld, N, valid, V, targets,
-                                                                         lse);
+    rows::with_width<T>(rows::rows_vectorizable<T>(V, ld, {z}), [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      softmax_grad_kernel<T, W><<<row_blocks(N), row_threads(V / W), 0, stream>>>(static_cast<T*>(z), ld, N, valid,
+                                                                                  V, targets, lse);
+    });
   });
 }
 

@@ -23,9 +23,9 @@ cudaError_t rms_norm_bwd(Dtype dt, const void* dy, const void* h, const float* w
                          cudaStream_t stream);
 cudaError_t cross_entropy_rows(Dtype dt, void* z, int64_t ld, int64_t N, int64_t V, const int64_t* targets,
                                float* loss, bool grad, cudaStream_t stream);
-// out: [3, N] fp32 (max, sum, picked).
-cudaError_t softmax_stats(Dtype dt, const void* z, int64_t ld, int64_t N, int64_t valid, const int64_t* targets,
-                          float* out, cudaStream_t stream);
+// out: [3, N] fp32 (max, sum, picked) over the first `valid` of a row's `cols` columns.
+cudaError_t softmax_stats(Dtype dt, const void* z, int64_t ld, int64_t N, int64_t cols, int64_t valid,
+                          const int64_t* targets, float* out, cudaStream_t stream);
 cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
                          const float* lse, cudaStream_t stream);
 

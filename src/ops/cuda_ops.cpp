@@ -98,18 +98,18 @@ at::Tensor cross_entropy_rows_cuda(at::Tensor& z, const at::Tensor& targets, boo
 }
 
 at::Tensor softmax_stats_cuda(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
-  check_rows(z, targets);
+  check_rows(z, targets, valid);
   const c10::cuda::CUDAGuard guard(z.device());
   at::Tensor out = at::empty({3, z.size(0)}, z.options().dtype(at::kFloat));
   const at::Tensor t = targets.contiguous();
-  check_launch(cuda::softmax_stats(dtype_of(z), z.const_data_ptr(), z.stride(0), z.size(0), valid,
+  check_launch(cuda::softmax_stats(dtype_of(z), z.const_data_ptr(), z.stride(0), z.size(0), z.size(1), valid,
                                    t.const_data_ptr<int64_t>(), out.data_ptr<float>(), stream_of(z)),
                "softmax_stats");
   return out;
 }
 
 at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid) {
-  check_rows(z, targets);
+  check_rows(z, targets, valid);
   const c10::cuda::CUDAGuard guard(z.device());
   const at::Tensor t = targets.contiguous(), l = lse.to(at::kFloat).contiguous();
   check_launch(cuda::softmax_grad(dtype_of(z), z.data_ptr(), z.stride(0), z.size(0), valid, z.size(1),

@@ -45,13 +45,13 @@ at::Tensor cross_entropy_rows_meta(at::Tensor& z, const at::Tensor& targets, boo
   return at::empty({z.size(0)}, z.options().dtype(at::kFloat));
 }
 
-at::Tensor softmax_stats_meta(const at::Tensor& z, const at::Tensor& targets, int64_t) {
-  impl::check_rows(z, targets);
+at::Tensor softmax_stats_meta(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
+  impl::check_rows(z, targets, valid);
   return at::empty({3, z.size(0)}, z.options().dtype(at::kFloat));
 }
 
-at::Tensor& softmax_grad_meta(at::Tensor& z, const at::Tensor& targets, const at::Tensor&, int64_t) {
-  impl::check_rows(z, targets);
+at::Tensor& softmax_grad_meta(at::Tensor& z, const at::Tensor& targets, const at::Tensor&, int64_t valid) {
+  impl::check_rows(z, targets, valid);
   return z;
 }
 

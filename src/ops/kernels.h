@@ -18,7 +18,8 @@ using Norm = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 void check_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset, int64_t seq_dim,
                 const at::Tensor& out);
 void check_norm(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Opt& bias);
-void check_rows(const at::Tensor& z, const at::Tensor& targets);
+// valid: the columns a vocabulary shard counts (softmax_stats/grad), at most the row's.
+void check_rows(const at::Tensor& z, const at::Tensor& targets, int64_t valid = 0);
 // meshtrain::adamw_ (ops/adamw.h): every list as long as params, each element
 // of it contiguous, on one device, with params' element count; params and
 // grads fp32, the moments all fp32 or all bf16; casts empty or bf16, one per

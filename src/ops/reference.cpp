@@ -54,11 +54,13 @@ void check_norm(const at::Tensor& a, const Opt& b, const at::Tensor& w, const Op
             "rms_norm: bias must be fp32 like the weight");
 }
 
-void check_rows(const at::Tensor& z, const at::Tensor& targets) {
+void check_rows(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
   MT_ASSERT(z.dim() == 2 && z.stride(1) == 1 && float_type(z), "cross-entropy rows: z must be [N, V] with unit "
             "column stride, got ", z.sizes());
   MT_ASSERT(targets.dim() == 1 && targets.size(0) == z.size(0) && targets.scalar_type() == at::kLong,
             "cross-entropy rows: ", z.size(0), " rows but targets ", targets.sizes(), " ", targets.scalar_type());
+  MT_ASSERT(valid >= 0 && valid <= z.size(1), "cross-entropy rows: ", valid, " valid columns of a row of ",
+            z.size(1));
 }
 
 at::Tensor& rope_out_ref(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
@@ -99,7 +101,7 @@ Norm rms_norm_bwd_ref(const at::Tensor& dy, const at::Tensor& h, const at::Tenso
 }
 
 at::Tensor softmax_stats_ref(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
-  check_rows(z, targets);
+  check_rows(z, targets, valid);
   const at::Tensor zf = z.narrow(1, 0, valid).to(at::kFloat);
   const at::Tensor m = std::get<0>(zf.max(1));
   const at::Tensor s = (zf - m.unsqueeze(1)).exp().sum(1);
@@ -109,7 +111,7 @@ at::Tensor softmax_stats_ref(const at::Tensor& z, const at::Tensor& targets, int
 }
 
 at::Tensor& softmax_grad_ref(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid) {
-  check_rows(z, targets);
+  check_rows(z, targets, valid);
   at::Tensor p = at::zeros(z.sizes(), z.options().dtype(at::kFloat));
   p.narrow(1, 0, valid).copy_((z.narrow(1, 0, valid).to(at::kFloat) - lse.unsqueeze(1)).exp());
   const at::Tensor in = (targets >= 0) & (targets < valid);

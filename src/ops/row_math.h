@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #define MT_HD __host__ __device__ __forceinline__
@@ -117,30 +119,42 @@ MT_HD void rope_pairs_of_row(const Strided& s, int64_t row, int64_t f0, int64_t 
 }
 constexpr int64_t kRopePairsPerThread = 8;
 
-// ---- RoPE by 16-byte vectors: kRopeVec<T> pairs of a row at once ----------
-// Each half of the pairs is read and written as one 16-byte vector, and the
-// tables as 16-byte vectors too, where rope_vectorizable() says every such
-// access is 16-byte aligned. The arithmetic is rope_at's, element for element
-// (the same expression, so the same bits), and both kernels take this path
-// when they can: the CPU tests check its indexing against the scalar path.
+// ---- 16-byte vectors ----------------------------------------------------------
+// The kernels move a row's elements kVec<T> at a time (one 128-bit access on
+// a GPU instead of kVec two-byte ones) where every such access is 16-byte
+// aligned, else one at a time (width 1). A function templated on the width V
+// computes each element with the same expression on either path; with one
+// thread per row (the CPU kernels) it also visits them in the same order, so
+// the widths give the same bits wherever the row's reduction order does not
+// depend on V (RoPE, RMSNorm; the softmax statistics rescale once per vector).
 template <class T>
-constexpr int kRopeVec = static_cast<int>(16 / sizeof(T));
+constexpr int kVec = static_cast<int>(16 / sizeof(T));
 
 template <class T, int N>
-struct alignas(16) Vec {
+struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
-// A 16-byte-aligned load / store (on the host through memcpy: no aliasing
-// assumptions; on the device one 128-bit access).
+#if defined(__CUDACC__)
+#define MT_UNROLL _Pragma("unroll")
+#else
+#define MT_UNROLL
+#endif
+
+// A vector load / store at an address aligned to the vector (to 16 bytes
+// for the wide ones): on the device 128-bit accesses, one plain access at
+// width 1; on the host through memcpy (no aliasing assumptions).
 template <class V, class T>
 MT_HD V load_vec(const T* p) {
 #if defined(__CUDA_ARCH__)
-  static_assert(sizeof(V) % 16 == 0, "16-byte vectors");
-  V v;
-  for (int k = 0; k < static_cast<int>(sizeof(V) / 16); ++k)
-    reinterpret_cast<uint4*>(&v)[k] = reinterpret_cast<const uint4*>(p)[k];
-  return v;
+  if constexpr (sizeof(V) % 16 == 0) {
+    V v;
+    for (int k = 0; k < static_cast<int>(sizeof(V) / 16); ++k)
+      reinterpret_cast<uint4*>(&v)[k] = reinterpret_cast<const uint4*>(p)[k];
+    return v;
+  } else {
+    return *reinterpret_cast<const V*>(p);
+  }
 #else
   V v;
   std::memcpy(&v, p, sizeof(V));
@@ -150,32 +164,64 @@ MT_HD V load_vec(const T* p) {
 template <class V, class T>
 MT_HD void store_vec(T* p, const V& v) {
 #if defined(__CUDA_ARCH__)
-  for (int k = 0; k < static_cast<int>(sizeof(V) / 16); ++k)
-    reinterpret_cast<uint4*>(p)[k] = reinterpret_cast<const uint4*>(&v)[k];
+  if constexpr (sizeof(V) % 16 == 0) {
+    for (int k = 0; k < static_cast<int>(sizeof(V) / 16); ++k)
+      reinterpret_cast<uint4*>(p)[k] = reinterpret_cast<const uint4*>(&v)[k];
+  } else {
+    *reinterpret_cast<V*>(p) = v;
+  }
 #else
   std::memcpy(p, &v, sizeof(V));
 #endif
 }
 
+// Whether rows of `cols` elements of T, starting `ld` elements apart, can be
+// moved by kVec<T> vectors: both multiples of the vector and every base
+// pointer given (T rows, or the fp32 per-column vectors beside them) 16-byte
+// aligned. Null pointers (absent operands) do not count.
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+template <class T>
+inline bool rows_vectorizable(int64_t cols, int64_t ld, std::initializer_list<const void*> ptrs) {
+  return cols % kVec<T> == 0 && ld % kVec<T> == 0 && aligned16(ptrs);
+}
+
+// Calls run with the width (a std::integral_constant) both backends take for
+// the same tensors: kVec<T> where `vectorizable`, else 1.
+template <class T, class F>
+inline void with_width(bool vectorizable, F&& run) {
+  if (vectorizable)
+    run(std::integral_constant<int, kVec<T>>{});
+  else
+    run(std::integral_constant<int, 1>{});
+}
+
+// ---- RoPE by 16-byte vectors: kVec<T> pairs of a row at once ---------------
+// Each half of the pairs is read and written as one 16-byte vector, and the
+// tables as 16-byte vectors too, where rope_vectorizable() says every such
+// access is 16-byte aligned. The arithmetic is rope_at's, element for element
+// (the same expression, so the same bits), and both kernels take this path
+// when they can: the CPU tests check its indexing against the scalar path.
 // Whether every row's halves and table rows start 16-byte aligned: the
 // feature dim contiguous, half a multiple of the vector, every other stride
 // a multiple of it, and the four base pointers aligned.
 template <class T>
 inline bool rope_vectorizable(const Strided& s, const void* x, const void* out, const float* cos, const float* sin) {
-  constexpr int V = kRopeVec<T>;
+  constexpr int V = kVec<T>;
   if (s.dims < 1 || s.x_stride[s.dims - 1] != 1 || s.out_stride[s.dims - 1] != 1 || s.half % V != 0) return false;
   for (int d = 0; d < s.dims - 1; ++d)
     if (s.x_stride[d] % V != 0 || s.out_stride[d] % V != 0) return false;
-  for (const void* p : {x, out, static_cast<const void*>(cos), static_cast<const void*>(sin)})
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
+  return x && out && cos && sin && aligned16({x, out, cos, sin});
 }
 
-// Pairs [f0, f0 + kRopeVec<T>) of one row (f0 a multiple of the vector).
+// Pairs [f0, f0 + kVec<T>) of one row (f0 a multiple of the vector).
 template <class T>
 MT_HD void rope_vec_of_row(const Strided& s, int64_t row, int64_t f0, const T* x, T* out, const float* cos,
                            const float* sin, int64_t offset, bool inverse) {
-  constexpr int V = kRopeVec<T>;
+  constexpr int V = kVec<T>;
   using TV = Vec<T, V>;
   using FV = Vec<float, V>;
   const RopeRow r = rope_row_start(s, row);
@@ -184,9 +230,7 @@ MT_HD void rope_vec_of_row(const Strided& s, int64_t row, int64_t f0, const T* x
   const TV a = load_vec<TV>(x + r.x + f0), b = load_vec<TV>(x + r.x + f0 + s.half);
   const FV c = load_vec<FV>(cos + t), sn = load_vec<FV>(sin + t);
   TV oa, ob;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  MT_UNROLL
   for (int i = 0; i < V; ++i) {
     const float cc = c.v[i], ss = sign * sn.v[i];
     const float av = ld(a.v[i]), bv = ld(b.v[i]);
@@ -207,67 +251,110 @@ MT_HD void rope_row(const Strided& s, int64_t row, const T* x, T* out, const flo
 // ---- RMSNorm with an optional residual add ---------------------------------
 // h = a + b (rounded to T: the residual stream stores it), y = h * rstd * w (+ bias),
 // rstd = 1 / sqrt(mean(h^2) + eps). Without b, h is a and is not written.
-// Returns rstd (the backward's only statistic).
-template <class T, class L>
+// Returns rstd (the backward's only statistic). V: the width (above); a lane
+// visits the vectors lane, lane + lanes, ... of the row, in both passes.
+template <int V, class T, class L>
 MT_HD float rms_norm_row(const L& l, const T* a, const T* b, const float* w, const float* bias, T* h, T* y,
                          int64_t D, float eps) {
+  using TV = Vec<T, V>;
+  using FV = Vec<float, V>;
   float ss = 0;
-  for (int64_t i = l.lane(); i < D; i += l.lanes()) {
-    float v = ld(a[i]);
+  for (int64_t j = l.lane() * V; j < D; j += l.lanes() * V) {
+    TV x = load_vec<TV>(a + j);
     if (b) {
-      const T r = st<T>(v + ld(b[i]));
-      h[i] = r;
-      v = ld(r);
+      const TV r = load_vec<TV>(b + j);
+      MT_UNROLL
+      for (int i = 0; i < V; ++i) x.v[i] = st<T>(ld(x.v[i]) + ld(r.v[i]));
+      store_vec(h + j, x);
     }
-    ss += v * v;
+    MT_UNROLL
+    for (int i = 0; i < V; ++i) {
+      const float v = ld(x.v[i]);
+      ss += v * v;
+    }
   }
   ss = l.sum(ss);
   const float rstd = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
   const T* src = b ? h : a;  // each thread re-reads only what it wrote
-  for (int64_t i = l.lane(); i < D; i += l.lanes()) {
-    float v = ld(src[i]) * rstd * w[i];
-    if (bias) v += bias[i];
-    y[i] = st<T>(v);
+  for (int64_t j = l.lane() * V; j < D; j += l.lanes() * V) {
+    const TV x = load_vec<TV>(src + j);
+    const FV wv = load_vec<FV>(w + j);
+    FV bv{};
+    if (bias) bv = load_vec<FV>(bias + j);
+    TV out;
+    MT_UNROLL
+    for (int i = 0; i < V; ++i) {
+      float v = ld(x.v[i]) * rstd * wv.v[i];
+      if (bias) v += bv.v[i];
+      out.v[i] = st<T>(v);
+    }
+    store_vec(y + j, out);
   }
   return rstd;
 }
 
 // dh = rstd * (g - xhat * mean(g * xhat)) (+ dres), g = dy * w, xhat = h * rstd;
 // dw += dy * xhat and db += dy per column (accumulators the caller owns for
-// the columns this thread visits).
-template <class T, class L>
+// the columns this lane visits: the same ones in every row).
+template <int V, class T, class L>
 MT_HD void rms_norm_backward_row(const L& l, const T* dy, const T* h, const float* w, float rstd, const T* dres,
                                  T* dh, float* dw, float* db, int64_t D) {
+  using TV = Vec<T, V>;
+  using FV = Vec<float, V>;
   float dot = 0;
-  for (int64_t i = l.lane(); i < D; i += l.lanes()) dot += ld(dy[i]) * w[i] * ld(h[i]) * rstd;
+  for (int64_t j = l.lane() * V; j < D; j += l.lanes() * V) {
+    const TV g = load_vec<TV>(dy + j), x = load_vec<TV>(h + j);
+    const FV wv = load_vec<FV>(w + j);
+    MT_UNROLL
+    for (int i = 0; i < V; ++i) dot += ld(g.v[i]) * wv.v[i] * ld(x.v[i]) * rstd;
+  }
   dot = l.sum(dot) / static_cast<float>(D);
-  for (int64_t i = l.lane(); i < D; i += l.lanes()) {
-    const float g = ld(dy[i]), xhat = ld(h[i]) * rstd;
-    float v = rstd * (g * w[i] - xhat * dot);
-    if (dres) v += ld(dres[i]);
-    dh[i] = st<T>(v);
-    dw[i] += g * xhat;
-    if (db) db[i] += g;
+  for (int64_t j = l.lane() * V; j < D; j += l.lanes() * V) {
+    const TV g = load_vec<TV>(dy + j), x = load_vec<TV>(h + j);
+    const FV wv = load_vec<FV>(w + j);
+    TV r;
+    if (dres) r = load_vec<TV>(dres + j);
+    TV out;
+    MT_UNROLL
+    for (int i = 0; i < V; ++i) {
+      const float gi = ld(g.v[i]), xhat = ld(x.v[i]) * rstd;
+      float v = rstd * (gi * wv.v[i] - xhat * dot);
+      if (dres) v += ld(r.v[i]);
+      out.v[i] = st<T>(v);
+      dw[j + i] += gi * xhat;
+      if (db) db[j + i] += gi;
+    }
+    store_vec(dh + j, out);
   }
 }
 
 // ---- cross-entropy over one row of logits ----------------------------------
-// Online max and sum of exp over the valid columns [0, valid): one read.
+// Online max and sum of exp over the valid columns [0, valid): one read. The
+// running sum is rescaled once per vector (to the larger of its max and the
+// vector's), then takes the vector's exps: at width 1 the classic online
+// softmax. A vector may reach past `valid` (not past the row): those
+// columns are left out.
 struct SoftmaxStats {
   float max, sum;  // sum of exp(z - max)
 };
 
-template <class T, class L>
+template <int V, class T, class L>
 MT_HD SoftmaxStats softmax_stats_row(const L& l, const T* z, int64_t valid) {
+  using TV = Vec<T, V>;
   float m = -INFINITY, s = 0;
-  for (int64_t i = l.lane(); i < valid; i += l.lanes()) {
-    const float v = ld(z[i]);
-    if (v > m) {
-      s = s * expf(m - v) + 1.0f;
-      m = v;
-    } else {
-      s += expf(v - m);
+  for (int64_t j = l.lane() * V; j < valid; j += l.lanes() * V) {
+    const TV x = load_vec<TV>(z + j);
+    float xm = -INFINITY;
+    MT_UNROLL
+    for (int i = 0; i < V; ++i)
+      if (j + i < valid) xm = fmaxf(xm, ld(x.v[i]));
+    if (xm > m) {
+      s *= expf(m - xm);
+      m = xm;
     }
+    MT_UNROLL
+    for (int i = 0; i < V; ++i)
+      if (j + i < valid) s += expf(ld(x.v[i]) - m);
   }
   const float M = l.max(m);
   s = m == -INFINITY ? 0.0f : s * expf(m - M);
@@ -275,27 +362,34 @@ MT_HD SoftmaxStats softmax_stats_row(const L& l, const T* z, int64_t valid) {
 }
 
 // z becomes d loss / d z for the loss lse - z[target]: softmax - onehot, and
-// 0 in the padding columns [valid, V). target outside [0, valid) means the
+// 0 in the padding columns [valid, cols). target outside [0, valid) means the
 // target lives in another vocabulary shard (no one-hot here).
-template <class T, class L>
-MT_HD void softmax_grad_row(const L& l, T* z, int64_t valid, int64_t V, int64_t target, float lse) {
-  for (int64_t i = l.lane(); i < V; i += l.lanes()) {
-    float p = i < valid ? expf(ld(z[i]) - lse) : 0.0f;
-    if (i == target && i < valid) p -= 1.0f;
-    z[i] = st<T>(p);
+template <int V, class T, class L>
+MT_HD void softmax_grad_row(const L& l, T* z, int64_t valid, int64_t cols, int64_t target, float lse) {
+  using TV = Vec<T, V>;
+  for (int64_t j = l.lane() * V; j < cols; j += l.lanes() * V) {
+    TV x = load_vec<TV>(z + j);
+    MT_UNROLL
+    for (int i = 0; i < V; ++i) {
+      const int64_t c = j + i;
+      float p = c < valid ? expf(ld(x.v[i]) - lse) : 0.0f;
+      if (c == target && c < valid) p -= 1.0f;
+      x.v[i] = st<T>(p);
+    }
+    store_vec(z + j, x);
   }
 }
 
 // The fused single-shard version: the loss, and z overwritten by its gradient.
 // z[target] is read before any thread writes (the reductions in between
 // synchronise a block).
-template <class T, class L>
-MT_HD float cross_entropy_row(const L& l, T* z, int64_t V, int64_t target, bool grad) {
-  const bool in = target >= 0 && target < V;
+template <int V, class T, class L>
+MT_HD float cross_entropy_row(const L& l, T* z, int64_t cols, int64_t target, bool grad) {
+  const bool in = target >= 0 && target < cols;
   const float picked = in ? ld(z[target]) : 0.0f;
-  const SoftmaxStats s = softmax_stats_row(l, z, V);
+  const SoftmaxStats s = softmax_stats_row<V>(l, z, cols);
   const float lse = s.max + logf(s.sum);
-  if (grad) softmax_grad_row(l, z, V, V, target, lse);
+  if (grad) softmax_grad_row<V>(l, z, cols, cols, target, lse);
   return lse - picked;
 }
 

@@ -166,12 +166,23 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
            },
            "add_rms_norm D " + std::to_string(D));
     }
+    // Rows the 16-byte vectors cannot take (42 columns: element by element),
+    // and the bias's column sums beside the weight's (shared memory, D 768).
+    both({randn({5, 7, 42}), randn({42}) + 1},
+         [&](const auto& v) { return std::vector{ops::rms_norm(v[0], v[1], {}, 1e-6)}; }, "rms_norm 42 columns");
+    both({randn({4100, 768}), randn({768}) + 1, randn({768})},
+         [&](const auto& v) { return std::vector{ops::rms_norm(v[0], v[1], v[2], 1e-6)}; }, "rms_norm bias D 768");
     // The head: losses and gradients of the chunked GEMM + cross-entropy (the
-    // row kernel inside), chunks not dividing the rows.
+    // row kernel inside), chunks not dividing the rows; an odd vocabulary
+    // (element by element) and one of 16-byte vectors, several a thread.
     const at::Tensor t = at::randint(0, 301, {37}, gen, at::kLong);
     both({randn({37, 24}), randn({301, 24})},
          [&](const auto& v) { return std::vector{chunked_cross_entropy(v[0], v[1], t.to(v[0].device()), 8)}; },
          "chunked_cross_entropy");
+    const at::Tensor t2 = at::randint(0, 16384, {40}, gen, at::kLong);
+    both({randn({40, 24}), randn({16384, 24})},
+         [&](const auto& v) { return std::vector{chunked_cross_entropy(v[0], v[1], t2.to(v[0].device()), 16)}; },
+         "chunked_cross_entropy 16384 columns");
     // Vocabulary shard statistics and gradient (not differentiable ops).
     const at::Tensor z = randn({11, 40}).to(dt), tz = at::randint(-1, 45, {11}, gen, at::kLong);
     const at::Tensor st = ops::softmax_stats(z, tz, 33), stg = ops::softmax_stats(z.to(cuda), tz.to(cuda), 33);

@@ -8,6 +8,7 @@
 #include "meshtrain/model/layers.h"
 #include "meshtrain/ops/fused.h"
 #include "ops/kernels.h"
+#include "ops/row_math.h"
 #include "ops/strided.h"
 
 namespace meshtrain {
@@ -141,6 +142,79 @@ TEST(Ops, RopeVectorPathEqualsPairByPair) {
     expect_close(y.to(at::kFloat), aten_rope(off.to(at::kFloat), 0, 1, 10000.0), dt == at::kFloat ? 1e-6 : 8e-3,
                  "rope unaligned");
   }
+}
+
+// The same values one element past a 16-byte boundary: no row of it can be
+// moved by 16-byte vectors, so every row kernel takes its width-1 path.
+at::Tensor misaligned(const at::Tensor& v) {
+  return at::empty({v.numel() + 1}, v.options()).narrow(0, 1, v.numel()).view(v.sizes()).copy_(v);
+}
+
+// RMSNorm both ways and the softmax rows by 16-byte vectors (what the CUDA
+// kernels take where rows allow it) against the element-by-element path:
+// the norm's bits are the same (the same sums in the same order on one
+// thread); the softmax statistics rescale once per vector, so they agree to
+// rounding, with a vocabulary shard whose valid columns end inside a vector.
+TEST(Ops, RowKernelsVectorPathEqualsElementPath) {
+  using ops::rows::rows_vectorizable;
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const auto vectorizable = [dt](const at::Tensor& t, int64_t cols) {
+      return dt == at::kFloat ? rows_vectorizable<float>(cols, cols, {t.const_data_ptr()})
+                              : rows_vectorizable<c10::BFloat16>(cols, cols, {t.const_data_ptr()});
+    };
+    const std::string tag = dt == at::kFloat ? " fp32" : " bf16";
+    for (bool with_bias : {false, true}) {
+      const at::Tensor a = randn({5, 3, 64}, 40, dt), b = randn({5, 3, 64}, 41, dt);
+      const at::Tensor w = randn({64}, 42) + 1, bias = randn({64}, 43);
+      const ops::impl::Opt ob = with_bias ? ops::impl::Opt(bias) : std::nullopt;
+      ASSERT_TRUE(vectorizable(a, 64));
+      ASSERT_FALSE(vectorizable(misaligned(a), 64));
+      auto [h, y, rstd] = ops::impl::rms_norm_fwd_cpu(a, b, w, ob, 1e-6);
+      auto [h1, y1, rstd1] = ops::impl::rms_norm_fwd_cpu(misaligned(a), b, w, ob, 1e-6);
+      EXPECT_TRUE(at::equal(h, h1) && at::equal(y, y1) && at::equal(rstd, rstd1)) << "forward" << tag;
+      auto [h2, y2, r2] = ops::impl::rms_norm_fwd_cpu(a, std::nullopt, misaligned(w), ob, 1e-6);
+      auto [h3, y3, r3] = ops::impl::rms_norm_fwd_cpu(a, std::nullopt, w, ob, 1e-6);
+      EXPECT_TRUE(at::equal(y2, y3) && at::equal(r2, r3)) << "forward without residual, weight unaligned" << tag;
+      expect_close(y.to(at::kFloat), aten_rms_norm(h.to(at::kFloat), w, with_bias ? bias : at::Tensor()),
+                   dt == at::kFloat ? 1e-6 : 8e-3, "forward vs aten" + tag);
+
+      const at::Tensor dy = randn({5, 3, 64}, 44, dt), dres = randn({5, 3, 64}, 45, dt);
+      auto [dh, dw, db] = ops::impl::rms_norm_bwd_cpu(dy, h, w, rstd, dres, with_bias);
+      auto [dh1, dw1, db1] = ops::impl::rms_norm_bwd_cpu(misaligned(dy), h, w, rstd, dres, with_bias);
+      EXPECT_TRUE(at::equal(dh, dh1) && at::equal(dw, dw1) && at::equal(db, db1)) << "backward" << tag;
+      auto [rdh, rdw, rdb] = ops::impl::rms_norm_bwd_ref(dy, h, w, rstd, dres, with_bias);
+      expect_close(dh.to(at::kFloat), rdh.to(at::kFloat), dt == at::kFloat ? 1e-5 : 8e-3, "dh vs aten" + tag);
+      expect_close(dw, rdw, 1e-5, "dw vs aten" + tag);
+    }
+
+    // Rows of 64 columns: a shard counting 61 of them, and the single-shard loss.
+    const at::Tensor z0 = randn({7, 64}, 46, dt) * 4;
+    const at::Tensor t = torch::tensor({0, 60, 61, 63, -1, 17, 5}, at::kLong);
+    const double tol = dt == at::kFloat ? 1e-6 : 8e-3;
+    ASSERT_TRUE(vectorizable(z0, 64));
+    for (int64_t valid : {61, 64}) {
+      const at::Tensor st = ops::impl::softmax_stats_cpu(z0, t, valid);
+      const at::Tensor st1 = ops::impl::softmax_stats_cpu(misaligned(z0), t, valid);
+      EXPECT_TRUE(at::equal(st[0], st1[0]) && at::equal(st[2], st1[2])) << "max and picked, valid " << valid << tag;
+      expect_close(st[1], st1[1], 1e-6, "sum, valid " + std::to_string(valid) + tag);
+      expect_close(st, ops::impl::softmax_stats_ref(z0, t, valid), 1e-6, "stats vs aten" + tag);
+      const at::Tensor lse = st[0] + st[1].log();
+      at::Tensor g = z0.clone(), g1 = misaligned(z0);
+      ops::impl::softmax_grad_cpu(g, t, lse, valid);
+      ops::impl::softmax_grad_cpu(g1, t, lse, valid);
+      EXPECT_TRUE(at::equal(g, g1)) << "gradient, valid " << valid << tag;  // element-wise: the same bits
+      EXPECT_TRUE(at::equal(g.narrow(1, valid, 64 - valid), at::zeros({7, 64 - valid}, g.options())));
+    }
+    at::Tensor z = z0.clone(), z1 = misaligned(z0);
+    const at::Tensor loss = ops::impl::cross_entropy_rows_cpu(z, t.clamp(0, 63), true);
+    const at::Tensor loss1 = ops::impl::cross_entropy_rows_cpu(z1, t.clamp(0, 63), true);
+    expect_close(loss, loss1, 1e-6, "loss" + tag);
+    expect_close(z.to(at::kFloat), z1.to(at::kFloat), tol, "in-place gradient" + tag);
+    expect_close(loss, at::cross_entropy_loss(z0.to(at::kFloat), t.clamp(0, 63), {}, at::Reduction::None), 1e-6,
+                 "loss vs aten" + tag);
+  }
+  // A shard cannot count more columns than its rows have.
+  EXPECT_THROW(ops::impl::softmax_stats_cpu(at::zeros({2, 8}), torch::tensor({0, 1}, at::kLong), 9), std::exception);
 }
 
 TEST(Ops, RopeBf16IsFp32MathRoundedOnce) {
