@@ -52,12 +52,10 @@ at::Tensor MHA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   // three, so checkpoints and tp shards keep their layout.
   at::Tensor q, k, v;
   if (cfg_.kv_heads() == cfg_.n_head) {
-    // Cast before concatenating: the casts of the weights are cached per round.
-    MixedPrecision& mp = *factory_->precision();
-    const at::Tensor w =
-        at::cat({mp.operand(wq_->weight()), mp.operand(wk_->weight()), mp.operand(wv_->weight())}, 0);
-    const at::Tensor b = cfg_.linear_bias ? at::cat({wq_->bias(), wk_->bias(), wv_->bias()}, 0) : at::Tensor();
-    const at::Tensor qkv = mp.linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
+    const std::vector<at::Tensor> w = {wq_->weight(), wk_->weight(), wv_->weight()};
+    const std::vector<at::Tensor> b =
+        cfg_.linear_bias ? std::vector<at::Tensor>{wq_->bias(), wk_->bias(), wv_->bias()} : std::vector<at::Tensor>{};
+    const at::Tensor qkv = factory_->precision()->fused_linear(wq_->input(x), w, b);  // [B, T, 3 * H * hd]
     const int64_t B = qkv.size(0), T = qkv.size(1), H = qkv.size(2) / (3 * hd);
     // q and k rotated together by one kernel; v stays a slice of qkv, and the
     // backward writes d(qkv) directly (ops/fused.h).

@@ -87,15 +87,14 @@ PlainLinear::PlainLinear(at::Tensor w, at::Tensor b, std::shared_ptr<MixedPrecis
 at::Tensor PlainLinear::forward(const at::Tensor& x) { return precision_->linear(x, weight_, bias_); }
 
 at::Tensor PlainLinear::forward_residual(const at::Tensor& x, const at::Tensor& residual) {
-  const at::Tensor xc = precision_->operand(x), wc = precision_->operand(weight_);
   // addmm wants the residual in the GEMM's dtype and shape; otherwise add.
-  if (bias_.defined() || residual.scalar_type() != xc.scalar_type() || !residual.is_contiguous() ||
-      residual.dim() < 1 || residual.size(-1) != wc.size(0))
+  const at::ScalarType gemm_dtype = x.is_floating_point() ? precision_->policy().compute : x.scalar_type();
+  if (bias_.defined() || residual.scalar_type() != gemm_dtype || !residual.is_contiguous() || residual.dim() < 1 ||
+      residual.size(-1) != weight_.size(0))
     return residual + forward(x);
-  const at::Tensor r2 = residual.reshape({-1, wc.size(0)});
-  MT_CHECK(r2.size(0) * xc.size(-1) == xc.numel(), "linear: residual ", residual.sizes(), " does not match input ",
-           xc.sizes());
-  return at::addmm(r2, xc.reshape({-1, xc.size(-1)}), wc.t()).view(residual.sizes());
+  MT_CHECK(residual.numel() / weight_.size(0) * x.size(-1) == x.numel(), "linear: residual ", residual.sizes(),
+           " does not match input ", x.sizes());
+  return precision_->fused_linear(x, weight_, {}, residual);
 }
 
 RMSNorm::RMSNorm(int64_t d, double eps, bool bias, at::Device device)

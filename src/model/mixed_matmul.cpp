@@ -38,6 +38,58 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
   }
 };
 
+class MixedLinear : public torch::autograd::Function<MixedLinear> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, at::TensorList biases,
+                            const std::optional<at::Tensor>& residual, int64_t precision) {
+    auto& mp = *reinterpret_cast<MixedPrecision*>(precision);
+    const auto join = [&](at::TensorList ts) {
+      std::vector<at::Tensor> casts;
+      for (const at::Tensor& t : ts) casts.push_back(mp.operand_detached(t));
+      return casts.size() == 1 ? casts[0] : at::cat(casts, 0);
+    };
+    const at::Tensor xc = mp.operand(x), wc = join(weights);
+    std::vector<int64_t> rows;
+    for (const at::Tensor& w : weights) rows.push_back(w.size(0));
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->saved_data["w_dtype"] = weights[0].scalar_type();
+    ctx->saved_data["biases"] = !biases.empty();
+    ctx->saved_data["residual"] = residual.has_value();
+    if (residual) {
+      at::Tensor y = at::empty_like(*residual);  // not a view of the GEMM's result: this function's own output
+      at::Tensor y2 = y.view({-1, wc.size(0)});
+      at::addmm_out(y2, residual->view({-1, wc.size(0)}), xc.reshape({-1, xc.size(-1)}), wc.t());
+      return y;
+    }
+    return biases.empty() ? at::linear(xc, wc) : at::linear(xc, wc, join(biases));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor g = grads[0].to(x.scalar_type());
+    const at::Tensor g2 = g.reshape({-1, w.size(0)});
+    const at::ScalarType w_dtype = ctx->saved_data["w_dtype"].toScalarType();
+    variable_list out{ctx->needs_input_grad(0)
+                          ? at::mm(g2, w).view(x.sizes()).to(ctx->saved_data["x_dtype"].toScalarType())
+                          : at::Tensor()};
+    const auto split = [&](const at::Tensor& whole) {
+      int64_t at_row = 0;
+      for (int64_t r : ctx->saved_data["rows"].toIntVector()) {
+        out.push_back(whole.narrow(0, at_row, r));
+        at_row += r;
+      }
+    };
+    split(weight_grad(g, x, w_dtype));
+    if (ctx->saved_data["biases"].toBool()) split(at::sum(g2, {0}, false, w_dtype));
+    out.push_back(ctx->saved_data["residual"].toBool() ? grads[0] : at::Tensor());
+    out.push_back(at::Tensor());
+    return out;
+  }
+};
+
 class EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& index, int64_t precision,
@@ -91,6 +143,16 @@ at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecisi
   MT_ASSERT(x.dim() == 3 && w.dim() == 3 && x.size(0) == w.size(0) && x.size(2) == w.size(2),
             "batched_linear: x ", x.sizes(), " and w ", w.sizes(), " do not match");
   return BatchedLinear::apply(x, w, reinterpret_cast<int64_t>(&precision));
+}
+
+at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases, const at::Tensor& residual,
+                        MixedPrecision& precision) {
+  MT_ASSERT(!weights.empty() && (biases.empty() || biases.size() == weights.size()) &&
+                !(residual.defined() && !biases.empty()),
+            "mixed_linear: ", weights.size(), " weights, ", biases.size(), " biases",
+            residual.defined() ? " and a residual" : "");
+  return MixedLinear::apply(x, weights, biases, residual.defined() ? std::optional<at::Tensor>(residual) : std::nullopt,
+                            reinterpret_cast<int64_t>(&precision));
 }
 
 at::Tensor embedding_rows(const at::Tensor& w, const at::Tensor& index, MixedPrecision& precision, int64_t rows,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/mixed_matmul.h"
 
 namespace meshtrain {
 
@@ -100,8 +101,39 @@ at::Tensor MixedPrecision::operand_detached(const at::Tensor& t, int64_t rows) {
 }
 
 at::Tensor MixedPrecision::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  if (!b.defined()) return at::linear(operand(x), operand(w));
-  return at::linear(operand(x), operand(w), operand(b));
+  if (!b.defined()) return fused_linear(x, w);
+  return fused_linear(x, w, b);
+}
+
+at::Tensor MixedPrecision::fused_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
+                                        const at::Tensor& residual) {
+  MT_ASSERT(!weights.empty() && (biases.empty() || biases.size() == weights.size()) &&
+                !(residual.defined() && !biases.empty()),
+            "fused_linear: ", weights.size(), " weights, ", biases.size(), " biases",
+            residual.defined() ? " and a residual" : "");
+  std::vector<at::Tensor> params(weights.begin(), weights.end());
+  params.insert(params.end(), biases.begin(), biases.end());
+  if (grads_in_fp32(params)) return mixed_linear(x, weights, biases, residual, *this);
+  // Cast before concatenating: the casts of the weights are cached per round.
+  const auto join = [&](at::TensorList ts) {
+    std::vector<at::Tensor> casts;
+    for (const at::Tensor& t : ts) casts.push_back(operand(t));
+    return casts.size() == 1 ? casts[0] : at::cat(casts, 0);
+  };
+  const at::Tensor xc = operand(x), w = join(weights);
+  if (residual.defined())
+    return at::addmm(residual.view({-1, w.size(0)}), xc.reshape({-1, xc.size(-1)}), w.t()).view(residual.sizes());
+  return biases.empty() ? at::linear(xc, w) : at::linear(xc, w, join(biases));
+}
+
+bool MixedPrecision::grads_in_fp32(at::TensorList params) {
+  if (!policy_.mixed() || !at::GradMode::is_enabled()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const at::Tensor& p : params)
+    if (!p.defined() || p.scalar_type() != at::kFloat || !p.is_leaf() || !p.requires_grad() ||
+        provided_.count(p.unsafeGetTensorImpl()))
+      return false;
+  return true;
 }
 
 void MixedPrecision::forget(const at::Tensor& param) {

@@ -191,6 +191,73 @@ TEST(Step, BatchedLinearGivesTheWeightGradientInFp32) {
   EXPECT_EQ(obs.totals().by_op.at("aten::copy_").calls, 1);
 }
 
+// The linear layers of a bf16 model (MixedPrecision::fused_linear): the
+// outputs and input gradient of at::linear over the casts, bit for bit, and
+// the weights' and biases' gradients the fp32 sums of the bf16 products (not
+// bf16 results cast up): one GEMM for three weights (q, k, v: each gets its
+// rows), and a residual folded into the GEMM. Nothing casts a gradient
+// afterwards (meta, counted); an fp32 model takes at::linear as it was.
+TEST(Step, LinearWeightGradientsLeaveTheGemmInFp32) {
+  const at::ScalarType bf16 = at::kBFloat16;
+  MixedPrecision mp(PrecisionPolicy::from_model_dtype(ModelDtype::Bfloat16));
+  std::vector<at::Tensor> w, b;
+  for (int64_t i = 0; i < 3; ++i) {
+    w.push_back(randn({i == 2 ? 5 : 6, 4}, 50 + i).requires_grad_(true));
+    b.push_back(randn({i == 2 ? 5 : 6}, 60 + i).requires_grad_(true));
+  }
+  const at::Tensor x = randn({2, 3, 4}, 55).to(bf16).requires_grad_(true), g = randn({2, 3, 17}, 56).to(bf16);
+  at::Tensor y;
+  {
+    CastScope scope(mp);
+    y = mp.fused_linear(x, w, b);
+  }
+  y.backward(g);
+  const at::Tensor W = at::cat(w).detach().to(bf16), B = at::cat(b).detach().to(bf16);
+  const at::Tensor xr = x.detach().clone().requires_grad_(true);
+  const at::Tensor ref = at::linear(xr, W, B);
+  ref.backward(g);
+  EXPECT_TRUE(at::equal(y, ref));
+  EXPECT_TRUE(at::equal(x.grad(), xr.grad()));
+  const at::Tensor gf = g.to(at::kFloat).reshape({-1, 17}), xf = x.detach().to(at::kFloat).reshape({-1, 4});
+  const at::Tensor dW = at::mm(gf.t(), xf), dB = gf.sum(0);
+  for (int64_t i = 0, row = 0; i < 3; row += w[i].size(0), ++i) {
+    ASSERT_EQ(w[i].grad().scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(w[i].grad(), dW.narrow(0, row, w[i].size(0)))) << "weight " << i;
+    EXPECT_TRUE(at::allclose(b[i].grad(), dB.narrow(0, row, w[i].size(0)), 1e-6, 1e-6)) << "bias " << i;
+    EXPECT_FALSE(at::equal(w[i].grad(), w[i].grad().to(bf16).to(at::kFloat))) << "a bf16 product cast up";
+  }
+
+  // The residual folded into the GEMM: its gradient is the output's.
+  const at::Tensor r = randn({2, 3, 6}, 57).to(bf16).requires_grad_(true);
+  w[0].mutable_grad() = at::Tensor();
+  const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  const at::Tensor y2 = mp.fused_linear(x2, w[0], {}, r);
+  const at::Tensor g2 = g.narrow(-1, 0, 6).contiguous();
+  y2.backward(g2);
+  EXPECT_TRUE(at::allclose(y2.to(at::kFloat), (r + at::linear(x, W.narrow(0, 0, 6))).detach().to(at::kFloat), 1e-2, 1e-2));
+  EXPECT_TRUE(at::equal(r.grad(), g2));
+  EXPECT_TRUE(at::equal(w[0].grad(), at::mm(g2.to(at::kFloat).reshape({-1, 6}).t(), xf)));
+
+  // fp32: at::linear itself.
+  MixedPrecision fp32;
+  const at::Tensor w32 = randn({6, 4}, 58).requires_grad_(true), x32 = randn({2, 3, 4}, 59);
+  fp32.fused_linear(x32, w32).backward(g.narrow(-1, 0, 6).to(at::kFloat));
+  const at::Tensor w32r = w32.detach().clone().requires_grad_(true);
+  at::linear(x32, w32r).backward(g.narrow(-1, 0, 6).to(at::kFloat));
+  EXPECT_TRUE(at::equal(w32.grad(), w32r.grad()));
+
+  install_meta_kernels();
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  std::vector<at::Tensor> wm;
+  for (int64_t i = 0; i < 3; ++i) wm.push_back(at::empty({64, 32}, meta.dtype(at::kFloat)).requires_grad_(true));
+  const at::Tensor xm = at::empty({16, 32}, meta.dtype(bf16)).requires_grad_(true);
+  OpObserver obs(at::Device(at::kMeta));
+  mp.fused_linear(xm, wm).backward(at::empty({16, 192}, meta.dtype(bf16)));
+  // The forward's three casts of the weights are the only copies.
+  ASSERT_EQ(obs.totals().by_op.count("aten::copy_"), 1u);
+  EXPECT_EQ(obs.totals().by_op.at("aten::copy_").calls, 3);
+}
+
 // A tied embedding's gradient (bf16, one stage): the head's backward leaves
 // its fp32 [V, d] gradient for the embedding's, which adds its rows into it
 // (mixed_matmul.h's TiedGrad) -- the sum of what an untied head and embedding

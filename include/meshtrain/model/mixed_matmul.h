@@ -39,6 +39,14 @@ at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType
 // compute dtype (the experts' batched GEMM); w's gradient comes out fp32.
 at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision);
 
+// x [.., in] times the weights' rows concatenated ([sum of out, in]) plus
+// the biases' (or plus residual [.., sum of out], no biases), in the compute
+// dtype: MixedPrecision::fused_linear where the weights are fp32 leaves.
+// Each weight's and bias's gradient comes out fp32, its rows of one fp32
+// weight-gradient GEMM (the bias's: of the column sums in fp32).
+at::Tensor mixed_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases, const at::Tensor& residual,
+                        MixedPrecision& precision);
+
 // Rows `index` of the table w [V, d] in the compute dtype (the embedding
 // lookup; index any shape of int64 in [0, V)); w's gradient comes out fp32,
 // summed in fp32. The cast table is padded to `rows` rows so that a tied

@@ -80,6 +80,16 @@ class MixedPrecision {
   at::Tensor operand_detached(const at::Tensor& t, int64_t rows = 0);
   // at::linear(x, w, b) with the operands in the compute dtype (b may be undefined).
   at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {});
+  // One GEMM for the projections of x by several weights (q, k and v): x
+  // times the weights' rows concatenated, plus the biases' (all or none),
+  // or plus `residual` ([.., rows], the compute dtype, contiguous; no
+  // biases then) folded into the GEMM. Where the weights are fp32 leaves
+  // that take gradients (a mixed policy, grad mode on, not FSDP's gathered
+  // casts), their gradients leave the weight-gradient GEMM in fp32
+  // (model/mixed_matmul.h's mixed_linear) instead of as a bf16 product cast
+  // up afterwards.
+  at::Tensor fused_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases = {},
+                          const at::Tensor& residual = {});
   // Drops the cached cast of `param`: its next use casts it anew (FSDP).
   void forget(const at::Tensor& param);
   // operand(param) returns `cast` until forget(param) or the outermost scope
@@ -106,6 +116,8 @@ class MixedPrecision {
   friend class CastScope;
   void open();
   void close();
+  // Whether mixed_linear may take these parameters (see fused_linear).
+  bool grads_in_fp32(at::TensorList params);
 
   const PrecisionPolicy policy_;
   // Forward (main thread) and recomputation (the autograd engine's thread on
