@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "meshtrain/core/check.h"
@@ -176,11 +177,11 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;
   // Flash kernels want one head size for q, k and v; the CPU kernels take
-  // unequal sizes as they are.
+  // unequal sizes as they are, cuDNN's narrower values.
   const bool pad = dhR_ > 0 && !v.is_cpu();
   const auto attend = [&] {
     if (layout) return layout_attention(q, k, v, p, *layout);
-    return pad ? causal_attention_padded_v(q, k, v, p) : causal_attention(q, k, v, p);
+    return pad ? causal_attention_padded_v(q, k, v, p, value_width(q, k, v, p)) : causal_attention(q, k, v, p);
   };
   const at::Tensor o = p > 0 ? dropout_->sharded(q.device(), attend) : attend();
   return project_out(*wo_, merge_heads(o), residual);
@@ -199,14 +200,50 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::scaled_dot_product_attention(q, k, v, kpos <= qpos, dropout, /*is_causal=*/false);
 }
 
-at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
-  const int64_t hd = v.size(-1), pad = q.size(-1) - hd;
+at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
+                                     int64_t width) {
+  const int64_t hd = v.size(-1), pad = (width > 0 ? width : q.size(-1)) - hd;
   MT_ASSERT(pad >= 0 && k.size(-1) == q.size(-1), "padded-v attention: q ", q.sizes(), ", k ", k.sizes(), ", v ",
-            v.sizes());
+            v.sizes(), ", width ", width);
   if (pad == 0) return causal_attention(q, k, v, dropout);
   // Zero columns of v give zero output columns; the first hd are unchanged
   // (the softmax weights come from q and k alone).
   return causal_attention(q, k, at::constant_pad_nd(v, {0, pad}), dropout).narrow(-1, 0, hd);
+}
+
+int64_t narrowest_value_width(int64_t v_width, int64_t qk_width, const std::function<int64_t(int64_t)>& choose) {
+  MT_ASSERT(0 < v_width && v_width <= qk_width, "value width ", v_width, " against a query width of ", qk_width);
+  if (v_width == qk_width) return qk_width;
+  const int64_t want = choose(qk_width);
+  std::vector<int64_t> widths = {v_width};
+  for (int64_t w = (v_width / 64 + 1) * 64; w < qk_width; w += 64) widths.push_back(w);
+  for (int64_t w : widths)
+    if (choose(w) == want) return w;
+  return qk_width;
+}
+
+int64_t value_width_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
+  if (v.is_cpu()) return v.size(-1);
+  if (!v.is_cuda()) return q.size(-1);
+  const bool causal = q.size(2) == k.size(2);
+  return narrowest_value_width(v.size(-1), q.size(-1), [&](int64_t w) {
+    std::vector<int64_t> shape = v.sizes().vec();
+    shape.back() = w;
+    // A v as the padding makes it: contiguous, v's dtype and grad mode.
+    const at::Tensor candidate = at::empty(shape, v.options()).requires_grad_(v.requires_grad());
+    return at::_fused_sdp_choice(q, k, candidate, {}, dropout, causal);
+  });
+}
+
+int64_t MLA::value_width(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
+  std::vector<int64_t> key;
+  for (const at::Tensor* t : {&q, &k, &v}) key.insert(key.end(), t->sizes().begin(), t->sizes().end());
+  key.insert(key.end(), {static_cast<int64_t>(v.scalar_type()), v.device().index(), v.requires_grad() ? 1 : 0,
+                         dropout > 0 ? 1 : 0});
+  std::lock_guard<std::mutex> lock(widths_mu_);
+  auto it = widths_.find(key);
+  if (it == widths_.end()) it = widths_.emplace(key, value_width_for(q, k, v, dropout)).first;
+  return it->second;
 }
 
 void prefer_attention_backend(AttentionBackend first) {

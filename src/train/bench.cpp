@@ -116,12 +116,18 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   r.device = device_name(dev);
   if (dev.is_cuda()) {
     // One layer's query, key and value as the model shapes them (MLA: the
-    // rope dims in q and k, v padded to their size).
+    // rope dims in q and k, v padded as far as the kernel needs, and how far).
     const ModelConfig& m = cfg.model;
-    const int64_t D = m.head_dim() + (m.attention == AttentionKind::Mla ? m.dhR : 0);
-    const auto dtype = m.model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat;
-    const at::Tensor q = at::empty({1, m.n_head, cfg.data.T, D}, at::TensorOptions().dtype(dtype).device(dev));
-    r.attention_backend = attention_backend_for(q, q, q);
+    const int64_t hd = m.head_dim(), D = hd + (m.attention == AttentionKind::Mla ? m.dhR : 0);
+    const auto opts = at::TensorOptions()
+                          .dtype(m.model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat)
+                          .device(dev)
+                          .requires_grad(true);
+    const auto heads = [&](int64_t width) { return at::empty({1, m.n_head, cfg.data.T, width}, opts); };
+    const at::Tensor q = heads(D);
+    const int64_t width = D == hd ? D : value_width_for(q, q, heads(hd), m.dropout_rate);
+    r.attention_backend = attention_backend_for(q, q, heads(width));
+    if (width != D) r.attention_backend += " (v " + std::to_string(width) + " of " + std::to_string(D) + " columns)";
   }
   r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
   double a2a = 0;

@@ -241,24 +241,58 @@ TEST(MlaAttention, PaddedValuesGiveTheUnpaddedOutputsAndGradients) {
     SCOPED_TRACE("Tq " + std::to_string(Tq) + ", Tk " + std::to_string(Tk));
     const at::Tensor q0 = at::randn({B, H, Tq, hd + dhR}), k0 = at::randn({B, H, Tk, hd + dhR});
     const at::Tensor v0 = at::randn({B, H, Tk, hd}), dout = at::randn({B, H, Tq, hd});
-    auto run = [&](bool padded) {
+    // width -1: unpadded; 0: padded to q's size; 20: part of the way.
+    auto run = [&](int64_t width) {
       at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
       at::Tensor v = v0.clone().requires_grad_(true);
-      const at::Tensor o = padded ? causal_attention_padded_v(q, k, v, 0.0) : causal_attention(q, k, v, 0.0);
+      const at::Tensor o = width >= 0 ? causal_attention_padded_v(q, k, v, 0.0, width) : causal_attention(q, k, v, 0.0);
       o.backward(dout);
       return std::vector<at::Tensor>{o.detach(), q.grad(), k.grad(), v.grad()};
     };
-    const std::vector<at::Tensor> want = run(false), got = run(true);
-    EXPECT_EQ(got[0].sizes(), want[0].sizes());
-    const char* names[] = {"output", "dq", "dk", "dv"};
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
-          << names[i] << ": max diff " << (got[i] - want[i]).abs().max().item<float>();
+    const std::vector<at::Tensor> want = run(-1);
+    for (int64_t width : {0, 20}) {
+      const std::vector<at::Tensor> got = run(width);
+      EXPECT_EQ(got[0].sizes(), want[0].sizes());
+      const char* names[] = {"output", "dq", "dk", "dv"};
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
+            << names[i] << " at width " << width << ": max diff " << (got[i] - want[i]).abs().max().item<float>();
+    }
   }
   // Equal sizes need no padding; q and k must agree.
   const at::Tensor x = at::randn({1, 2, 4, 8});
   EXPECT_TRUE(at::equal(causal_attention_padded_v(x, x, x, 0.0), causal_attention(x, x, x, 0.0)));
   EXPECT_ANY_THROW(causal_attention_padded_v(x, at::randn({1, 2, 4, 6}), x, 0.0));
+  EXPECT_ANY_THROW(causal_attention_padded_v(x, x, at::randn({1, 2, 4, 6}), 0.0, 4));
+}
+
+// How far v is padded: no further than the kernel sdpa would run at q's
+// width needs. Choosers stand in for torch's per-GPU rules (1 flash, 2
+// memory-efficient, 3 cuDNN, 0 math); the CPU takes unequal widths as they
+// are, the meta device (the performance model) prices flash's full padding.
+TEST(MlaAttention, ValuesArePaddedOnlyAsFarAsTheKernelNeeds) {
+  std::vector<int64_t> asked;
+  const auto cudnn_any = [&](int64_t w) { return asked.push_back(w), int64_t{3}; };
+  EXPECT_EQ(narrowest_value_width(64, 192, cudnn_any), 64);
+  EXPECT_EQ(asked, (std::vector<int64_t>{192, 64}));
+  // Flash at equal sizes, the memory-efficient kernel below: padded all the way.
+  const auto flash_equal = [](int64_t w) { return w == 192 ? int64_t{1} : int64_t{2}; };
+  EXPECT_EQ(narrowest_value_width(64, 192, flash_equal), 192);
+  // A kernel that takes v up to 128: the first multiple of 64 it takes.
+  const auto up_to_128 = [](int64_t w) { return w == 128 || w == 192 ? int64_t{3} : int64_t{0}; };
+  EXPECT_EQ(narrowest_value_width(40, 192, up_to_128), 128);
+  asked.clear();
+  EXPECT_EQ(narrowest_value_width(40, 200, [&](int64_t w) { return asked.push_back(w), w == 200 ? 1 : 0; }), 200);
+  EXPECT_EQ(asked, (std::vector<int64_t>{200, 40, 64, 128, 192}));
+  EXPECT_EQ(narrowest_value_width(192, 192, flash_equal), 192);
+  EXPECT_ANY_THROW(narrowest_value_width(200, 192, flash_equal));
+
+  const at::Tensor q = at::randn({1, 2, 4, 24}), v = at::randn({1, 2, 4, 16});
+  EXPECT_EQ(value_width_for(q, q, v, 0.0), 16);
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  EXPECT_EQ(value_width_for(at::empty({1, 2, 4, 24}, meta), at::empty({1, 2, 4, 24}, meta),
+                            at::empty({1, 2, 4, 16}, meta), 0.0),
+            24);
 }
 
 }  // namespace

@@ -6,8 +6,12 @@
 // projection outputs, so the same code runs with tensor-parallel shards.
 #include <torch/nn/module.h>
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/layers.h"
@@ -77,6 +81,11 @@ class MLA : public Attention {
   Rotary rope_;
   std::shared_ptr<Linear> w_dkv_, w_dq_, w_uq_, w_uk_, w_uv_, w_qr_, w_kr_, wo_;
   std::shared_ptr<RMSNorm> q_norm_, kv_norm_;
+
+  // value_width_for(q, k, v, dropout), asked of torch once per shape.
+  int64_t value_width(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
+  std::mutex widths_mu_;  // the forward and a recomputation (the autograd thread) may ask at once
+  std::map<std::vector<int64_t>, int64_t> widths_;
 };
 
 // Input widths of the rope projections w_qr (q) and w_kr (k) for the
@@ -90,9 +99,22 @@ MlaRopeInputs mla_rope_inputs(const ModelConfig& cfg);
 // positions (Tq == Tk: training; Tq < Tk: decoding with a cache).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
 // The same with values narrower than queries and keys (MLA's decoupled rope:
-// q/k heads hd + dhR, v's hd): v zero-padded to q's size so that flash
-// kernels, which want one head size, apply; the output has v's size.
-at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
+// q/k heads hd + dhR, v's hd): v zero-padded to `width` columns (0: q's
+// size; flash kernels want one head size) and the output cut back to v's.
+at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
+                                     int64_t width = 0);
+// The narrowest width, from v's own up to q's, that v may be padded to and
+// still get the kernel sdpa picks at q's width: choose(w) is sdpa's choice
+// with v padded to w. Flash kernels want one head size for q, k and v;
+// cuDNN's take narrower values, which then need fewer zero columns (bytes
+// and FLOPs for nothing) or none. Widths tried: v's, the multiples of 64
+// between, q's.
+int64_t narrowest_value_width(int64_t v_width, int64_t qk_width, const std::function<int64_t(int64_t)>& choose);
+// causal_attention_padded_v's width on this device: v's own on the CPU
+// (its kernels take unequal sizes), q's on the meta device (the performance
+// model prices flash), on CUDA narrowest_value_width over torch's own
+// choice (at::_fused_sdp_choice for a v of each width).
+int64_t value_width_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout);
 
 // Which kernel CUDA's sdpa may pick, process-wide (torch's context): auto is
 // torch's own choice, which on an H200 runs cuDNN's kernels for GPT-2's and
