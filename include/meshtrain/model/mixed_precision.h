@@ -84,10 +84,10 @@ class MixedPrecision {
   // times the weights' rows concatenated, plus the biases' (all or none),
   // or plus `residual` ([.., rows], the compute dtype, contiguous; no
   // biases then) folded into the GEMM. Where the weights are fp32 leaves
-  // that take gradients (a mixed policy, grad mode on, not FSDP's gathered
-  // casts), their gradients leave the weight-gradient GEMM in fp32
-  // (model/mixed_matmul.h's mixed_linear) instead of as a bf16 product cast
-  // up afterwards.
+  // that take gradients (a mixed policy, grad mode on; FSDP's gathered casts
+  // are read as operand_detached reads them), their gradients leave the
+  // weight-gradient GEMM in fp32 (model/mixed_matmul.h's mixed_linear)
+  // instead of as a bf16 product cast up afterwards.
   at::Tensor fused_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases = {},
                           const at::Tensor& residual = {});
   // Drops the cached cast of `param`: its next use casts it anew (FSDP).
