@@ -23,6 +23,7 @@
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/dist/device.h"
+#include "meshtrain/model/attention.h"
 #include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/token_layout.h"
 #include "meshtrain/ops/adamw.h"
@@ -318,6 +319,43 @@ TEST(Cuda, VarlenAttentionMatchesTheMaskOnCpu) {
         EXPECT_LT(err, 3e-2 * scale) << names[i] << ", cp " << cp << ", value width " << dv << ": max error " << err
                                      << " of " << scale;
       }
+    }
+  }
+}
+
+// MLA's values padded only as far as the kernel torch picks at the full
+// width needs (model/attention.h): the width this GPU gets, and the same
+// outputs and gradients as v padded all the way (fp32 on the CPU as the
+// reference for both).
+TEST(Cuda, MlaValuesPaddedOnlyAsFarAsTheKernelNeeds) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  const int64_t B = 2, H = 4, T = 256, D = 192, hd = 64;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
+  const at::Tensor q = at::randn({B, H, T, D}, gen), k = at::randn({B, H, T, D}, gen),
+                   v = at::randn({B, H, T, hd}, gen), dy = at::randn({B, H, T, hd}, gen);
+  const auto bf = [](const at::Tensor& t) { return t.to(at::kCUDA, at::kBFloat16).requires_grad_(true); };
+  const int64_t width = value_width_for(bf(q), bf(k), bf(v), 0.0);
+  std::cout << "MLA values on this GPU: " << width << " of " << D << " columns ("
+            << attention_backend_for(bf(q), bf(k), bf(at::zeros({B, H, T, width}))) << ")" << std::endl;
+  EXPECT_GE(width, hd);
+  EXPECT_LE(width, D);
+  auto grads = [&](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, int64_t w) {
+    const at::Tensor a = q0.detach().requires_grad_(true), b = k0.detach().requires_grad_(true),
+                     c = v0.detach().requires_grad_(true);
+    const at::Tensor y = w > 0 ? causal_attention_padded_v(a, b, c, 0.0, w) : causal_attention(a, b, c, 0.0);
+    y.backward(dy.to(y.device(), y.scalar_type()));
+    const auto host = [](const at::Tensor& t) { return t.detach().to(at::kFloat).cpu(); };
+    return std::vector<at::Tensor>{host(y), host(a.grad()), host(b.grad()), host(c.grad())};
+  };
+  const auto want = grads(q, k, v, 0);
+  for (int64_t w : {width, D}) {
+    const auto got = grads(bf(q), bf(k), bf(v), w);
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double err = (got[i] - want[i]).abs().max().item<double>();
+      const double scale = want[i].abs().max().item<double>();
+      EXPECT_LT(err, 3e-2 * scale) << names[i] << ", value width " << w << ": max error " << err << " of " << scale;
     }
   }
 }
