@@ -38,6 +38,9 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
   }
 };
 
+// mixed_linear: one GEMM each way over the weights' casts concatenated by
+// rows; the weights' gradients are row blocks of one weight_grad GEMM (fp32
+// out), so neither autograd's bf16 weight gradient nor its cast up exists.
 class MixedLinear : public torch::autograd::Function<MixedLinear> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, at::TensorList biases,
