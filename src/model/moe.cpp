@@ -189,11 +189,13 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   // with a zero weight, which adds exactly 0 (and no gradient) without a
   // copy of the outputs with a zero row appended. A token's k assignments
   // are consecutive rows (a = token * k + j), so they sum as [N, k, d] over
-  // k, with no zeroed output to scatter into.
-  const at::Tensor weight = (gate * r.keep.reshape({N * k}).to(gate.scalar_type())).unsqueeze(1);
-  const at::Tensor each =
-      out.reshape({E * S, d}).index_select(0, slot_row.clamp(0, E * S - 1)) * weight.to(out.scalar_type());
-  return each.view({N, k, d}).sum(1);
+  // k, with no zeroed output to scatter into; weighted in that shape, the
+  // sum's broadcast gradient multiplies as it is (as [N * k, d] it would be
+  // copied out first).
+  const at::Tensor weight = (gate * r.keep.reshape({N * k}).to(gate.scalar_type())).view({N, k, 1});
+  const at::Tensor each = out.reshape({E * S, d}).index_select(0, slot_row.clamp(0, E * S - 1)).view({N, k, d}) *
+                          weight.to(out.scalar_type());
+  return each.sum(1);
 }
 
 at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate) {
