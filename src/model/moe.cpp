@@ -9,6 +9,7 @@
 #include "meshtrain/model/activation.h"
 #include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
+#include "meshtrain/ops/slot_rows.h"
 
 namespace meshtrain {
 
@@ -162,19 +163,16 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const int64_t C = r.capacity, S = B * C;
   const auto ids = r.expert.options();
   const at::Tensor a = at::arange(N * k, ids);
-  const at::Tensor token = a.div(k, "floor");
   const at::Tensor seq = a.div(T * k, "floor");
   const at::Tensor slot_row = r.expert.reshape({N * k}) * S + seq * C + (r.slot.reshape({N * k}) - 1);
-  const at::Tensor row = at::where(r.keep.reshape({N * k}), slot_row, at::full({}, E * S, ids));
-  // The buffer is one gather of the tokens' rows, slot by slot: the token in
-  // each slot (an index table, E * S integers), and row N, zero, for empty
-  // slots. Its backward adds each slot's gradient to its token's row. (A
-  // zeroed buffer scattered into costs a pass more each way.)
-  const at::Tensor source =
-      at::full({E * S + 1}, N, ids).index_copy_(0, row, token).narrow(0, 0, E * S);  // dropped: the spare entry
-  const at::Tensor padded = at::cat({xflat, at::zeros({1, d}, xflat.options())});
+  // Kept assignments' rows, -1 for dropped ones. The buffer is one gather of
+  // the tokens' rows (zero rows for empty slots), and the combine one
+  // weighted sum per token (ops/slot_rows.h): neither a zeroed buffer
+  // scattered into nor a copy of x with a zero row appended.
+  const ops::SlotMap map =
+      ops::slot_map(at::where(r.keep.reshape({N * k}), slot_row, at::full({}, -1, ids)).view({N, k}), E * S);
   // Dispatch: this rank's experts get every sender's slots ([E_local, ep * S, d]).
-  const at::Tensor xin = dispatcher_->dispatch_slots(padded.index_select(0, source).view({E, S, d}));
+  const at::Tensor xin = dispatcher_->dispatch_slots(ops::slots_from_tokens(xflat, map).view({E, S, d}));
   MixedPrecision& mp = *factory_->precision();
   // The expert weights' gradients come out of their GEMMs in fp32 (model/mixed_matmul.h).
   const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp) : at::Tensor();
@@ -185,17 +183,8 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor out =
       dispatcher_->combine_slots(batched_linear(hid, w_out_, mp));  // [E, S, d]
   // Combine: gates scale each tp rank's partial output before exit_tp sums
-  // them (exact: the combine is linear). Dropped assignments read a real row
-  // with a zero weight, which adds exactly 0 (and no gradient) without a
-  // copy of the outputs with a zero row appended. A token's k assignments
-  // are consecutive rows (a = token * k + j), so they sum as [N, k, d] over
-  // k, with no zeroed output to scatter into; weighted in that shape, the
-  // sum's broadcast gradient multiplies as it is (as [N * k, d] it would be
-  // copied out first).
-  const at::Tensor weight = (gate * r.keep.reshape({N * k}).to(gate.scalar_type())).view({N, k, 1});
-  const at::Tensor each = out.reshape({E * S, d}).index_select(0, slot_row.clamp(0, E * S - 1)).view({N, k, d}) *
-                          weight.to(out.scalar_type());
-  return each.sum(1);
+  // them (exact: the combine is linear); dropped assignments add nothing.
+  return ops::tokens_from_slots(out.reshape({E * S, d}), gate.view({N, k}), map);
 }
 
 at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate) {
@@ -204,8 +193,11 @@ at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, cons
   const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension, N = xflat.size(0);
   const at::Tensor expert = r.expert.reshape({N * k});
   const auto [sorted_expert, assignment] = expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
-  const at::Tensor token = assignment.div(k, "floor");
-  const at::Tensor rows = xflat.index_select(0, token);
+  // Row i of the buffer holds assignment[i]: the map's slots are its inverse.
+  const auto ids = assignment.options();
+  const ops::SlotMap map =
+      ops::slot_map(at::empty_like(assignment).index_copy_(0, assignment, at::arange(N * k, ids)).view({N, k}), N * k);
+  const at::Tensor rows = ops::slots_from_tokens(xflat, map);
   // Through the dispatcher: local, or exchanged with the expert-parallel peers.
   at::Tensor out = dispatcher_->run_experts(
       rows, sorted_expert, E,
@@ -216,8 +208,7 @@ at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, cons
       });
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them, which is exact because the combine is linear.
-  out = out * gate.index_select(0, assignment).unsqueeze(1).to(out.scalar_type());
-  return at::zeros({N, d}, out.options()).index_add(0, token, out);
+  return ops::tokens_from_slots(out, gate.view({N, k}), map);
 }
 
 at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert) {

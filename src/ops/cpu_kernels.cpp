@@ -11,8 +11,10 @@
 
 #include "adamw_math.h"
 #include "kernels.h"
+#include "meshtrain/core/check.h"
 
 #include "row_math.h"
+#include "slot_math.h"
 #include "strided.h"
 
 namespace meshtrain::ops::rows {
@@ -192,6 +194,59 @@ at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at:
     rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(V, ld, {zp}), run);
   });
   return z;
+}
+
+at::Tensor combine_rows_cpu(const at::Tensor& src, const at::Tensor& slot, const Opt& weight) {
+  check_combine_rows(src, slot, weight);
+  const int64_t N = slot.size(0), k = slot.size(1), R = src.size(0), d = src.size(1);
+  const int64_t* sp = slot.const_data_ptr<int64_t>();
+  for (int64_t a = 0; a < N * k; ++a)
+    MT_ASSERT(sp[a] >= -1 && sp[a] < R, "combine_rows: assignment ", a, " names row ", sp[a], " of ", R);
+  at::Tensor out = at::empty({N, d}, src.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, src.scalar_type(), "combine_rows_cpu", [&] {
+    const scalar_t* s = src.const_data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const float* w = weight ? weight->const_data_ptr<float>() : nullptr;
+    const auto run = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      at::parallel_for(0, N, grain(k * d), [&](int64_t b, int64_t e) {
+        for (int64_t n = b; n < e; ++n)
+          rows::combine_row<V>(SerialLanes{}, s, sp + n * k, w ? w + n * k : nullptr, k, o + n * d, d);
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(d, d, {s, o}), run);
+  });
+  return out;
+}
+
+Spread spread_rows_cpu(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y) {
+  check_spread_rows(src, owner, k, weight, y);
+  const int64_t R = owner.size(0), A = src.size(0) * k, d = src.size(1);
+  const int64_t* op = owner.const_data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r)
+    MT_ASSERT(op[r] >= -1 && op[r] < A, "spread_rows: row ", r, " names assignment ", op[r], " of ", A);
+  at::Tensor out = at::empty({R, d}, src.options());
+  // Assignments without a row keep a zero gradient.
+  at::Tensor dw = y ? at::zeros({A}, src.options().dtype(at::kFloat)) : at::empty({0}, src.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, src.scalar_type(), "spread_rows_cpu", [&] {
+    const scalar_t* s = src.const_data_ptr<scalar_t>();
+    const scalar_t* yp = y ? y->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const float* w = weight ? weight->const_data_ptr<float>() : nullptr;
+    float* dwp = y ? dw.data_ptr<float>() : nullptr;
+    const auto run = [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      // Each assignment is held by one row at most: its gradient has one writer.
+      at::parallel_for(0, R, grain(d), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float g = rows::spread_row<V>(SerialLanes{}, s, op[r], k, w, yp ? yp + r * d : nullptr, o + r * d, d);
+          if (dwp && op[r] >= 0) dwp[op[r]] = g;
+        }
+      });
+    };
+    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(d, d, {s, yp, o}), run);
+  });
+  return {out, dw};
 }
 
 void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,

@@ -193,6 +193,29 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
+template <class T, int V>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    combine_rows_kernel(const T* src, const int64_t* slot, const float* weight, int64_t k, T* out, int64_t N,
+                        int64_t d) {
+  const WarpLanes l;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpRowThreads / kWarp);
+  for (int64_t n = warp_id(); n < N; n += warps)
+    rows::combine_row<V>(l, src, slot + n * k, weight ? weight + n * k : nullptr, k, out + n * d, d);
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(kWarpRowThreads)
+    spread_rows_kernel(const T* src, const int64_t* owner, int64_t k, const float* weight, const T* y, T* out,
+                       float* dweight, int64_t R, int64_t d) {
+  const WarpLanes l;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpRowThreads / kWarp);
+  for (int64_t r = warp_id(); r < R; r += warps) {
+    const int64_t a = owner[r];
+    const float g = rows::spread_row<V>(l, src, a, k, weight, y ? y + r * d : nullptr, out + r * d, d);
+    if (dweight && a >= 0 && threadIdx.x % kWarp == 0) dweight[a] = g;
+  }
+}
+
 // The column sums of a block's rows: in shared memory when they fit
 // (sums_in_shared), else straight in the block's row of dw_part / db_part.
 // A thread visits the same columns in every row and owns their sums, so
@@ -409,6 +432,32 @@ cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid
       constexpr int W = decltype(width)::value;
       softmax_grad_kernel<T, W><<<row_blocks(N), row_threads(V / W), 0, stream>>>(static_cast<T*>(z), ld, N, valid,
                                                                                   V, targets, lse);
+    });
+  });
+}
+
+cudaError_t combine_rows(Dtype dt, const void* src, const int64_t* slot, const float* weight, int64_t k, void* out,
+                         int64_t N, int64_t d, cudaStream_t stream) {
+  if (N == 0 || d == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    rows::with_width<T>(rows::rows_vectorizable<T>(d, d, {src, out}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      combine_rows_kernel<T, V><<<warp_row_blocks(N), kWarpRowThreads, 0, stream>>>(
+          static_cast<const T*>(src), slot, weight, k, static_cast<T*>(out), N, d);
+    });
+  });
+}
+
+cudaError_t spread_rows(Dtype dt, const void* src, const int64_t* owner, int64_t k, const float* weight, const void* y,
+                        void* out, float* dweight, int64_t R, int64_t d, cudaStream_t stream) {
+  if (R == 0 || d == 0) return cudaSuccess;
+  return by_dtype(dt, [&](auto tag) {
+    using T = decltype(tag);
+    rows::with_width<T>(rows::rows_vectorizable<T>(d, d, {src, y, out}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      spread_rows_kernel<T, V><<<warp_row_blocks(R), kWarpRowThreads, 0, stream>>>(
+          static_cast<const T*>(src), owner, k, weight, static_cast<const T*>(y), static_cast<T*>(out), dweight, R, d);
     });
   });
 }

@@ -8,6 +8,7 @@
 
 #include "adamw_math.h"
 #include "row_math.h"
+#include "slot_math.h"
 
 namespace meshtrain::ops::cuda {
 
@@ -28,6 +29,16 @@ cudaError_t softmax_stats(Dtype dt, const void* z, int64_t ld, int64_t N, int64_
                           const int64_t* targets, float* out, cudaStream_t stream);
 cudaError_t softmax_grad(Dtype dt, void* z, int64_t ld, int64_t N, int64_t valid, int64_t V, const int64_t* targets,
                          const float* lse, cudaStream_t stream);
+
+// ops/slot_rows.h, a warp per row: out [N, d] = the weighted sum of each
+// token's k rows of src (slot [N, k], -1: none; weight null: 1) ...
+cudaError_t combine_rows(Dtype dt, const void* src, const int64_t* slot, const float* weight, int64_t k, void* out,
+                         int64_t N, int64_t d, cudaStream_t stream);
+// ... and out [R, d] = weight[owner] * src[owner / k], zero where owner < 0;
+// with y, dweight[owner[r]] = dot(src[owner / k], y[r]) (dweight zeroed by
+// the caller: assignments without a row keep 0).
+cudaError_t spread_rows(Dtype dt, const void* src, const int64_t* owner, int64_t k, const float* weight, const void* y,
+                        void* out, float* dweight, int64_t R, int64_t d, cudaStream_t stream);
 
 // AdamW over `count` tensors: params[k], grads[k] (fp32), m[k], v[k] (moments
 // of dtype `moments`, F32 or BF16), n[k] elements each, in as few launches as

@@ -118,6 +118,30 @@ at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at
   return z;
 }
 
+at::Tensor combine_rows_cuda(const at::Tensor& src, const at::Tensor& slot, const Opt& weight) {
+  check_combine_rows(src, slot, weight);
+  const c10::cuda::CUDAGuard guard(src.device());
+  const int64_t N = slot.size(0), k = slot.size(1), d = src.size(1);
+  at::Tensor out = at::empty({N, d}, src.options());
+  check_launch(cuda::combine_rows(dtype_of(src), src.const_data_ptr(), slot.const_data_ptr<int64_t>(), fptr(weight), k,
+                                  out.data_ptr(), N, d, stream_of(src)),
+               "combine_rows");
+  return out;
+}
+
+Spread spread_rows_cuda(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y) {
+  check_spread_rows(src, owner, k, weight, y);
+  const c10::cuda::CUDAGuard guard(src.device());
+  const int64_t R = owner.size(0), A = src.size(0) * k, d = src.size(1);
+  const auto f32 = src.options().dtype(at::kFloat);
+  at::Tensor out = at::empty({R, d}, src.options());
+  at::Tensor dw = y ? at::zeros({A}, f32) : at::empty({0}, f32);
+  check_launch(cuda::spread_rows(dtype_of(src), src.const_data_ptr(), owner.const_data_ptr<int64_t>(), k, fptr(weight),
+                                 cptr(y), out.data_ptr(), y ? dw.data_ptr<float>() : nullptr, R, d, stream_of(src)),
+               "spread_rows");
+  return {out, dw};
+}
+
 void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
                 const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {

@@ -13,6 +13,8 @@ namespace meshtrain::ops::impl {
 
 using Opt = std::optional<at::Tensor>;
 using Norm = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+// spread_rows: the buffer rows and the weights' gradient (fp32 [N * k], or [0]).
+using Spread = std::tuple<at::Tensor, at::Tensor>;
 
 // Argument checks shared by every backend (shapes and dtypes; nothing read).
 void check_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset, int64_t seq_dim,
@@ -24,6 +26,12 @@ void check_rows(const at::Tensor& z, const at::Tensor& targets, int64_t valid = 
 // of it contiguous, on one device, with params' element count; params and
 // grads fp32, the moments all fp32 or all bf16; casts empty or bf16, one per
 // parameter.
+// meshtrain::combine_rows / spread_rows (ops/slot_rows.h): src 2-D with
+// contiguous rows of a float type; slot [N, k] / owner [R] contiguous int64;
+// weight contiguous fp32 of N * k elements; y [R, d] like src. Values are
+// checked by the CPU kernels only (a GPU would need a host read).
+void check_combine_rows(const at::Tensor& src, const at::Tensor& slot, const Opt& weight);
+void check_spread_rows(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void check_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                  const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
 
@@ -35,6 +43,8 @@ Norm rms_norm_bwd_cpu(const at::Tensor& dy, const at::Tensor& h, const at::Tenso
 at::Tensor cross_entropy_rows_cpu(at::Tensor& z, const at::Tensor& targets, bool grad);
 at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int64_t valid);
 at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
+at::Tensor combine_rows_cpu(const at::Tensor& src, const at::Tensor& slot, const Opt& weight);
+Spread spread_rows_cpu(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
@@ -47,6 +57,8 @@ Norm rms_norm_bwd_ref(const at::Tensor& dy, const at::Tensor& h, const at::Tenso
 at::Tensor cross_entropy_rows_ref(at::Tensor& z, const at::Tensor& targets, bool grad);
 at::Tensor softmax_stats_ref(const at::Tensor& z, const at::Tensor& targets, int64_t valid);
 at::Tensor& softmax_grad_ref(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
+at::Tensor combine_rows_ref(const at::Tensor& src, const at::Tensor& slot, const Opt& weight);
+Spread spread_rows_ref(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void adamw_ref(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
@@ -60,6 +72,8 @@ Norm rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& h, const at::Tens
 at::Tensor cross_entropy_rows_cuda(at::Tensor& z, const at::Tensor& targets, bool grad);
 at::Tensor softmax_stats_cuda(const at::Tensor& z, const at::Tensor& targets, int64_t valid);
 at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
+at::Tensor combine_rows_cuda(const at::Tensor& src, const at::Tensor& slot, const Opt& weight);
+Spread spread_rows_cuda(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
                 const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);

@@ -63,6 +63,30 @@ void check_rows(const at::Tensor& z, const at::Tensor& targets, int64_t valid) {
             z.size(1));
 }
 
+void check_combine_rows(const at::Tensor& src, const at::Tensor& slot, const Opt& weight) {
+  MT_ASSERT(src.dim() == 2 && src.is_contiguous() && float_type(src),
+            "combine_rows: src must be contiguous [rows, d] fp32/bf16/fp16, got ", src.sizes(), " ", src.scalar_type());
+  MT_ASSERT(slot.dim() == 2 && slot.is_contiguous() && slot.scalar_type() == at::kLong,
+            "combine_rows: slot must be contiguous int64 [N, k], got ", slot.sizes(), " ", slot.scalar_type());
+  MT_ASSERT(!weight || (weight->numel() == slot.numel() && weight->is_contiguous() &&
+                        weight->scalar_type() == at::kFloat),
+            "combine_rows: weight must be contiguous fp32 with one value per assignment (", slot.numel(), ")");
+}
+
+void check_spread_rows(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y) {
+  MT_ASSERT(src.dim() == 2 && src.is_contiguous() && float_type(src),
+            "spread_rows: src must be contiguous [N, d] fp32/bf16/fp16, got ", src.sizes(), " ", src.scalar_type());
+  MT_ASSERT(k >= 1, "spread_rows: k must be >= 1, got ", k);
+  MT_ASSERT(owner.dim() == 1 && owner.is_contiguous() && owner.scalar_type() == at::kLong,
+            "spread_rows: owner must be contiguous int64 [rows], got ", owner.sizes(), " ", owner.scalar_type());
+  MT_ASSERT(!weight || (weight->numel() == src.size(0) * k && weight->is_contiguous() &&
+                        weight->scalar_type() == at::kFloat),
+            "spread_rows: weight must be contiguous fp32 with one value per assignment (", src.size(0) * k, ")");
+  MT_ASSERT(!y || (y->dim() == 2 && y->size(0) == owner.size(0) && y->size(1) == src.size(1) && y->is_contiguous() &&
+                   y->scalar_type() == src.scalar_type()),
+            "spread_rows: y must be contiguous [", owner.size(0), ", ", src.size(1), "] like src");
+}
+
 at::Tensor& rope_out_ref(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                          int64_t seq_dim, bool inverse, at::Tensor& out) {
   check_rope(x, cos, sin, offset, seq_dim, out);
@@ -127,6 +151,33 @@ at::Tensor cross_entropy_rows_ref(at::Tensor& z, const at::Tensor& targets, bool
   const at::Tensor loss = lse - st[2];
   if (grad) softmax_grad_ref(z, targets, lse, V);
   return loss;
+}
+
+// Gathered rows widened to fp32, weighted (0 where the assignment has no
+// row), summed over k.
+at::Tensor combine_rows_ref(const at::Tensor& src, const at::Tensor& slot, const Opt& weight) {
+  check_combine_rows(src, slot, weight);
+  const int64_t N = slot.size(0), k = slot.size(1), d = src.size(1);
+  if (src.size(0) == 0) return at::zeros({N, d}, src.options());
+  const at::Tensor held = slot >= 0;
+  const at::Tensor rows = src.index_select(0, slot.clamp_min(0).reshape({N * k})).view({N, k, d}).to(at::kFloat);
+  at::Tensor w = held.to(at::kFloat);
+  if (weight) w = w * weight->reshape({N, k});
+  return (rows * w.unsqueeze(2)).sum(1).to(src.scalar_type());
+}
+
+Spread spread_rows_ref(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y) {
+  check_spread_rows(src, owner, k, weight, y);
+  const int64_t R = owner.size(0), A = src.size(0) * k, d = src.size(1);
+  const auto f32 = src.options().dtype(at::kFloat);
+  at::Tensor dw = y ? at::zeros({A}, f32) : at::empty({0}, f32);
+  if (A == 0) return {at::zeros({R, d}, src.options()), dw};
+  const at::Tensor held = (owner >= 0).to(at::kFloat), a = owner.clamp_min(0);
+  const at::Tensor x = src.index_select(0, a.div(k, "floor")).to(at::kFloat);
+  at::Tensor w = held;
+  if (weight) w = w * weight->reshape({A}).index_select(0, a);
+  if (y) dw.index_add_(0, a, (x * y->to(at::kFloat)).sum(1) * held);
+  return {(x * w.unsqueeze(1)).to(src.scalar_type()), dw};
 }
 
 }  // namespace meshtrain::ops::impl

@@ -28,6 +28,7 @@
 #include "meshtrain/model/token_layout.h"
 #include "meshtrain/ops/adamw.h"
 #include "meshtrain/ops/fused.h"
+#include "meshtrain/ops/slot_rows.h"
 #include "parity.h"
 
 using namespace meshtrain;
@@ -198,6 +199,16 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
     both({randn({20, 32}), randn({4, 32, 48})},
          [&](const auto& v) { return std::vector{at::_grouped_mm(v[0], v[1], offs.to(v[0].device()))}; },
          "_grouped_mm");
+    // The MoE dispatch and combine (ops/slot_rows.h), three assignments
+    // dropped, rows by vectors (d 64) and element by element (d 6).
+    const at::Tensor slot = at::tensor(std::vector<int64_t>{4, 9, -1, 0, 7, 2, -1, -1, 11, 5, 1, 3}).view({6, 2});
+    for (int64_t d : {64, 6})
+      both({randn({6, d}), randn({12, d}), randn({6, 2})},
+           [&](const auto& v) {
+             const ops::SlotMap m = ops::slot_map(slot.to(v[0].device()), 12);
+             return std::vector{ops::slots_from_tokens(v[0], m), ops::tokens_from_slots(v[1], v[2].to(at::kFloat), m)};
+           },
+           "slot rows d " + std::to_string(d));
   }
 }
 
