@@ -8,6 +8,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/ops/fused.h"
 
 namespace meshtrain {
 
@@ -31,6 +32,25 @@ at::Tensor project_out(Linear& wo, const at::Tensor& heads, const at::Tensor& re
 
 at::Tensor append(const at::Tensor& past, const at::Tensor& now, int64_t dim) {
   return past.defined() ? at::cat({past, now}, dim) : now;
+}
+
+// One GEMM for the projections of one input by several layers whose forward
+// is exactly matmul(input(x), weight()^T) + bias() and whose input() is the
+// same (replicated layers: x itself; column layers: the tp region entry):
+// x is read once, and its gradient is one GEMM's output instead of a sum
+// of several added by autograd (the split's backward concatenates the
+// outputs' gradients: cheaper only where they are narrower than x). The parameters stay the
+// layers' own, so checkpoints and tp shards keep their layout.
+std::vector<at::Tensor> fused_projections(MixedPrecision& mp, const at::Tensor& x, std::vector<Linear*> layers) {
+  std::vector<at::Tensor> w, b;
+  std::vector<int64_t> widths;
+  for (Linear* l : layers) {
+    w.push_back(l->weight());
+    if (l->bias().defined()) b.push_back(l->bias());
+    widths.push_back(l->weight().size(0));
+  }
+  MT_ASSERT(b.empty() || b.size() == w.size(), "fused projections: biases on some layers only");
+  return mp.fused_linear(layers.front()->input(x), w, b).split_with_sizes(widths, -1);
 }
 
 }  // namespace
@@ -132,28 +152,38 @@ MLA::MLA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
 at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, const at::Tensor& residual,
                        const TokenLayout* layout) {
   const int64_t hd = cfg_.head_dim();
-  auto c = w_dkv_->forward(x);  // [B, T, L]
-  auto cq = w_dq_->forward(x);
+  MixedPrecision& mp = *factory_->precision();
+  // Jaxformer's rope projections read the whole down-projection output
+  // [c_kv, c_q] (model.py: Dense(dhR)(x) after x = Dense(2 * latent_dim)(x));
+  // DeepSeek's read x (the rope key) and c_q (the rope queries), which makes
+  // them one GEMM with the projections that read the same input.
+  const bool joint = dhR_ > 0 && cfg_.mla_rope_input == MlaRopeInput::JointLatent;
+  const bool split_rope = dhR_ > 0 && !joint;
+  const auto down = fused_projections(mp, x, split_rope ? std::vector<Linear*>{w_dkv_.get(), w_dq_.get(), w_kr_.get()}
+                                                        : std::vector<Linear*>{w_dkv_.get(), w_dq_.get()});
+  at::Tensor c = down[0], cq = down[1];  // [B, T, L]
   if (q_norm_) {
     c = kv_norm_->forward(c);
     cq = q_norm_->forward(cq);
   }
+  // (Not so the up-projections: their outputs are wider than their input,
+  // and the split's backward would copy those gradients together.)
   auto q = split_heads(w_uq_->forward(cq), hd);  // [B, H, T, hd]
   at::Tensor k_rope;                             // [B, t, dhR], rotated
   if (dhR_ > 0) {
-    // Jaxformer's rope projections read the whole down-projection output
-    // [c_kv, c_q] (model.py: Dense(dhR)(x) after x = Dense(2 * latent_dim)(x)).
-    const bool joint = cfg_.mla_rope_input == MlaRopeInput::JointLatent;
     const at::Tensor latent = joint ? at::cat({c, cq}, -1) : at::Tensor();
     const at::Tensor qr = w_qr_->forward(joint ? latent : cq);
-    const auto q_rope =
-        layout ? rope_.apply_at(qr.view({qr.size(0), qr.size(1), -1, dhR_}), layout->positions, cfg_.T).transpose(1, 2)
-               : rope_.apply(split_heads(qr, dhR_), offset, 2);
-    q = at::cat({q, q_rope}, -1);
+    if (layout) {
+      q = at::cat(
+          {q, rope_.apply_at(qr.view({qr.size(0), qr.size(1), -1, dhR_}), layout->positions, cfg_.T).transpose(1, 2)},
+          -1);
+    } else {
+      q = ops::rope_concat(q, split_heads(qr, dhR_), rope_.tables(dhR_, offset + qr.size(1), qr.device()), offset, 2);
+    }
     // The rope key is computed once (replicated) but read by this rank's heads
     // only: entering the tp region sums its gradient over all heads (and, under
     // sequence parallelism, gathers the whole sequence before rotating it).
-    const at::Tensor kr = factory_->enter_tp(w_kr_->forward(joint ? latent : x));
+    const at::Tensor kr = factory_->enter_tp(joint ? w_kr_->forward(latent) : down[2]);
     k_rope = layout ? rope_.apply_at(kr, layout->positions, cfg_.T) : rope_.apply(kr, offset, 1);
   }
   if (cache) {
@@ -165,7 +195,6 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     // Context parallelism exchanges the latent (and the rope key), not the
     // keys and values; each rank expands the whole sequence's latent itself.
     // w_uk and w_uv read the same tp region entry.
-    MixedPrecision& mp = *factory_->precision();
     const at::Tensor latent = layout->gather(w_uk_->input(c), 1);
     k = split_heads(mp.linear(latent, w_uk_->weight(), w_uk_->bias()), hd);
     v = split_heads(mp.linear(latent, w_uv_->weight(), w_uv_->bias()), hd);

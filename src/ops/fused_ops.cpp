@@ -1,6 +1,7 @@
 // The meshtrain operators (see ops/fused.h): schemas, the per-backend
 // registrations, the meta kernels and the autograd functions over them.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -92,6 +93,21 @@ at::Tensor unit_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.con
 Opt opt(const at::Tensor& t) { return t.defined() ? Opt(t) : std::nullopt; }
 
 // ---- autograd ----------------------------------------------------------------
+// The layout of a rotation's input, for its gradient: written in x's own
+// memory order (e.g. heads split off a [B, T, H * dim] GEMM output and
+// transposed), the gradient reaches that GEMM as a view, not through a
+// transposing copy. Inputs with gaps or overlaps get a contiguous gradient.
+void save_layout(AutogradContext* ctx, const at::Tensor& x) {
+  ctx->saved_data["sizes"] = x.sizes().vec();
+  const c10::DimVector dense = c10::contiguous_strides(x.sizes());
+  ctx->saved_data["strides"] =
+      x.is_non_overlapping_and_dense() ? x.strides().vec() : std::vector<int64_t>(dense.begin(), dense.end());
+}
+
+at::Tensor empty_in_layout(AutogradContext* ctx, const at::TensorOptions& options) {
+  return at::empty_strided(ctx->saved_data["sizes"].toIntVector(), ctx->saved_data["strides"].toIntVector(), options);
+}
+
 class RopeFn : public torch::autograd::Function<RopeFn> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -99,16 +115,49 @@ class RopeFn : public torch::autograd::Function<RopeFn> {
     ctx->saved_data["offset"] = offset;
     ctx->saved_data["seq_dim"] = seq_dim;
     ctx->save_for_backward({cos, sin});
+    save_layout(ctx, x);
     at::Tensor out = at::empty(x.sizes(), x.options());
     return call_rope(unit_last(x), {cos, sin}, offset, seq_dim, false, out);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor g = unit_last(grads[0]);
-    at::Tensor dx = at::empty(g.sizes(), g.options());
+    at::Tensor dx = empty_in_layout(ctx, g.options());
     call_rope(g, {saved[0], saved[1]}, ctx->saved_data["offset"].toInt(), ctx->saved_data["seq_dim"].toInt(), true,
               dx);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// cat({head, rope(x)}, -1): head copied and x rotated straight into the two
+// column ranges of one buffer; backward: head's gradient is the first
+// range's view, x's the second range rotated back (in x's layout).
+class RopeConcatFn : public torch::autograd::Function<RopeConcatFn> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& head, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin, int64_t offset, int64_t seq_dim) {
+    const int64_t h = head.size(-1), r = x.size(-1);
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["seq_dim"] = seq_dim;
+    ctx->saved_data["head"] = h;
+    ctx->save_for_backward({cos, sin});
+    save_layout(ctx, x);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = h + r;
+    at::Tensor out = at::empty(shape, x.options());
+    out.narrow(-1, 0, h).copy_(head);
+    at::Tensor tail = out.narrow(-1, h, r);
+    call_rope(unit_last(x), {cos, sin}, offset, seq_dim, false, tail);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    const int64_t h = ctx->saved_data["head"].toInt();
+    at::Tensor dx = empty_in_layout(ctx, g.options());
+    call_rope(unit_last(g.narrow(-1, h, g.size(-1) - h)), {saved[0], saved[1]}, ctx->saved_data["offset"].toInt(),
+              ctx->saved_data["seq_dim"].toInt(), true, dx);
+    return {g.narrow(-1, 0, h), dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -222,6 +271,17 @@ RopeTables rope_tables(int64_t dim, int64_t positions, double theta, const at::D
 at::Tensor rope(const at::Tensor& x, const RopeTables& t, int64_t offset, int64_t seq_dim) {
   if (seq_dim < 0) seq_dim += x.dim();
   return RopeFn::apply(x, t.cos, t.sin, offset, seq_dim);
+}
+
+at::Tensor rope_concat(const at::Tensor& head, const at::Tensor& x, const RopeTables& t, int64_t offset,
+                       int64_t seq_dim) {
+  if (seq_dim < 0) seq_dim += x.dim();
+  std::vector<int64_t> lead = x.sizes().vec(), head_lead = head.sizes().vec();
+  lead.pop_back();
+  head_lead.pop_back();
+  MT_ASSERT(lead == head_lead && head.scalar_type() == x.scalar_type(), "rope_concat: head ", head.sizes(), " ",
+            head.scalar_type(), " and x ", x.sizes(), " ", x.scalar_type(), " differ before the last dim");
+  return RopeConcatFn::apply(head, x, t.cos, t.sin, offset, seq_dim);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope(const at::Tensor& qkv, const RopeTables& t, int64_t offset) {

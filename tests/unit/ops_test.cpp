@@ -7,6 +7,7 @@
 #include "meshtrain/model/cross_entropy.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/ops/fused.h"
+#include "meshtrain/ops/slot_rows.h"
 #include "ops/kernels.h"
 #include "ops/row_math.h"
 #include "ops/strided.h"
@@ -235,6 +236,38 @@ TEST(Ops, RopeGradientIsTheInverseRotation) {
   expect_close(x.grad(), xr.grad(), 1e-6, "rope grad");
 }
 
+// MLA's queries: cat({head, rope(x)}) in one buffer, as aten gives it, and
+// x's gradient in x's own memory order (heads transposed off a [B, T, H * r]
+// GEMM output), so it reaches that GEMM as a view; plain rope's too.
+TEST(Ops, RopeConcatMatchesCatOfTheRotationWithGradients) {
+  const int64_t B = 2, T = 5, H = 3, h = 4, r = 8;
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    const double tol = dt == at::kFloat ? 1e-6 : 1e-2;
+    const at::Tensor head = randn({B, H, T, h}, 11, dt).requires_grad_(true);
+    const at::Tensor flat = randn({B, T, H * r}, 12, dt).requires_grad_(true);
+    const at::Tensor g = randn({B, H, T, h + r}, 13, dt);
+    const auto t = ops::rope_tables(r, 2 + T, 10000.0, at::kCPU);
+    const at::Tensor x = flat.view({B, T, H, r}).transpose(1, 2);
+    const at::Tensor y = ops::rope_concat(head, x, t, 2, 2);
+    const at::Tensor headr = head.detach().to(at::kFloat).requires_grad_(true);
+    const at::Tensor flatr = flat.detach().to(at::kFloat).requires_grad_(true);
+    const at::Tensor yr = at::cat({headr, aten_rope(flatr.view({B, T, H, r}).transpose(1, 2), 2, 2, 10000.0)}, -1);
+    expect_close(y, yr, tol, "rope_concat");
+    y.backward(g);
+    yr.backward(g.to(at::kFloat));
+    expect_close(head.grad(), headr.grad(), tol, "d head");
+    expect_close(flat.grad(), flatr.grad(), tol, "d x");
+    // The rotation's gradient is laid out as x is.
+    auto captured = std::make_shared<at::Tensor>();
+    const at::Tensor x2 = flat.detach().view({B, T, H, r}).transpose(1, 2).requires_grad_(true);
+    x2.register_hook([captured](const at::Tensor& grad) { *captured = grad; });
+    ops::rope_concat(head.detach(), x2, t, 2, 2).backward(g);
+    EXPECT_EQ(captured->strides(), x2.strides());
+    ops::rope(x2, t, 2, 2).backward(g.narrow(-1, h, r).contiguous());
+    EXPECT_EQ(captured->strides(), x2.strides());
+  }
+}
+
 // The attention input: q, k rotated and v passed through, values and the
 // gradient of qkv (written in one buffer) as three separate aten paths give.
 TEST(Ops, QkvRopeMatchesSeparateRotations) {
@@ -403,6 +436,68 @@ TEST(Ops, ChunkedCrossEntropyMatchesAtenWithGradients) {
   }
 }
 
+// Token n's assignments a = n * k + j in rows of a buffer (ops/slot_rows.h),
+// against aten in fp32: the dispatch gather, the weighted combine and both
+// gradients, by vectors (d 24) and element by element (d 6), with dropped
+// assignments (-1) and a token that lost both of its.
+TEST(Ops, SlotRowsMatchAtenWithGradients) {
+  const int64_t N = 5, k = 2, R = 13;
+  const at::Tensor slot = at::randperm(R, at::make_generator<at::CPUGeneratorImpl>(3), at::kLong)
+                              .narrow(0, 0, N * k)
+                              .index_put_({at::tensor({3, 6, 7})}, -1)
+                              .view({N, k});
+  const ops::SlotMap map = ops::slot_map(slot, R);
+  const at::Tensor held = slot >= 0;
+  // The inverse: each kept assignment's row names it, and no other row does.
+  EXPECT_EQ(map.owner.ge(0).sum().item<int64_t>(), held.sum().item<int64_t>());
+  for (int64_t a = 0; a < N * k; ++a)
+    if (slot.view({-1})[a].item<int64_t>() >= 0)
+      EXPECT_EQ(map.owner[slot.view({-1})[a].item<int64_t>()].item<int64_t>(), a);
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16})
+    for (int64_t d : {24, 6}) {
+      const std::string tag = std::string(c10::toString(dt)) + " d " + std::to_string(d);
+      const double tol = dt == at::kFloat ? 1e-6 : 1e-2;
+      const at::Tensor x = randn({N, d}, 4, dt).requires_grad_(), y = randn({R, d}, 5, dt).requires_grad_();
+      const at::Tensor w = randn({N, k}, 6).requires_grad_();
+      const at::Tensor gb = randn({R, d}, 7, dt), g = randn({N, d}, 8, dt);
+      // aten, fp32: the gather (zero rows where no assignment sits) and the sum.
+      const at::Tensor xr = x.detach().to(at::kFloat).requires_grad_(), yr = y.detach().to(at::kFloat).requires_grad_();
+      const at::Tensor wr = w.detach().clone().requires_grad_();
+      const at::Tensor owned = map.owner >= 0;
+      const at::Tensor buf_ref = xr.index_select(0, map.owner.clamp_min(0).div(k, "floor")) * owned.unsqueeze(1);
+      const at::Tensor out_ref =
+          (yr.index_select(0, slot.clamp_min(0).view({-1})).view({N, k, d}) * (wr * held).unsqueeze(2)).sum(1);
+      (buf_ref * gb.to(at::kFloat)).sum().backward();
+      (out_ref * g.to(at::kFloat)).sum().backward();
+
+      const at::Tensor buf = ops::slots_from_tokens(x, map);
+      EXPECT_TRUE(at::equal(buf, buf_ref.detach().to(dt))) << "dispatch " << tag;
+      buf.backward(gb);
+      expect_close(x.grad(), xr.grad(), tol, "dispatch dx " + tag);
+      const at::Tensor out = ops::tokens_from_slots(y, w, map);
+      EXPECT_EQ(out.scalar_type(), dt);
+      expect_close(out, out_ref, tol, "combine " + tag);
+      out.backward(g);
+      expect_close(y.grad(), yr.grad(), tol, "combine dy " + tag);
+      expect_close(w.grad(), wr.grad(), tol, "combine dw " + tag);
+      EXPECT_EQ(w.grad().masked_select(~held).abs().sum().item<float>(), 0.0f) << "dropped assignments' gates";
+      EXPECT_EQ(w.grad().scalar_type(), at::kFloat);
+
+      // The aten composites (CUDA builds without nvcc) give the kernels' values.
+      const at::Tensor yd = y.detach(), wd = w.detach().contiguous();
+      expect_close(ops::impl::combine_rows_ref(yd, slot, wd), ops::impl::combine_rows_cpu(yd, slot, wd), tol, "ref " + tag);
+      auto [sp, sdw] = ops::impl::spread_rows_cpu(g, map.owner, k, wd, yd);
+      auto [rp, rdw] = ops::impl::spread_rows_ref(g, map.owner, k, wd, yd);
+      expect_close(rp, sp, 1e-6, "ref spread " + tag);
+      expect_close(rdw, sdw, 1e-5, "ref dw " + tag);
+    }
+  // A row that does not exist is refused, not read.
+  EXPECT_THROW(ops::impl::combine_rows_cpu(randn({R, 8}, 9), slot.clone().fill_(R), std::nullopt), std::exception);
+  EXPECT_THROW(ops::impl::spread_rows_cpu(randn({N, 8}, 9), map.owner.clone().fill_(N * k), k, std::nullopt,
+                                          std::nullopt),
+               std::exception);
+}
+
 TEST(Ops, MetaKernelsGiveShapes) {
   const auto meta = at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta);
   const at::Tensor qkv = at::empty({2, 16, 3, 4, 8}, meta);
@@ -415,6 +510,10 @@ TEST(Ops, MetaKernelsGiveShapes) {
   at::Tensor z = at::empty({32, 50}, meta);
   EXPECT_EQ(ops::cross_entropy_rows_(z, at::empty({32}, meta.dtype(at::kLong)), true).sizes(),
             (std::vector<int64_t>{32}));
+  const ops::SlotMap map = ops::slot_map(at::empty({32, 2}, meta.dtype(at::kLong)), 48);
+  EXPECT_EQ(ops::slots_from_tokens(at::empty({32, 8}, meta), map).sizes(), (std::vector<int64_t>{48, 8}));
+  EXPECT_EQ(ops::tokens_from_slots(at::empty({48, 8}, meta), at::empty({32, 2}, meta.dtype(at::kFloat)), map).sizes(),
+            (std::vector<int64_t>{32, 8}));
 }
 
 }  // namespace

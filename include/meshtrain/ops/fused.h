@@ -29,6 +29,13 @@ RopeTables rope_tables(int64_t dim, int64_t positions, double theta, const at::D
 // halves convention (features i and i + dim/2 form a pair). Differentiable.
 at::Tensor rope(const at::Tensor& x, const RopeTables& t, int64_t offset, int64_t seq_dim);
 
+// cat({head, rope(x)}, -1) with head [..., h] and x [..., r] alike before
+// the last dim: one buffer written once (head copied, x rotated into it)
+// instead of a rotated x copied again by the concatenation (MLA's queries:
+// each head's no-rope and rope parts). Differentiable.
+at::Tensor rope_concat(const at::Tensor& head, const at::Tensor& x, const RopeTables& t, int64_t offset,
+                       int64_t seq_dim);
+
 // The attention input: qkv [B, T, 3, H, hd] (one GEMM's output) -> q and k
 // rotated, v as it is, each [B, H, T, hd] (views, as flash attention takes
 // them). Forward: one kernel rotates q and k together; backward: dq and dk
