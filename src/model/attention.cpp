@@ -53,6 +53,47 @@ std::vector<at::Tensor> fused_projections(MixedPrecision& mp, const at::Tensor& 
   return mp.fused_linear(layers.front()->input(x), w, b).split_with_sizes(widths, -1);
 }
 
+// t [..., c] widened to `width` columns, the new ones zero: t copied into
+// the first c, only the others zeroed.
+at::Tensor widen_last(const at::Tensor& t, int64_t width) {
+  std::vector<int64_t> shape = t.sizes().vec();
+  const int64_t c = shape.back();
+  shape.back() = width;
+  at::Tensor out = at::empty(shape, t.options());
+  out.narrow(-1, 0, c).copy_(t);
+  out.narrow(-1, c, width - c).zero_();
+  return out;
+}
+
+// v padded with zero columns for the attention kernel, and its output cut
+// back, as autograd functions whose gradients are the other one: a view of
+// the padded gradient, and the narrow one widened. (constant_pad_nd's
+// backward copies the gradient's first columns out; narrow's zeroes a whole
+// buffer and copies into it.)
+class PadLastFn : public torch::autograd::Function<PadLastFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, int64_t width) {
+    ctx->saved_data["cols"] = t.size(-1);
+    return widen_last(t, width);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {g[0].narrow(-1, 0, ctx->saved_data["cols"].toInt()), at::Tensor()};
+  }
+};
+
+class NarrowLastFn : public torch::autograd::Function<NarrowLastFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& t, int64_t cols) {
+    ctx->saved_data["width"] = t.size(-1);
+    return t.narrow(-1, 0, cols);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {widen_last(g[0], ctx->saved_data["width"].toInt()), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 MHA::MHA(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
@@ -237,7 +278,7 @@ at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, c
   if (pad == 0) return causal_attention(q, k, v, dropout);
   // Zero columns of v give zero output columns; the first hd are unchanged
   // (the softmax weights come from q and k alone).
-  return causal_attention(q, k, at::constant_pad_nd(v, {0, pad}), dropout).narrow(-1, 0, hd);
+  return NarrowLastFn::apply(causal_attention(q, k, PadLastFn::apply(v, hd + pad), dropout), hd);
 }
 
 int64_t narrowest_value_width(int64_t v_width, int64_t qk_width, const std::function<int64_t(int64_t)>& choose) {

@@ -60,11 +60,14 @@ at::Tensor Block::layer(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_
   };
   if (p > 0) {
     // Dropout sits between each sublayer and its residual add: the add is
-    // fused with the next norm instead (one kernel each way, ops/fused.h).
-    const at::Tensor attn = attn_->forward(attn_norm_->forward(h), cache, offset, {}, layout);
+    // fused with the next norm instead (one kernel each way, ops/fused.h),
+    // and the first norm passes the stream on (forward_keep), so the skip's
+    // gradient is summed inside that norm's backward kernel.
+    auto [r, normed] = attn_norm_->forward_keep(h);
+    const at::Tensor attn = attn_->forward(normed, cache, offset, {}, layout);
     const at::Tensor a = dropout_->stream(h.device(), [&] { return at::dropout(attn, p, true); });
     at::Tensor x;
-    std::tie(h, x) = mlp_norm_->forward_add(h, a);
+    std::tie(h, x) = mlp_norm_->forward_add(r, a);
     const auto y = recompute_ffn ? recompute_in_backward(ffn, x, aux) : ffn(x, aux);
     return h + dropout_->stream(h.device(), [&] { return at::dropout(y, p, true); });
   }

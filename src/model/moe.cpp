@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/activation.h"
@@ -14,6 +15,33 @@
 namespace meshtrain {
 
 namespace {
+
+// The router's logits: x widened to fp32 for an fp32 GEMM with the fp32
+// master weight. Backward: the weight's (and bias's) gradient from fp32
+// products; x's straight out of a GEMM in x's dtype (the logits' gradient
+// and the weight rounded to it, as every other layer's input gradient is
+// computed), not an fp32 [N, d] product cast down by a kernel of its own.
+class RouterLogitsFn : public torch::autograd::Function<RouterLogitsFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& b) {
+    const at::Tensor xf = x.to(at::kFloat);
+    ctx->save_for_backward({xf, w});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["bias"] = b.has_value();
+    return at::linear(xf, w, b ? *b : at::Tensor());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &xf = s[0], &w = s[1];
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const at::Tensor g = grads[0].reshape({-1, w.size(0)});
+    const at::Tensor dx = at::mm(g.to(dt), w.to(dt)).view(xf.sizes());
+    const at::Tensor dw = at::mm(g.t(), xf.reshape({-1, w.size(1)}));
+    return {dx, dw, ctx->saved_data["bias"].toBool() ? g.sum(0) : at::Tensor()};
+  }
+};
 
 // at::one_hot checks its indices' range with host reads on every device but
 // CUDA; a scatter gives the same [.., E] int64 tensor with none.
@@ -259,7 +287,9 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux, const TokenLayout*
   // fp32 master weight, no cast): bf16-rounded scores flip near-ties in
   // top-k, so meshes whose reductions round differently would send tokens to
   // different experts. The router is a replicated plain linear layer.
-  const at::Tensor logits = at::linear(xr.to(at::kFloat), router_->weight(), router_->bias());
+  const at::Tensor rb = router_->bias();
+  const at::Tensor logits =
+      RouterLogitsFn::apply(xr, router_->weight(), rb.defined() ? std::optional<at::Tensor>(rb) : std::nullopt);
   // Context parallelism: route whole sequences (the gather's backward sums
   // each rank's gradient of the logits back to the rank that owns them).
   const bool cp = layout != nullptr && static_cast<bool>(layout->gather);
@@ -298,9 +328,12 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux, const TokenLayout*
   // Shared experts go through the factory's own column/row layers, which
   // carry their tp collectives like the dense MLP's do, so they are added
   // outside the hand-written region.
+  // The routed experts' sum is the shared output GEMM's residual: added in
+  // the GEMM, not by a kernel of its own.
   if (shared_in_)
-    y = y + shared_out_->forward(
-                apply_activation(cfg_.mlp_activation, shared_in_->forward(x), shared_gate_ ? shared_gate_->forward(x) : at::Tensor()));
+    y = shared_out_->forward_residual(
+        apply_activation(cfg_.mlp_activation, shared_in_->forward(x), shared_gate_ ? shared_gate_->forward(x) : at::Tensor()),
+        y);
   // Jaxformer's shared "expert": a linear map summed over its n_shared
   // chunks, replicated like the router (whole sequences in, own shard out).
   // "linear_discarded" keeps the parameters but not the term, as

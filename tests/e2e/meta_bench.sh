@@ -99,7 +99,13 @@ assert ra['kernels'] == rb['kernels'] and rc['kernels'] == rd['kernels'] and rc[
 assert ra['gemm_tflop'] == rb['gemm_tflop'] == rc['gemm_tflop'] == rd['gemm_tflop']
 print('       # non-GEMM GB: casts written', ra['non_gemm_gb'], '(bf16 moments', rb['non_gemm_gb'], '), not written', rc['non_gemm_gb'], '(', rd['non_gemm_gb'], ')')
 " "$f32" "$b16" "$f32_off" "$b16_off"
-check "moe1b-1gpu with bf16 moments: at most 70 GB of non-GEMM traffic per step" python3 -c "import sys; sys.exit(0 if $(field "$b16" non_gemm_gb) <= 70 else 1)"
+check "moe1b-1gpu: at most 70 GB of non-GEMM traffic per step with fp32 moments (the issue's bound), 62 with bf16" \
+  python3 -c "import sys; sys.exit(0 if $(field "$f32" non_gemm_gb) <= 70 and $(field "$b16" non_gemm_gb) <= 62 else 1)"
+# The MoE dispatch and combine are one kernel each way (ops/slot_rows.h):
+# no zeroed slot buffer scattered into, no weighted copy of the rows.
+check "moe1b-1gpu: the MoE dispatch and combine as meshtrain::spread_rows / combine_rows, no index_add" \
+  bash -c "grep -q 'meshtrain::combine_rows' <<<\"\$1\" && ! grep -q 'aten::index_add ' <<<\"\$1\"" _ \
+  "$("$BIN" bench --device meta --config "$SRC/configs/moe1b-1gpu.json" --top-ops 60 2>&1)"
 
 out=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --efficiency 1.5 2>&1)
 check "--efficiency above 1 is refused" test $? -ne 0

@@ -200,7 +200,7 @@ TEST(MoE, GroupedComputeEqualsPerTokenReferenceWithDropsAndSharedExperts) {
   auto c = moe_config(8, 4, 2, 12, 1, 0.5);  // C = ceil(0.5 * 6 * 2 / 4) = 2: drops
   c.init_std = 0.5;                          // large enough that routing is not a tie
   MoE moe(c, f, "moe");
-  auto x = torch::randn({2, 6, 8});
+  auto x = torch::randn({2, 6, 8}).requires_grad_();
 
   moe.train();
   auto y = moe.forward(x, nullptr);
@@ -214,8 +214,12 @@ TEST(MoE, GroupedComputeEqualsPerTokenReferenceWithDropsAndSharedExperts) {
   (y * wy).sum().backward();
   std::map<std::string, at::Tensor> grads;
   for (auto& p : moe.named_parameters()) grads[p.key()] = p.value().grad().clone();
+  const at::Tensor dx = x.grad().clone();
   moe.zero_grad();
+  x.mutable_grad().reset();
   (reference_forward(moe, c, x) * wy).sum().backward();
+  // The input's gradient too: the dispatch's backward, the router's and the shared experts'.
+  EXPECT_LT((dx - x.grad()).abs().max().item<double>(), 1e-5);
   for (auto& p : moe.named_parameters()) {
     ASSERT_TRUE(p.value().grad().defined()) << p.key();
     EXPECT_LT((grads[p.key()] - p.value().grad()).abs().max().item<double>(), 1e-5) << p.key();
@@ -224,6 +228,7 @@ TEST(MoE, GroupedComputeEqualsPerTokenReferenceWithDropsAndSharedExperts) {
   EXPECT_GT(grads["router.weight"].abs().sum().item<double>(), 0);
 
   moe.eval();
+  torch::NoGradGuard no_grad;
   EXPECT_LT((moe.forward(x, nullptr) - reference_forward(moe, c, x)).abs().max().item<double>(), 1e-5);
   EXPECT_GT((moe.forward(x, nullptr) - y).abs().max().item<double>(), 1e-4) << "eval must not drop";
 }
