@@ -89,10 +89,12 @@ preempted() {  # LAUNCHER NAME
 preempted srun pre
 preempted mpirun prempi
 
-# A real time limit: --time=1 with SIGUSR1 50 s before it (SLURM checks time
-# limits every 30 s, so it comes 10 to 40 s into an attempt); 50 steps of
-# 1 s outlast the first attempt.
-id=$(MESHTRAIN_BINARY="$PWD/slowfirst" SLOW_MS=1000 submit --time=1 --signal=B:USR1@50 "$SRC/scripts/launch-slurm.sbatch" \
+# A real time limit: --time=2 with SIGUSR1 60 s before it. SLURM checks
+# time limits every 30 s and sends the warning up to one period early, so it
+# comes 30 to 90 s into an attempt: after the ranks have started (with
+# --time=1 and @50 it once came 1 s in, before they could take it), and
+# before 50 steps of 2 s end.
+id=$(MESHTRAIN_BINARY="$PWD/slowfirst" SLOW_MS=2000 submit --time=2 --signal=B:USR1@60 "$SRC/scripts/launch-slurm.sbatch" \
   tiny.json "${S[@]}" --training_steps 50 --name tl --n_device_axis 2 1 1)
 log=$(log_of "$id")
 st=$(slurm_wait_job "$id" 240)
@@ -115,5 +117,26 @@ out=$(same runs/tl/metrics.jsonl runs/ref/metrics.jsonl 0) &&
 check "time limit: one log meshtrain-$id.out with every attempt's header" \
   bash -c "test \$(grep -c '^launch-slurm.sbatch: job $id ' $log) -eq \$(($(field "$id" Restarts) + 1)) &&
            test \$(ls meshtrain-*.out | wc -l) -eq 4"
+
+# A stop that comes while the ranks are still starting (here a wrapper that
+# sleeps first): the SIGUSR1 kills them before they can save. The job is
+# requeued all the same, and the next attempt runs the run to its end.
+cat > slowstart <<WRAP
+#!/bin/sh
+[ "\${SLURM_RESTART_COUNT:-0}" = 0 ] && sleep 30
+exec "$BIN" "\$@"
+WRAP
+chmod +x slowstart
+id=$(MESHTRAIN_BINARY="$PWD/slowstart" submit "$SRC/scripts/launch-slurm.sbatch" tiny.json "${S[@]}" \
+  --training_steps 4 --name early --n_device_axis 2 1 1)
+log=$(log_of "$id")
+for _ in $(seq 300); do grep -q "^srun " "$log" 2>/dev/null && break; sleep 0.2; done
+sleep 2
+on_host h1 scancel --signal=USR1 --batch "$id"
+st=$(slurm_wait_job "$id" 120)
+check "stop while the ranks start: requeued, not failed, then COMPLETED ($st, restarts $(field "$id" Restarts))" \
+  bash -c "test '$st' = COMPLETED -a '$(field "$id" Restarts)' -ge 1 && grep -q 'before saving (still starting?)' $log"
+check "stop while the ranks start: the next attempt ran the run to its end" test -d runs/early/checkpoints/step_00000004
+[ "$st" = COMPLETED ] || tail -20 "$log"
 
 finish
