@@ -218,7 +218,7 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
 at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate) {
   // Every assignment is kept: sorted by expert (stable, so token order within
   // an expert), each expert's rows are one group of a grouped GEMM.
-  const int64_t E = cfg_.n_experts, k = cfg_.k, d = cfg_.model_dimension, N = xflat.size(0);
+  const int64_t E = cfg_.n_experts, k = cfg_.k, N = xflat.size(0);
   const at::Tensor expert = r.expert.reshape({N * k});
   const auto [sorted_expert, assignment] = expert.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
   // Row i of the buffer holds assignment[i]: the map's slots are its inverse.

@@ -491,6 +491,15 @@ TEST(Ops, SlotRowsMatchAtenWithGradients) {
       expect_close(rp, sp, 1e-6, "ref spread " + tag);
       expect_close(rdw, sdw, 1e-5, "ref dw " + tag);
     }
+  // k 1, fp16, every assignment dropped: zero outputs and gradients.
+  const ops::SlotMap none = ops::slot_map(at::full({3, 1}, -1, at::kLong), 4);
+  EXPECT_TRUE(at::equal(none.owner, at::full({4}, -1, at::kLong)));
+  const at::Tensor yh = randn({4, 16}, 10, at::kHalf).requires_grad_(), wh = randn({3, 1}, 11).requires_grad_();
+  const at::Tensor outh = ops::tokens_from_slots(yh, wh, none);
+  EXPECT_EQ(outh.abs().sum().item<float>(), 0.0f);
+  outh.backward(randn({3, 16}, 12, at::kHalf));
+  EXPECT_EQ(yh.grad().abs().sum().item<float>() + wh.grad().abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(ops::slots_from_tokens(randn({3, 16}, 13, at::kHalf), none).abs().sum().item<float>(), 0.0f);
   // A row that does not exist is refused, not read.
   EXPECT_THROW(ops::impl::combine_rows_cpu(randn({R, 8}, 9), slot.clone().fill_(R), std::nullopt), std::exception);
   EXPECT_THROW(ops::impl::spread_rows_cpu(randn({N, 8}, 9), map.owner.clone().fill_(N * k), k, std::nullopt,
