@@ -1,5 +1,7 @@
 #include "meshtrain/train/trainer.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -102,15 +104,25 @@ double Trainer::train() {
   straggler_->restart(session_.flight());
   using Clock = std::chrono::steady_clock;
   std::optional<PendingStep> pending;  // the step enqueued last, not read yet
-  auto mark = Clock::now();            // when the last step read was logged
+  auto mark = Clock::now();            // where the last step logged ended
+  // A step's time ends when its work was done: on the CPU, which computes
+  // as it issues, when it was issued; on a GPU, when reading its statistics
+  // returns if the device was still on it, else (a host-bound run) about
+  // when it was issued. (The time between two reads gave the second of a
+  // checkpoint's two back-to-back reads no time at all: millions of
+  // tokens/s.)
   auto finish = [&] {
-    const auto now = Clock::now();
-    finish_step(*pending, std::chrono::duration<double>(now - mark).count());
-    mark = now;
+    const bool busy = pending->done && !pending->done->query();
+    pending->stats.read();
+    const auto end = busy ? Clock::now() : std::max(pending->issued, mark);
+    finish_step(*pending, std::chrono::duration<double>(end - mark).count());
+    mark = end;
     StepStats read = std::move(pending->stats);
     pending.reset();
     return read;
   };
+  const at::Device device = session_.device();
+  const bool device_events = !device.is_cpu() && !device.is_meta();
   while (step() < total) {
     if (!pending) mark = Clock::now();  // nothing in flight: this step's time starts now
     session_.flight().set_step(step() + 1);
@@ -120,11 +132,17 @@ double Trainer::train() {
     session_.test_hooks().after_update(step() + 1, model());
     update_score_bias(session_, s);  // on the device: no read needed
     ++session_.progress().step;
+    const auto issued = Clock::now();
+    std::optional<c10::Event> done;
+    if (device_events) {
+      done.emplace(device.type());
+      done->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+    }
     // A background save (async_checkpoint) is committed once every rank wrote it.
     const double committed = session_.commit_written_checkpoint();
     // The previous step's read waits for its kernels while this step's are queued.
     if (pending) finish();
-    pending = PendingStep{std::move(s), lr, step()};
+    pending = PendingStep{std::move(s), lr, step(), issued, std::move(done)};
     if (committed > 0)
       log_->checkpoint(step(), {{"checkpoint_blocked_seconds", committed}, {"checkpoint_committed", true}});
     const int64_t n = step();

@@ -16,6 +16,13 @@ first=$(metric runs/tiny/metrics.jsonl loss | head -1)
 last=$(metric runs/tiny/metrics.jsonl loss | tail -5 | python3 -c "import sys; v=[float(x) for x in sys.stdin]; print(sum(v)/len(v))")
 check "loss falls ($first -> $last)" python3 -c "import sys; sys.exit(0 if $last < $first - 0.5 else 1)"
 check "eval rows logged" test "$(metric runs/tiny/metrics.jsonl val_loss | wc -l)" -eq 2
+# Every step's tokens/s is its own: the steps at a checkpoint (20, 40) are
+# read back to back, and once got ~0 s (millions of tokens/s).
+check "tokens/s of every step within 20x of the median (steps 20 and 40 included)" python3 -c "
+import json, statistics, sys
+v = {r['step']: r['tokens_per_sec'] for r in map(json.loads, open('runs/tiny/metrics.jsonl')) if 'tokens_per_sec' in r}
+m = statistics.median(v.values())
+sys.exit(0 if len(v) == 40 and all(0 < x < 20 * m for x in v.values()) else print(m, v[20], v[40], max(v.values())) or 1)"
 check "console shows Step lines" grep -q "Step 40, Loss:" <<<"$out"
 check "a sample is printed" grep -q "sample:" <<<"$out"
 check "checkpoint written" test -f runs/tiny/checkpoints/latest

@@ -6,8 +6,12 @@
 // are read (and logged) after the next step is enqueued, except before an
 // evaluation, a checkpoint, a stop or the end. Everything the loop
 // runs on is assembled by the Session (train/session.h).
+#include <c10/core/Event.h>
+
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +67,10 @@ class Trainer {
     StepStats stats;
     double lr = 0;
     int64_t number = 0;  // the step's number in the log (1-based)
+    // When the host had issued all of the step's work, and on a GPU an event
+    // after that work: where the step's time ends (see train()).
+    std::chrono::steady_clock::time_point issued;
+    std::optional<c10::Event> done;
   };
   // Reads the step (its one host read), applies nan_policy to a non-finite
   // step (throws for "stop") and logs it; seconds: since the previous step's log.
