@@ -4,8 +4,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 
 #include "meshtrain/model/attention.h"
+#include "meshtrain/model/layers.h"
+#include "meshtrain/ops/fused.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/train/generate.h"
 
@@ -264,6 +267,44 @@ TEST(MlaAttention, PaddedValuesGiveTheUnpaddedOutputsAndGradients) {
   EXPECT_TRUE(at::equal(causal_attention_padded_v(x, x, x, 0.0), causal_attention(x, x, x, 0.0)));
   EXPECT_ANY_THROW(causal_attention_padded_v(x, at::randn({1, 2, 4, 6}), x, 0.0));
   EXPECT_ANY_THROW(causal_attention_padded_v(x, x, at::randn({1, 2, 4, 6}), 0.0, 4));
+}
+
+// The MLA layer against its plain composition from the same parameters:
+// each projection its own GEMM, the queries' rope rotated and then
+// concatenated, v unpadded (the layer fuses the projections of x into one
+// GEMM and rotates the rope queries into their concatenation). Outputs and
+// every gradient, x's included, in fp32.
+TEST(MlaAttention, LayerMatchesItsPlainCompositionWithGradients) {
+  at::manual_seed(1);
+  ModelConfig c = tiny("mla");
+  c.dropout_rate = 0.0;
+  LayerFactory f;
+  MLA mla(c, f, "attn", c.dhR);
+  const int64_t B = 2, T = 7, H = c.n_head, hd = c.head_dim(), dhR = c.dhR;
+  const at::Tensor x = at::randn({B, T, c.model_dimension}).requires_grad_(true);
+  const at::Tensor g = at::randn({B, T, c.model_dimension});
+  mla.forward(x, nullptr, 0).backward(g);
+  std::map<std::string, at::Tensor> grads;
+  for (auto& p : mla.named_parameters()) grads[p.key()] = p.value().grad().clone();
+  const at::Tensor dx = x.grad().clone();
+
+  mla.zero_grad();
+  x.mutable_grad().reset();
+  auto w = [&](const std::string& name) { return *mla.named_parameters().find(name + ".weight"); };
+  auto heads = [&](const at::Tensor& t, int64_t dim) { return t.view({B, T, -1, dim}).transpose(1, 2); };
+  const auto tables = ops::rope_tables(dhR, T, c.rope_theta, at::kCPU);
+  const at::Tensor lat = at::linear(x, w("w_dkv")), latq = at::linear(x, w("w_dq"));
+  const at::Tensor q = at::cat({heads(at::linear(latq, w("w_uq")), hd),
+                                ops::rope(heads(at::linear(latq, w("w_qr")), dhR), tables, 0, 2)}, -1);
+  const at::Tensor kr = ops::rope(at::linear(x, w("w_kr")), tables, 0, 1);
+  const at::Tensor k = at::cat({heads(at::linear(lat, w("w_uk")), hd), kr.unsqueeze(1).expand({B, H, T, dhR})}, -1);
+  const at::Tensor v = heads(at::linear(lat, w("w_uv")), hd);
+  const at::Tensor o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  at::linear(o.transpose(1, 2).reshape({B, T, H * hd}), w("wo")).backward(g);
+  EXPECT_LT((dx - x.grad()).abs().max().item<double>(), 1e-5) << "dx";
+  for (auto& p : mla.named_parameters())
+    EXPECT_LT((grads[p.key()] - p.value().grad()).abs().max().item<double>(), 1e-5) << p.key();
+  EXPECT_EQ(grads.size(), 8u);
 }
 
 // How far v is padded: no further than the kernel sdpa would run at q's
