@@ -82,10 +82,20 @@ if(MESHTRAIN_CUDA)
                         "folder, /usr/local/cuda). Install the CUDA toolkit or set CUDA_HOME.")
   endif()
   target_include_directories(mt_torch SYSTEM INTERFACE ${MT_CUDART_INCLUDE_DIR} ${MT_CUDA_CRT_ROOT})
+  # cuBLASLt for the GELU epilogues (src/ops/cublaslt_gelu.cpp): the copy
+  # libtorch loads (the nvidia wheel's), else the toolkit's.
+  get_filename_component(MT_CUDART_LIB_DIR ${MT_CUDART_LIBRARY} DIRECTORY)
+  find_library(MT_CUBLASLT NAMES cublasLt libcublasLt.so.13 libcublasLt.so.12
+               PATHS ${MT_NVIDIA_LIB_DIRS} ${MT_CUDART_LIB_DIR} $ENV{CUDA_HOME}/lib64 /usr/local/cuda/lib64 NO_DEFAULT_PATH)
+  if(NOT MT_CUBLASLT)
+    message(FATAL_ERROR "MESHTRAIN_CUDA=ON needs cuBLASLt (libcublasLt.so*), found in neither PyTorch's nvidia "
+                        "wheels (${MT_NVIDIA_LIB_DIRS}) nor a CUDA toolkit (CUDA_HOME, /usr/local/cuda).")
+  endif()
+  message(STATUS "cuBLASLt: ${MT_CUBLASLT}")
   # --no-as-needed: nothing references libtorch_cuda's symbols directly, but
   # loading it is what registers torch's CUDA backend.
   target_link_libraries(mt_torch INTERFACE "-Wl,--no-as-needed,${MT_TORCH_CUDA}" ${MT_C10_CUDA} ${MT_TORCH_CPU}
-                        ${MT_C10} ${MT_CUDART_LIBRARY})
+                        ${MT_C10} ${MT_CUDART_LIBRARY} ${MT_CUBLASLT})
   target_compile_definitions(mt_torch INTERFACE MESHTRAIN_CUDA=1)
   get_filename_component(MT_NCCL_DIR ${MT_NCCL_LIBRARY} DIRECTORY)
   get_filename_component(MT_CUDART_DIR ${MT_CUDART_LIBRARY} DIRECTORY)

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/gelu_matmul.h"
+#include "meshtrain/model/layers.h"
 
 namespace meshtrain {
 
@@ -17,6 +19,14 @@ at::Tensor apply_activation(MlpActivation a, const at::Tensor& in, const at::Ten
       return at::silu(gate) * in;
   }
   MT_FAIL("unknown mlp_activation ", static_cast<int>(a));
+}
+
+at::Tensor mlp_forward(MlpActivation a, Linear& w_in, Linear* w_gate, Linear& w_out, const at::Tensor& x,
+                       const at::Tensor& residual, MixedPrecision& precision) {
+  if (a == MlpActivation::Gelu && w_gate == nullptr)
+    return w_out.forward_gelu(linear_gelu(w_in.input(x), w_in.weight(), w_in.bias(), precision), residual);
+  const at::Tensor hid = apply_activation(a, w_in.forward(x), w_gate ? w_gate->forward(x) : at::Tensor());
+  return residual.defined() ? w_out.forward_residual(hid, residual) : w_out.forward(hid);
 }
 
 }  // namespace meshtrain

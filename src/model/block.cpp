@@ -10,7 +10,7 @@
 namespace meshtrain {
 
 DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefix)
-    : activation_(cfg.mlp_activation) {
+    : activation_(cfg.mlp_activation), precision_(factory.precision()) {
   const int64_t d = cfg.model_dimension, hidden = cfg.dense_hidden_dim();
   w_in_ = register_module("w_in", factory.column(prefix + ".w_in", d, hidden, cfg.init_std, cfg.linear_bias));
   if (cfg.gated_mlp())
@@ -19,8 +19,7 @@ DenseMLP::DenseMLP(const ModelConfig& cfg, LayerFactory& factory, const std::str
 }
 
 at::Tensor DenseMLP::forward(const at::Tensor& x, const at::Tensor& residual) {
-  const at::Tensor hid = apply_activation(activation_, w_in_->forward(x), w_gate_ ? w_gate_->forward(x) : at::Tensor());
-  return residual.defined() ? w_out_->forward_residual(hid, residual) : w_out_->forward(hid);
+  return mlp_forward(activation_, *w_in_, w_gate_.get(), *w_out_, x, residual, *precision_);
 }
 
 Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)

@@ -16,7 +16,8 @@
 
 namespace meshtrain {
 
-// w_in (column d -> hidden), gelu(tanh), w_out (row hidden -> d); with
+// w_in (column d -> hidden), gelu(tanh), w_out (row hidden -> d), the GELU
+// inside the GEMMs (model/gelu_matmul.h); with
 // mlp_activation swiglu also w_gate (column d -> hidden): silu(w_gate x) * w_in x.
 // The gate and w_in split alike over tp, so the product stays local.
 class DenseMLP : public torch::nn::Module {
@@ -28,6 +29,7 @@ class DenseMLP : public torch::nn::Module {
  private:
   MlpActivation activation_;
   std::shared_ptr<Linear> w_in_, w_gate_, w_out_;
+  std::shared_ptr<MixedPrecision> precision_;
 };
 
 class Block : public torch::nn::Module {

@@ -86,12 +86,33 @@ PlainLinear::PlainLinear(at::Tensor w, at::Tensor b, std::shared_ptr<MixedPrecis
 
 at::Tensor PlainLinear::forward(const at::Tensor& x) { return precision_->linear(x, weight_, bias_); }
 
+namespace {
+
+// Whether addmm can take the residual of x's GEMM with w: in the GEMM's
+// dtype and shape, no bias.
+bool foldable(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
+              const MixedPrecision& precision) {
+  const at::ScalarType gemm_dtype = x.is_floating_point() ? precision.policy().compute : x.scalar_type();
+  return !bias.defined() && residual.scalar_type() == gemm_dtype && residual.is_contiguous() && residual.dim() >= 1 &&
+         residual.size(-1) == w.size(0);
+}
+
+}  // namespace
+
+at::Tensor Linear::forward_gelu(const GeluPre& a, const at::Tensor& residual) {
+  const at::Tensor h = a.pre.defined() ? at::gelu(a.pre, "tanh") : a.h;
+  return residual.defined() ? forward_residual(h, residual) : forward(h);
+}
+
+at::Tensor PlainLinear::forward_gelu(const GeluPre& a, const at::Tensor& residual) {
+  if (residual.defined() && !foldable(a.h, weight_, bias_, residual, *precision_))
+    return residual + gelu_linear(a, weight_, bias_, {}, *precision_);
+  return gelu_linear(a, weight_, bias_, residual, *precision_);
+}
+
 at::Tensor PlainLinear::forward_residual(const at::Tensor& x, const at::Tensor& residual) {
   // addmm wants the residual in the GEMM's dtype and shape; otherwise add.
-  const at::ScalarType gemm_dtype = x.is_floating_point() ? precision_->policy().compute : x.scalar_type();
-  if (bias_.defined() || residual.scalar_type() != gemm_dtype || !residual.is_contiguous() || residual.dim() < 1 ||
-      residual.size(-1) != weight_.size(0))
-    return residual + forward(x);
+  if (!foldable(x, weight_, bias_, residual, *precision_)) return residual + forward(x);
   MT_CHECK(residual.numel() / weight_.size(0) * x.size(-1) == x.numel(), "linear: residual ", residual.sizes(),
            " does not match input ", x.sizes());
   return precision_->fused_linear(x, weight_, {}, residual);

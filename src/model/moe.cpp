@@ -8,6 +8,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/activation.h"
+#include "meshtrain/model/gelu_matmul.h"
 #include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/ops/slot_rows.h"
@@ -203,13 +204,18 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   const at::Tensor xin = dispatcher_->dispatch_slots(ops::slots_from_tokens(xflat, map).view({E, S, d}));
   MixedPrecision& mp = *factory_->precision();
   // The expert weights' gradients come out of their GEMMs in fp32 (model/mixed_matmul.h).
-  const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp) : at::Tensor();
-  at::Tensor pre = batched_linear(xin, w_in_, mp);  // [E_local, ep*S, h]
   // Empty slots get the bias too; nothing reads their outputs.
-  if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
-  const at::Tensor hid = apply_activation(cfg_.mlp_activation, pre, gate_in);
-  const at::Tensor out =
-      dispatcher_->combine_slots(batched_linear(hid, w_out_, mp));  // [E, S, d]
+  at::Tensor expert_out;  // [E_local, ep*S, d]
+  if (cfg_.mlp_activation == MlpActivation::Gelu && !w_gate_.defined()) {
+    // The GELU inside the GEMMs (model/gelu_matmul.h).
+    expert_out = gelu_linear(linear_gelu(xin, w_in_, b_in_, mp), w_out_, {}, {}, mp);
+  } else {
+    const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp) : at::Tensor();
+    at::Tensor pre = batched_linear(xin, w_in_, mp);  // [E_local, ep*S, h]
+    if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
+    expert_out = batched_linear(apply_activation(cfg_.mlp_activation, pre, gate_in), w_out_, mp);
+  }
+  const at::Tensor out = dispatcher_->combine_slots(expert_out);  // [E, S, d]
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them (exact: the combine is linear); dropped assignments add nothing.
   return ops::tokens_from_slots(out.reshape({E * S, d}), gate.view({N, k}), map);
@@ -331,9 +337,7 @@ at::Tensor MoE::forward(const at::Tensor& x, ForwardAux* aux, const TokenLayout*
   // The routed experts' sum is the shared output GEMM's residual: added in
   // the GEMM, not by a kernel of its own.
   if (shared_in_)
-    y = shared_out_->forward_residual(
-        apply_activation(cfg_.mlp_activation, shared_in_->forward(x), shared_gate_ ? shared_gate_->forward(x) : at::Tensor()),
-        y);
+    y = mlp_forward(cfg_.mlp_activation, *shared_in_, shared_gate_.get(), *shared_out_, x, y, *factory_->precision());
   // Jaxformer's shared "expert": a linear map summed over its n_shared
   // chunks, replicated like the router (whole sequences in, own shard out).
   // "linear_discarded" keeps the parameters but not the term, as

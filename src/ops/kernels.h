@@ -63,6 +63,14 @@ void adamw_ref(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
 
+#ifdef MESHTRAIN_CUDA
+// meshtrain::linear_gelu / linear_dgelu through cuBLASLt (cublaslt_gelu.cpp),
+// writing the given outputs; false where cuBLASLt has no algorithm for the
+// shapes (the caller computes the composite). Operands contiguous.
+bool lt_linear_gelu(const at::Tensor& x, const at::Tensor& w, const Opt& bias, at::Tensor& pre, at::Tensor& h);
+bool lt_linear_dgelu(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre, at::Tensor& out);
+#endif
+
 #ifdef MESHTRAIN_CUDA_KERNELS
 at::Tensor& rope_out_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                           int64_t seq_dim, bool inverse, at::Tensor& out);

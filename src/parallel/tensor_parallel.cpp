@@ -44,6 +44,11 @@ class RowParallelLinear : public Linear {
     at::Tensor y = factory_->exit_tp(factory_->precision()->linear(x, weight_));
     return bias_.defined() ? y + bias_.to(y.scalar_type()) : y;
   }
+  at::Tensor forward_gelu(const GeluPre& a, const at::Tensor& residual) override {
+    at::Tensor y = factory_->exit_tp(gelu_linear(a, weight_, {}, {}, *factory_->precision()));
+    if (bias_.defined()) y = y + bias_.to(y.scalar_type());
+    return residual.defined() ? residual + y : y;
+  }
   // Not fusable: the output leaves the tp region.
   const at::Tensor& weight() const override { return weight_; }
 

@@ -55,7 +55,8 @@ OpInfo classify(const char* name, const char* overload) {
                starts_with(name, "aten::_flash_attention_") || starts_with(name, "aten::_efficient_attention_") ||
                n == "aten::_grouped_mm" || starts_with(name, "meshtrain::");
   if (one_of(n, {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv",
-                 "aten::dot", "aten::vdot", "aten::_grouped_mm", "aten::_scaled_mm", "aten::_int_mm"}))
+                 "aten::dot", "aten::vdot", "aten::_grouped_mm", "aten::_scaled_mm", "aten::_int_mm",
+                 "meshtrain::linear_gelu", "meshtrain::linear_dgelu"}))
     info.kind = Kind::Gemm;
   if (starts_with(name, "aten::_scaled_dot_product_flash_attention") ||
       starts_with(name, "aten::_scaled_dot_product_efficient_attention") ||
@@ -146,6 +147,9 @@ double gemm_flop(const std::string& n, c10::ArrayRef<const c10::IValue> in) {
     return 2 * M * dim(b, b.dim() - 2) * dim(b, b.dim() - 1);
   }
   if (n == "aten::_scaled_mm" || n == "aten::_int_mm") return 2 * dim(T(0), 0) * dim(T(0), 1) * dim(T(1), 1);
+  // ops/gelu_gemm.h, batched or not: x [.., M, K] times w [.., N, K]^T; dy [.., M, N] times w [.., N, H].
+  if (n == "meshtrain::linear_gelu") return 2 * static_cast<double>(T(0).numel()) * dim(T(1), T(1).dim() - 2);
+  if (n == "meshtrain::linear_dgelu") return 2 * static_cast<double>(T(0).numel()) * dim(T(1), T(1).dim() - 1);
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "meshtrain/model/dropout_rng.h"
+#include "meshtrain/model/gelu_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/model/token_dispatcher.h"
 #include "meshtrain/ops/fused.h"
@@ -39,6 +40,11 @@ class Linear : public torch::nn::Module {
   virtual at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual) {
     return residual + forward(x);
   }
+  // forward(a.h), or forward_residual(a.h, residual) where residual is
+  // defined, for the GELU of the previous GEMM (model/gelu_matmul.h): a
+  // layer that ends in its own GEMM takes GELU's derivative inside that
+  // GEMM's input gradient. The default takes it through autograd's gelu.
+  virtual at::Tensor forward_gelu(const GeluPre& a, const at::Tensor& residual);
   // The pieces of forward for layers fused into one GEMM (QKV): what the
   // layer does to its input before the matmul (column-parallel: the tp region
   // entry; shared by layers reading the same tensor) and its local weight.
@@ -220,6 +226,7 @@ class PlainLinear : public Linear {
   explicit PlainLinear(at::Tensor w, at::Tensor b = {}, std::shared_ptr<MixedPrecision> precision = nullptr);
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor forward_residual(const at::Tensor& x, const at::Tensor& residual) override;
+  at::Tensor forward_gelu(const GeluPre& a, const at::Tensor& residual) override;
   const at::Tensor& weight() const override { return weight_; }
   at::Tensor bias() const override { return bias_; }
 
