@@ -43,6 +43,7 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->saved_data["w_dtype"] = w.scalar_type();
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
+    ctx->saved_data["bias"] = bias.has_value();
     ctx->mark_non_differentiable({h});
     return {pre, h};
   }
@@ -58,7 +59,8 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     if (ctx->needs_input_grad(0))
       out[0] = (batched ? at::bmm(g2, w) : at::mm(g2, w)).view(x.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
     if (ctx->needs_input_grad(1)) out[1] = weight_grad(g, x, ctx->saved_data["w_dtype"].toScalarType(), batched);
-    if (ctx->needs_input_grad(2))
+    // (needs_input_grad counts only the inputs that are tensors: not an absent bias.)
+    if (ctx->saved_data["bias"].toBool())
       out[2] = at::sum(g2, {batched ? 1 : 0}, false, ctx->saved_data["b_dtype"].toScalarType());
     return out;
   }
@@ -76,6 +78,7 @@ class GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     ctx->save_for_backward({pre, h, wc});
     ctx->saved_data["w_dtype"] = w.scalar_type();
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
+    ctx->saved_data["bias"] = bias.has_value();
     ctx->saved_data["residual"] = residual.has_value();
     if (batched) return at::bmm(h, wc.transpose(1, 2));
     if (residual) {
@@ -96,7 +99,7 @@ class GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     variable_list out(6);
     if (ctx->needs_input_grad(0)) out[0] = ops::linear_dgelu(g2, w, rows_of(pre, batched)).view(pre.sizes());
     if (ctx->needs_input_grad(2)) out[2] = weight_grad(g, h, ctx->saved_data["w_dtype"].toScalarType(), batched);
-    if (ctx->needs_input_grad(3)) out[3] = at::sum(g2, {0}, false, ctx->saved_data["b_dtype"].toScalarType());
+    if (ctx->saved_data["bias"].toBool()) out[3] = at::sum(g2, {0}, false, ctx->saved_data["b_dtype"].toScalarType());
     if (ctx->saved_data["residual"].toBool()) out[4] = grads[0];
     return out;
   }
