@@ -45,6 +45,8 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
     ctx->saved_data["bias"] = bias.has_value();
     ctx->mark_non_differentiable({h});
+    // h never gets a gradient: not a zero-filled one either (a [tokens, hidden] memset).
+    ctx->set_materialize_grads(false);
     return {pre, h};
   }
 

@@ -17,10 +17,6 @@ namespace meshtrain::ops::impl {
 
 namespace {
 
-// cuBLASLt's workspace, from the caching allocator on the current stream
-// (torch's own matmuls use up to this much on Hopper).
-constexpr int64_t kWorkspaceBytes = 32 << 20;
-
 void lt_check(cublasStatus_t s, const char* what) {
   MT_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuBLASLt ", what, " failed: status ", static_cast<int>(s));
 }
@@ -135,7 +131,9 @@ bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
 
   Preference pref;
   lt_check(cublasLtMatmulPreferenceCreate(&pref.p), "preference");
-  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kWorkspaceBytes));
+  // torch's own cuBLASLt workspace (one per handle and stream: this stream's).
+  const size_t workspace_bytes = at::cuda::getCUDABlasLtWorkspaceSize();
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(g.a));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(g.b));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(g.d));
@@ -147,10 +145,9 @@ bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.l, lb.l, ld.l, ld.l, pref.p, 1, &result, &found);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
-  const at::Tensor workspace = at::empty({kWorkspaceBytes}, like.options().dtype(at::kByte));
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t s = cublasLtMatmul(handle, op.d, &alpha, g.a, la.l, g.b, lb.l, &beta, g.d, ld.l, g.d, ld.l,
-                                          &result.algo, workspace.data_ptr(), kWorkspaceBytes,
+                                          &result.algo, at::cuda::getCUDABlasLtWorkspace(), workspace_bytes,
                                           at::cuda::getCurrentCUDAStream(like.device().index()).stream());
   if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   lt_check(s, "matmul");

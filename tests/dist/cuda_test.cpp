@@ -11,7 +11,9 @@
 //     they give on the CPU, forward and backward, fp32 and bf16;
 //   - flash's varlen attention of packed documents / cp chunks equals the mask;
 //   - the AdamW kernel (ops/adamw.h) on CUDA gives what its CPU kernel gives,
-//     bf16 and fp32 moments, across the multi-tensor launch's table limits.
+//     bf16 and fp32 moments, across the multi-tensor launch's table limits;
+//   - cuBLASLt takes the GELU GEMMs (ops/gelu_gemm.h) of the GPT-2 and moe1B
+//     shapes, and they give what the CPU gives.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -28,7 +30,11 @@
 #include "meshtrain/model/token_layout.h"
 #include "meshtrain/ops/adamw.h"
 #include "meshtrain/ops/fused.h"
+#include "meshtrain/model/gelu_matmul.h"
+#include "meshtrain/model/mixed_precision.h"
+#include "meshtrain/ops/gelu_gemm.h"
 #include "meshtrain/ops/slot_rows.h"
+#include "ops/kernels.h"
 #include "parity.h"
 
 using namespace meshtrain;
@@ -209,7 +215,59 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
              return std::vector{ops::slots_from_tokens(v[0], m), ops::tokens_from_slots(v[1], v[2].to(at::kFloat), m)};
            },
            "slot rows d " + std::to_string(d));
+    // The GELU MLP (model/gelu_matmul.h): cuBLASLt's epilogues where it takes
+    // the shapes (aligned), the composite where it may not (30 features).
+    MixedPrecision fp32;
+    for (int64_t n : {128, 30}) {
+      both({randn({2, 50, 64}), randn({n, 64}), randn({24, n})},
+           [&](const auto& v) {
+             return std::vector{gelu_linear(linear_gelu(v[0], v[1], {}, fp32), v[2], {}, {}, fp32)};
+           },
+           "gelu mlp hidden " + std::to_string(n));
+      both({randn({4, 40, 64}), randn({4, n, 64}), randn({4, n}), randn({4, 32, n})},
+           [&](const auto& v) {
+             return std::vector{gelu_linear(linear_gelu(v[0], v[1], v[2], fp32), v[3], {}, {}, fp32)};
+           },
+           "batched gelu mlp hidden " + std::to_string(n));
+    }
   }
+}
+
+// cuBLASLt itself (not the composite) runs the GELU GEMMs at the training
+// shapes, bf16: GPT-2's MLP (8192 tokens, 768 -> 3072) and moe1B's experts
+// (16 experts of 1536 slots, 768 -> 3072, with biases), and its results are
+// the CPU's (the same fp32 sums, GELU of the unrounded sum).
+TEST(Cuda, CublasLtRunsTheGeluGemms) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+#ifdef MESHTRAIN_CUDA  // (a CPU build has no cuBLASLt path; the test skipped above)
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Device cuda(at::kCUDA, 0);
+  auto randn = [&](at::IntArrayRef shape) {
+    return (at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * 0.1).to(at::kBFloat16);
+  };
+  for (const bool batched : {false, true}) {
+    const std::string what = batched ? "experts" : "dense";
+    const std::vector<int64_t> lead = batched ? std::vector<int64_t>{16} : std::vector<int64_t>{};
+    auto shape = [&](std::vector<int64_t> s) {
+      s.insert(s.begin(), lead.begin(), lead.end());
+      return s;
+    };
+    const int64_t M = batched ? 1536 : 8192;
+    const at::Tensor x = randn(shape({M, 768})), w = randn(shape({3072, 768})), w2 = randn(shape({768, 3072}));
+    const std::optional<at::Tensor> b = batched ? std::optional<at::Tensor>(randn(shape({3072}))) : std::nullopt;
+    const at::Tensor dy = randn(shape({M, 768}));
+    at::Tensor pre = at::empty(shape({M, 3072}), x.options().device(cuda)), h = at::empty_like(pre);
+    const auto bg = b ? std::optional<at::Tensor>(b->to(cuda)) : std::nullopt;
+    ASSERT_TRUE(ops::impl::lt_linear_gelu(x.to(cuda), w.to(cuda), bg, pre, h)) << what << ": cuBLASLt declined GELU_AUX";
+    auto [pre_c, h_c] = ops::linear_gelu(x, w, b);
+    expect_close(pre, pre_c, 1e-2, what + " pre");
+    expect_close(h, h_c, 1e-2, what + " gelu");
+    at::Tensor dpre = at::empty_like(pre);
+    ASSERT_TRUE(ops::impl::lt_linear_dgelu(dy.to(cuda), w2.to(cuda), pre, dpre)) << what << ": cuBLASLt declined DGELU";
+    expect_close(dpre, ops::linear_dgelu(dy, w2, pre_c), 2e-2, what + " dgelu");
+  }
+#endif
 }
 
 // meshtrain::adamw_ on CUDA against its CPU kernel: 40 small tensors (more

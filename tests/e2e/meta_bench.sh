@@ -23,7 +23,10 @@ check "attention_tflop ~2.2" python3 -c "import sys; sys.exit(0 if 2.0 < $(field
 # The targets of the GPU-shaped step (issue 13) for GPT-2 124M, B=32, T=1024, bf16.
 check "no host sync inside a non-logged step" test "$(field "$out" host_syncs)" = 0
 check "at most 1500 kernels per step" python3 -c "import sys; sys.exit(0 if $(field "$out" kernels) <= 1500 else 1)"
-check "non_gemm_gb <= 40" python3 -c "import sys; sys.exit(0 if $(field "$out" non_gemm_gb) <= 40 else 1)"
+check "non_gemm_gb <= 40 (the issue's bound)" python3 -c "import sys; sys.exit(0 if $(field "$out" non_gemm_gb) <= 40 else 1)"
+# 25.2 GB since the GELU runs in the GEMMs' epilogues (37.3 before): a kernel
+# that creeps back (a zero-filled gradient, a GELU pass) shows here.
+check "non_gemm_gb <= 26 (GELU in the GEMMs)" python3 -c "import sys; sys.exit(0 if $(field "$out" non_gemm_gb) <= 26 else 1)"
 # The estimate is the stated formula over the stated assumptions (fitted to
 # an H100's measured GPT-2 step), and the assumptions are printed.
 check "the estimate is the formula over the printed assumptions" python3 -c "
@@ -38,13 +41,16 @@ assert abs(ms - r['est_step_ms']) < 1e-6 * ms, (ms, r['est_step_ms'])
 assert (a['gemm_efficiency'], a['attention_efficiency'], a['memory_efficiency'], a['kernel_gap_us']) == (0.75, 0.25, 0.4, 7.7), a
 " "$out"
 check "the assumptions are printed" grep -q "assumed: GEMMs at 0.75 of peak, attention at 0.25, memory-bound kernels at 0.40 of the bandwidth, 7.70 us between kernels" <<<"$out"
-# The roofline (GEMMs and attention at 0.6, full bandwidth, no gaps): the
-# earlier model's 582,306 tokens/s; the fitted one lands near what the H100
-# measured (439,257).
+# The roofline (GEMMs and attention at 0.6, full bandwidth, no gaps) and the
+# fitted model. Fitted to an H100's GPT-2 step (439,257 tokens/s measured,
+# the model within 5% of it), they said 582,306 and ~440,000 for the code of
+# then; since the GELU runs in the GEMMs' epilogues, 628,832 and 519,019
+# (README, "Performance model"). Pinned so a change to the model or to the
+# step's kernels is seen here.
 roof=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --efficiency 0.6 --attention-efficiency 0.6 \
   --memory-efficiency 1 --kernel-gap-us 0 2>&1)
-check "roofline assumptions: ~582,000 tokens/s" python3 -c "import sys; sys.exit(0 if 575000 < $(field "$roof" est_tokens_per_sec) < 590000 else 1)"
-check "fitted assumptions: within 5% of the measured 439,257 tokens/s" python3 -c "import sys; sys.exit(0 if abs($(field "$out" est_tokens_per_sec) / 439257 - 1) < 0.05 else 1)"
+check "roofline assumptions: ~629,000 tokens/s" python3 -c "import sys; sys.exit(0 if 620000 < $(field "$roof" est_tokens_per_sec) < 640000 else 1)"
+check "fitted assumptions: ~519,000 tokens/s" python3 -c "import sys; sys.exit(0 if abs($(field "$out" est_tokens_per_sec) / 519019 - 1) < 0.02 else 1)"
 
 # The moe1B shape (MLA + MoE with capacity, dropout, 8 microbatches) on one
 # device: routing, capacity and statistics stay on the device too.
@@ -101,11 +107,24 @@ print('       # non-GEMM GB: casts written', ra['non_gemm_gb'], '(bf16 moments',
 " "$f32" "$b16" "$f32_off" "$b16_off"
 check "moe1b-1gpu: at most 70 GB of non-GEMM traffic per step with fp32 moments (the issue's bound), 62 with bf16" \
   python3 -c "import sys; sys.exit(0 if $(field "$f32" non_gemm_gb) <= 70 and $(field "$b16" non_gemm_gb) <= 62 else 1)"
+# 54.6 and 45.7 GB with the experts' GELU in their GEMMs' epilogues.
+check "moe1b-1gpu: at most 56 GB (fp32 moments) and 47 (bf16) with the GELU in the GEMMs" \
+  python3 -c "import sys; sys.exit(0 if $(field "$f32" non_gemm_gb) <= 56 and $(field "$b16" non_gemm_gb) <= 47 else 1)"
 # The MoE dispatch and combine are one kernel each way (ops/slot_rows.h):
 # no zeroed slot buffer scattered into, no weighted copy of the rows.
+top=$("$BIN" bench --device meta --config "$SRC/configs/moe1b-1gpu.json" --top-ops 60 2>&1)
 check "moe1b-1gpu: the MoE dispatch and combine as meshtrain::spread_rows / combine_rows, no index_add" \
-  bash -c "grep -q 'meshtrain::combine_rows' <<<\"\$1\" && ! grep -q 'aten::index_add ' <<<\"\$1\"" _ \
-  "$("$BIN" bench --device meta --config "$SRC/configs/moe1b-1gpu.json" --top-ops 60 2>&1)"
+  bash -c "grep -q 'meshtrain::combine_rows' <<<\"\$1\" && ! grep -q 'aten::index_add ' <<<\"\$1\"" _ "$top"
+# GELU inside the GEMMs (ops/gelu_gemm.h): the experts' and the shared
+# experts' MLPs, and GPT-2's, run no GELU kernel either way.
+gpt2_top=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --top-ops 60 2>&1)
+for run in moe1b-1gpu gpt2-124m; do
+  text=$top
+  [ "$run" = gpt2-124m ] && text=$gpt2_top
+  check "$run: GELU in the GEMMs' epilogues (meshtrain::linear_gelu / linear_dgelu), no aten::gelu kernel" \
+    bash -c "grep -q 'meshtrain::linear_gelu ' <<<\"\$1\" && grep -q 'meshtrain::linear_dgelu ' <<<\"\$1\" &&
+             ! grep -q 'aten::gelu' <<<\"\$1\"" _ "$text"
+done
 
 out=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --efficiency 1.5 2>&1)
 check "--efficiency above 1 is refused" test $? -ne 0
