@@ -41,7 +41,7 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     h = h.view(shape);
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = x.scalar_type();
-    ctx->saved_data["w_dtype"] = w.scalar_type();
+    ctx->saved_data["w"] = w;  // the parameter: its gradient may be accumulated in the GEMM
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
     ctx->saved_data["bias"] = bias.has_value();
     ctx->mark_non_differentiable({h});
@@ -60,7 +60,7 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     variable_list out(4);
     if (ctx->needs_input_grad(0))
       out[0] = (batched ? at::bmm(g2, w) : at::mm(g2, w)).view(x.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
-    if (ctx->needs_input_grad(1)) out[1] = weight_grad(g, x, ctx->saved_data["w_dtype"].toScalarType(), batched);
+    if (ctx->needs_input_grad(1)) out[1] = param_weight_grad(ctx->saved_data["w"].toTensor(), g, x, batched);
     // (needs_input_grad counts only the inputs that are tensors: not an absent bias.)
     if (ctx->saved_data["bias"].toBool())
       out[2] = at::sum(g2, {batched ? 1 : 0}, false, ctx->saved_data["b_dtype"].toScalarType());
@@ -78,7 +78,7 @@ class GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     const bool batched = w.dim() == 3;
     const at::Tensor wc = mp.operand_detached(w);
     ctx->save_for_backward({pre, h, wc});
-    ctx->saved_data["w_dtype"] = w.scalar_type();
+    ctx->saved_data["w"] = w;  // the parameter: its gradient may be accumulated in the GEMM
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
     ctx->saved_data["bias"] = bias.has_value();
     ctx->saved_data["residual"] = residual.has_value();
@@ -100,7 +100,7 @@ class GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     const at::Tensor g2 = rows_of(g, batched).contiguous();
     variable_list out(6);
     if (ctx->needs_input_grad(0)) out[0] = ops::linear_dgelu(g2, w, rows_of(pre, batched)).view(pre.sizes());
-    if (ctx->needs_input_grad(2)) out[2] = weight_grad(g, h, ctx->saved_data["w_dtype"].toScalarType(), batched);
+    if (ctx->needs_input_grad(2)) out[2] = param_weight_grad(ctx->saved_data["w"].toTensor(), g, h, batched);
     if (ctx->saved_data["bias"].toBool()) out[3] = at::sum(g2, {0}, false, ctx->saved_data["b_dtype"].toScalarType());
     if (ctx->saved_data["residual"].toBool()) out[4] = grads[0];
     return out;

@@ -1,6 +1,8 @@
 // Products with fp32 master parameters in the compute dtype (see mixed_matmul.h).
 #include "meshtrain/model/mixed_matmul.h"
 
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
@@ -25,7 +27,7 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
     const at::Tensor xc = mp.operand(x), wc = mp.operand_detached(w);
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = x.scalar_type();
-    ctx->saved_data["w_dtype"] = w.scalar_type();
+    ctx->saved_data["w"] = w;  // the parameter: its gradient may be accumulated in the GEMM
     return at::bmm(xc, wc.transpose(1, 2));
   }
 
@@ -34,7 +36,7 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
     const at::Tensor &x = saved[0], &w = saved[1];
     const at::Tensor g = grads[0].to(x.scalar_type());
     const at::Tensor dx = at::bmm(g, w).to(ctx->saved_data["x_dtype"].toScalarType());
-    return {dx, weight_grad(g, x, ctx->saved_data["w_dtype"].toScalarType(), /*batched=*/true), at::Tensor()};
+    return {dx, param_weight_grad(ctx->saved_data["w"].toTensor(), g, x, /*batched=*/true), at::Tensor()};
   }
 };
 
@@ -58,6 +60,7 @@ class MixedLinear : public torch::autograd::Function<MixedLinear> {
     ctx->saved_data["rows"] = rows;
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->saved_data["w_dtype"] = weights[0].scalar_type();
+    ctx->saved_data["weights"] = weights.vec();  // the parameters: their gradients may be accumulated in the GEMMs
     ctx->saved_data["biases"] = !biases.empty();
     ctx->saved_data["residual"] = residual.has_value();
     if (residual) {
@@ -85,7 +88,20 @@ class MixedLinear : public torch::autograd::Function<MixedLinear> {
         at_row += r;
       }
     };
-    split(weight_grad(g, x, w_dtype));
+    // Accumulated in the GEMMs only if every weight's can be (one GEMM per
+    // weight then, over its columns of g); else one GEMM, split by rows.
+    const std::vector<at::Tensor> params = ctx->saved_data["weights"].toTensorVector();
+    bool in_gemm = true;
+    for (const at::Tensor& p : params) in_gemm = in_gemm && grad_accumulates_in_gemm(p, g);
+    if (in_gemm) {
+      int64_t at_col = 0;
+      for (const at::Tensor& p : params) {
+        out.push_back(param_weight_grad(p, g2.narrow(1, at_col, p.size(0)), x));
+        at_col += p.size(0);
+      }
+    } else {
+      split(weight_grad(g, x, w_dtype));
+    }
     if (ctx->saved_data["biases"].toBool()) split(at::sum(g2, {0}, false, w_dtype));
     out.push_back(ctx->saved_data["residual"].toBool() ? grads[0] : at::Tensor());
     out.push_back(at::Tensor());
@@ -140,6 +156,42 @@ at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType
   // bf16 -> fp32 is exact, so this is the same sum of products in fp32.
   if (mixed_grad(a, param_dtype)) return mm(a.to(at::kFloat), b.to(at::kFloat));
   return mm(a, b).to(param_dtype);
+}
+
+bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy) {
+  if (!param.defined() || !param.requires_grad() || at::GradMode::is_enabled()) return false;
+  const at::Tensor& g = param.grad();
+  return g.defined() && !g.requires_grad() && g.sizes() == param.sizes() && g.scalar_type() == param.scalar_type() &&
+         g.is_contiguous() && g.device() == dy.device() && (g.dim() == 2 || g.dim() == 3) &&
+         (dy.scalar_type() == g.scalar_type() || mixed_grad(dy, g.scalar_type())) &&
+         !torch::autograd::impl::post_acc_grad_hooks(param);
+}
+
+at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched) {
+  if (!grad_accumulates_in_gemm(param, dy)) return weight_grad(dy, x, param.scalar_type(), batched);
+  MT_ASSERT(!batched || (dy.dim() == 3 && x.dim() == 3), "batched param_weight_grad wants [E, S, .] operands");
+  at::Tensor g = param.grad();
+  const at::Tensor a = batched ? dy.transpose(1, 2) : dy.reshape({-1, dy.size(-1)}).t();
+  const at::Tensor b = batched ? x : x.reshape({-1, x.size(-1)});
+  at::NoGradGuard no_grad;
+  if (mixed_grad(a, g.scalar_type()) && (a.is_cuda() || a.is_meta())) {
+    // bf16 operands, the products summed in fp32 onto the fp32 gradient.
+    if (batched)
+      at::baddbmm_out(g, g, a, b, at::kFloat);
+    else
+      at::addmm_out(g, g, a, b, at::kFloat);
+  } else if (mixed_grad(a, g.scalar_type())) {
+    // bf16 -> fp32 is exact: the same sums (weight_grad's CPU path).
+    if (batched)
+      g.baddbmm_(a.to(at::kFloat), b.to(at::kFloat));
+    else
+      g.addmm_(a.to(at::kFloat), b.to(at::kFloat));
+  } else if (batched) {
+    g.baddbmm_(a, b);
+  } else {
+    g.addmm_(a, b);
+  }
+  return at::Tensor();
 }
 
 at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision) {

@@ -121,6 +121,23 @@ Tensor bmm_dtype(const Tensor& a, const Tensor& b, at::ScalarType dtype) {
   return at::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(dtype));
 }
 
+// ... and accumulated into an fp32 gradient (out = self + a b, out aliasing
+// self: mixed_matmul.h's param_weight_grad).
+Tensor& addmm_dtype_out(const Tensor& self, const Tensor& a, const Tensor& b, at::ScalarType dtype, const at::Scalar&,
+                        const at::Scalar&, Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == dtype && self.size(0) == a.size(0) && self.size(1) == b.size(1),
+              "addmm.dtype_out (meta): shapes or dtype do not match");
+  return out;
+}
+
+Tensor& baddbmm_dtype_out(const Tensor& self, const Tensor& a, const Tensor& b, at::ScalarType dtype,
+                          const at::Scalar&, const at::Scalar&, Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == dtype && self.size(0) == a.size(0) && self.size(1) == a.size(1) &&
+                  self.size(2) == b.size(2),
+              "baddbmm.dtype_out (meta): shapes or dtype do not match");
+  return out;
+}
+
 Tensor index_select(const Tensor& self, int64_t dim, const Tensor& index) {
   std::vector<int64_t> shape = self.sizes().vec();
   if (!shape.empty()) shape[static_cast<size_t>(dim < 0 ? dim + self.dim() : dim)] = index.numel();
@@ -182,6 +199,8 @@ void install_meta_kernels() {
     meta->impl("_grouped_mm", TORCH_FN(grouped_mm));
     meta->impl("mm.dtype", TORCH_FN(mm_dtype));
     meta->impl("bmm.dtype", TORCH_FN(bmm_dtype));
+    meta->impl("addmm.dtype_out", TORCH_FN(addmm_dtype_out));
+    meta->impl("baddbmm.dtype_out", TORCH_FN(baddbmm_dtype_out));
     meta->impl("index_select", TORCH_FN(index_select));
     meta->impl("embedding_dense_backward", TORCH_FN(embedding_backward));
     meta->impl("logical_not", TORCH_FN(logical_not));

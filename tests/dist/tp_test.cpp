@@ -256,11 +256,13 @@ TEST(TensorParallelLayers, VocabParallelCrossEntropyMatchesUnsharded) {
       expect_close(losses_p.detach(), losses_t.detach(), 1e-5, tag + " CE");
       (losses_p * R).sum().backward();
       (losses_t * R).sum().backward();
-      expect_close(sp ? own_chunk(hp.grad(), 1, r, n) : hp.grad(), ht.grad(), 2e-6, tag + " dh");  // fp32 round-off of the chunked reductions
+      // fp32 round-off of the chunked reductions: a few ulps of the largest
+      // values (|dh| up to ~20, ulp 1.9e-6; the summation order is MKL's, by CPU).
+      expect_close(sp ? own_chunk(hp.grad(), 1, r, n) : hp.grad(), ht.grad(), 6e-6, tag + " dh");
       const at::Tensor wp = tied ? pe->weight() : weight_of(*ph);
       const at::Tensor wt = tied ? te->weight() : weight_of(*th);
       const at::Tensor g = gather_grad(f.m.tp(), wt.grad(), 0);
-      expect_close(wp.grad(), g.narrow(0, 0, V), 2e-6, tag + " dW");  // likewise (the padded GEMM groups its sums its own way)
+      expect_close(wp.grad(), g.narrow(0, 0, V), 6e-6, tag + " dW");  // likewise (the padded GEMM groups its sums its own way)
       EXPECT_EQ(g.narrow(0, V, g.size(0) - V).abs().sum().item<double>(), 0.0) << tag << " padding gets no gradient";
     }
   }

@@ -67,6 +67,16 @@ z0=$("$BIN" bench --device meta --config "$SRC/configs/moe1b.json" --set zero_st
 check "moe1b: zero_stage 3 on dp 1 runs stage 0's step (kernels $(field "$out" kernels) = $(field "$z0" kernels))" \
   test "$(field "$out" kernels)" = "$(field "$z0" kernels)"
 check "... and moves the same bytes ($(field "$out" non_gemm_gb) GB)" test "$(field "$out" non_gemm_gb)" = "$(field "$z0" non_gemm_gb)"
+# Its 8 microbatches accumulate the weight gradients inside the weight-
+# gradient GEMMs (model/mixed_matmul.h's param_weight_grad): 354 GB of
+# AccumulateGrad adds before, 6.5 left (norms, biases, the embedding).
+top=$("$BIN" bench --device meta --config "$SRC/configs/moe1b.json" --top-ops 80 2>&1)
+check "moe1b: gradient accumulation in the GEMMs (aten::add_ <= 10 GB, non-GEMM <= 400 GB)" python3 -c "
+import re, sys, json
+add = re.search(r'^  aten::add_\s+\d+\s+([0-9.]+)', sys.argv[1], re.M)
+row = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith('{')][-1]
+sys.exit(0 if add and float(add.group(1)) <= 10 and row['non_gemm_gb'] <= 400 else 1)
+" "$top"
 
 # AdamW's bytes per parameter. The replicated optimizer of a bf16 model
 # writes the weights' bf16 casts (optimizer_writes_casts, default) through

@@ -2,12 +2,15 @@
 // replaced (CPU, fp32: same values and gradients), and the performance model
 // (op observer + meta kernels) on known operators.
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include "meshtrain/config/load.h"
 #include "meshtrain/dist/runtime.h"
 #include "meshtrain/model/attention.h"
 #include "meshtrain/model/cross_entropy.h"
+#include "meshtrain/model/gelu_matmul.h"
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
@@ -394,6 +397,86 @@ TEST(Step, PaddedVocabularyHeadCountsOnlyTheRealColumns) {
     EXPECT_TRUE(at::allclose(w.grad(), wr.grad(), tol, tol)) << choice_name(dt) << " max diff "
                                                            << (w.grad() - wr.grad()).abs().max().item<double>();
   }
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// Gradient accumulation inside the weight-gradient GEMMs (mixed_matmul.h's
+// param_weight_grad): a second microbatch's weight gradients are added into
+// the first's by the GEMMs, in place, and equal the two passes' gradients
+// summed; a parameter whose accumulation is hooked (the dp buckets) keeps
+// AccumulateGrad's add and its hook; on meta the second pass has no add.
+// Every user: a fused linear of two weights, the experts' batched GEMM and
+// the GELU pair.
+TEST(Step, WeightGradientsAccumulateInsideTheirGemms) {
+  MixedPrecision mp(PrecisionPolicy::from_model_dtype(ModelDtype::Bfloat16));
+  const std::vector<std::vector<int64_t>> shapes = {{12, 8}, {6, 8}, {3, 5, 8}, {16, 8}, {8, 16}};
+  const auto params = [&](const at::TensorOptions& o) {
+    std::vector<at::Tensor> p;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      p.push_back((o.device().is_meta() ? at::empty(shapes[i], o) : randn(shapes[i], 70 + i)).requires_grad_(true));
+    return p;
+  };
+  const auto pass = [&](const std::vector<at::Tensor>& p, const at::Tensor& x) {
+    CastScope scope(mp);
+    const at::Tensor y1 = mp.fused_linear(x, {p[0], p[1]});
+    const at::Tensor y2 = batched_linear(x.reshape({3, 2, 8}), p[2], mp);
+    const at::Tensor y3 = gelu_linear(linear_gelu(x, p[3], {}, mp), p[4], {}, {}, mp);
+    (y1.to(at::kFloat).sum() + y2.to(at::kFloat).pow(2).sum() + (y3.to(at::kFloat) * 0.5).sum()).backward();
+  };
+  const at::Tensor x1 = randn({2, 3, 8}, 80).to(at::kBFloat16), x2 = randn({2, 3, 8}, 81).to(at::kBFloat16);
+  const auto grads = [](const std::vector<at::Tensor>& p) {
+    std::vector<at::Tensor> g;
+    for (const at::Tensor& t : p) g.push_back(t.grad().clone());
+    return g;
+  };
+
+  // Each pass alone, summed: the reference.
+  std::vector<at::Tensor> one = params(at::TensorOptions()), two = params(at::TensorOptions());
+  pass(one, x1);
+  pass(two, x2);
+  std::vector<at::Tensor> want = grads(one);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += two[i].grad();
+
+  std::vector<at::Tensor> p = params(at::TensorOptions());
+  pass(p, x1);
+  std::vector<const void*> first;
+  for (const at::Tensor& t : p) first.push_back(t.grad().const_data_ptr());
+  pass(p, x2);
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p[i].grad().const_data_ptr(), first[i]) << "parameter " << i << ": a new gradient buffer";
+    EXPECT_TRUE(at::allclose(p[i].grad(), want[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+
+  // A hooked parameter: AccumulateGrad adds (and runs the hook) every pass.
+  struct Count : torch::autograd::PostAccumulateGradHook {
+    int* n;
+    explicit Count(int* c) : n(c) {}
+    void operator()(const torch::autograd::Variable&) override { ++*n; }
+  };
+  std::vector<at::Tensor> h = params(at::TensorOptions());
+  int fired[2] = {0, 0};
+  torch::autograd::impl::set_post_acc_grad_hooks(h[0], std::make_unique<Count>(&fired[0]));
+  torch::autograd::impl::set_post_acc_grad_hooks(h[2], std::make_unique<Count>(&fired[1]));
+  pass(h, x1);
+  pass(h, x2);
+  EXPECT_EQ(fired[0], 2);
+  EXPECT_EQ(fired[1], 2);
+  for (size_t i = 0; i < h.size(); ++i) EXPECT_TRUE(at::allclose(h[i].grad(), want[i], 1e-5, 1e-6)) << "hooked, " << i;
+
+  // Meta, the gradients there from an earlier pass: the GEMMs add, nothing else does.
+  install_meta_kernels();
+  const auto meta = at::TensorOptions().device(at::kMeta).dtype(at::kFloat);
+  std::vector<at::Tensor> m = params(meta);
+  for (at::Tensor& t : m) t.mutable_grad() = at::empty_like(t);
+  OpObserver obs(at::Device(at::kMeta));
+  pass(m, at::empty({2, 3, 8}, meta.dtype(at::kBFloat16)));
+  EXPECT_EQ(obs.totals().by_op.count("aten::add_"), 0u);
+  EXPECT_EQ(obs.totals().by_op.count("aten::baddbmm"), 1u);
 }
 
 }  // namespace

@@ -35,6 +35,21 @@ struct TiedGrad {
 // [E, S, out] and x [E, S, in] -> [E, out, in].
 at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype, bool batched = false);
 
+// Gradient accumulation inside the weight-gradient GEMM (Megatron's
+// gradient_accumulation_fusion). Where AccumulateGrad would add a new
+// gradient of `param` into its existing one in place anyway -- an earlier
+// microbatch's gradient of param's shape and dtype, contiguous, on dy's
+// device, without history, in a backward without grad mode -- and nothing
+// hooks param's accumulation (the dp buckets' hooks run from AccumulateGrad:
+// those parameters keep it), the GEMM adds dy^T x into it itself (beta = 1).
+// That saves a read of both gradients and a write per parameter and
+// microbatch after the first (12 bytes a parameter in fp32).
+bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy);
+// weight_grad(dy, x, param's dtype, batched) for param, or, where
+// grad_accumulates_in_gemm, that added into param's gradient and an
+// undefined tensor returned (autograd then has nothing to accumulate).
+at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched = false);
+
 // x [E, S, in] times each w[e] [out, in] transposed -> [E, S, out] in the
 // compute dtype (the experts' batched GEMM); w's gradient comes out fp32.
 at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision);
