@@ -44,50 +44,38 @@ uint32_t alignment(const void* p) {
   return al;
 }
 
-struct MatmulDesc {
-  cublasLtMatmulDesc_t d = nullptr;
-  ~MatmulDesc() {
-    if (d) cublasLtMatmulDescDestroy(d);
+// A cuBLASLt object, destroyed with its scope; `set` writes an attribute.
+template <class H, class Attr, cublasStatus_t (*Destroy)(H), cublasStatus_t (*SetAttr)(H, Attr, const void*, size_t)>
+struct LtObject {
+  H h = nullptr;
+  LtObject() = default;
+  LtObject(const LtObject&) = delete;
+  LtObject& operator=(const LtObject&) = delete;
+  ~LtObject() {
+    if (h) Destroy(h);
   }
   template <class T>
-  void set(cublasLtMatmulDescAttributes_t a, const T& v) {
-    lt_check(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof(v)), "matmul attribute");
+  void set(Attr a, const T& v) {
+    lt_check(SetAttr(h, a, &v, sizeof(v)), "attribute");
   }
 };
+using MatmulDesc = LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, cublasLtMatmulDescDestroy,
+                            cublasLtMatmulDescSetAttribute>;
+using Layout = LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, cublasLtMatrixLayoutDestroy,
+                        cublasLtMatrixLayoutSetAttribute>;
+using Preference = LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t,
+                            cublasLtMatmulPreferenceDestroy, cublasLtMatmulPreferenceSetAttribute>;
 
-struct Layout {
-  cublasLtMatrixLayout_t l = nullptr;
-  // A column-major rows x cols matrix with leading dimension ld, `batch` of
-  // them `stride` elements apart.
-  Layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-    lt_check(cublasLtMatrixLayoutCreate(&l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
-             "matrix layout");
-    if (batch > 1) {
-      const int32_t count = static_cast<int32_t>(batch);
-      lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
-               "batch count");
-      lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                sizeof(stride)),
-               "batch stride");
-    }
+// l: a column-major rows x cols matrix with leading dimension ld, `batch` of
+// them `stride` elements apart.
+void make_layout(Layout& l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  lt_check(cublasLtMatrixLayoutCreate(&l.h, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
+           "matrix layout");
+  if (batch > 1) {
+    l.set(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<int32_t>(batch));
+    l.set(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
   }
-  ~Layout() {
-    if (l) cublasLtMatrixLayoutDestroy(l);
-  }
-  Layout(const Layout&) = delete;
-  Layout& operator=(const Layout&) = delete;
-};
-
-struct Preference {
-  cublasLtMatmulPreference_t p = nullptr;
-  ~Preference() {
-    if (p) cublasLtMatmulPreferenceDestroy(p);
-  }
-  template <class T>
-  void set(cublasLtMatmulPreferenceAttributes_t a, const T& v) {
-    lt_check(cublasLtMatmulPreferenceSetAttribute(p, a, &v, sizeof(v)), "preference");
-  }
-};
+}
 
 // D[m, n] = op(A) B (column-major, A stored k x m when trans_a, else m x k;
 // B k x n), `batch` times, with an epilogue that reads or writes aux
@@ -112,7 +100,7 @@ bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
   MatmulDesc op;
   // fp32 accumulation and scale for every operand dtype (no TF32: torch's
   // fp32 matmuls default to full fp32 too).
-  lt_check(cublasLtMatmulDescCreate(&op.d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  lt_check(cublasLtMatmulDescCreate(&op.h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
   op.set(CUBLASLT_MATMUL_DESC_TRANSA, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   op.set(CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
@@ -125,12 +113,13 @@ bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
     op.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(t));
     if (g.batch > 1) op.set(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, g.stride_bias);
   }
-  const Layout la(t, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.batch, g.stride_a);
-  const Layout lb(t, g.k, g.n, g.k, g.batch, g.stride_b);
-  const Layout ld(t, g.m, g.n, g.m, g.batch, g.stride_d);
+  Layout la, lb, ld;
+  make_layout(la, t, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.batch, g.stride_a);
+  make_layout(lb, t, g.k, g.n, g.k, g.batch, g.stride_b);
+  make_layout(ld, t, g.m, g.n, g.m, g.batch, g.stride_d);
 
   Preference pref;
-  lt_check(cublasLtMatmulPreferenceCreate(&pref.p), "preference");
+  lt_check(cublasLtMatmulPreferenceCreate(&pref.h), "preference");
   // torch's own cuBLASLt workspace (one per handle and stream: this stream's).
   const size_t workspace_bytes = at::cuda::getCUDABlasLtWorkspaceSize();
   pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes));
@@ -143,10 +132,10 @@ bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t hs =
-      cublasLtMatmulAlgoGetHeuristic(handle, op.d, la.l, lb.l, ld.l, ld.l, pref.p, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(handle, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t s = cublasLtMatmul(handle, op.d, &alpha, g.a, la.l, g.b, lb.l, &beta, g.d, ld.l, g.d, ld.l,
+  const cublasStatus_t s = cublasLtMatmul(handle, op.h, &alpha, g.a, la.h, g.b, lb.h, &beta, g.d, ld.h, g.d, ld.h,
                                           &result.algo, at::cuda::getCUDABlasLtWorkspace(), workspace_bytes,
                                           at::cuda::getCurrentCUDAStream(like.device().index()).stream());
   if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;
