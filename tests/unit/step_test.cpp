@@ -408,8 +408,8 @@ namespace {
 // Gradient accumulation inside the weight-gradient GEMMs (mixed_matmul.h's
 // param_weight_grad): a second microbatch's weight gradients are added into
 // the first's by the GEMMs, in place, and equal the two passes' gradients
-// summed; a parameter whose accumulation is hooked (the dp buckets) keeps
-// AccumulateGrad's add and its hook; on meta the second pass has no add.
+// summed; a parameter whose accumulation is hooked (the dp buckets) gets
+// its hook run once a pass either way; on meta the second pass has no add.
 // Every user: a fused linear of two weights, the experts' batched GEMM and
 // the GELU pair.
 TEST(Step, WeightGradientsAccumulateInsideTheirGemms) {
@@ -452,20 +452,32 @@ TEST(Step, WeightGradientsAccumulateInsideTheirGemms) {
     EXPECT_TRUE(at::allclose(p[i].grad(), want[i], 1e-5, 1e-6)) << "parameter " << i;
   }
 
-  // A hooked parameter: AccumulateGrad adds (and runs the hook) every pass.
+  // Hooked parameters: the engine runs the hook once a pass, in the second
+  // one too (where the GEMM added and autograd got no gradient), after the
+  // sum is in .grad.
   struct Count : torch::autograd::PostAccumulateGradHook {
     int* n;
-    explicit Count(int* c) : n(c) {}
-    void operator()(const torch::autograd::Variable&) override { ++*n; }
+    std::vector<at::Tensor>* seen;
+    Count(int* c, std::vector<at::Tensor>* s) : n(c), seen(s) {}
+    void operator()(const torch::autograd::Variable& v) override {
+      ++*n;
+      seen->push_back(v.grad().clone());
+    }
   };
   std::vector<at::Tensor> h = params(at::TensorOptions());
   int fired[2] = {0, 0};
-  torch::autograd::impl::set_post_acc_grad_hooks(h[0], std::make_unique<Count>(&fired[0]));
-  torch::autograd::impl::set_post_acc_grad_hooks(h[2], std::make_unique<Count>(&fired[1]));
+  std::vector<at::Tensor> seen[2];
+  torch::autograd::impl::set_post_acc_grad_hooks(h[0], std::make_unique<Count>(&fired[0], &seen[0]));
+  torch::autograd::impl::set_post_acc_grad_hooks(h[2], std::make_unique<Count>(&fired[1], &seen[1]));
   pass(h, x1);
+  const void* before = h[2].grad().const_data_ptr();
   pass(h, x2);
   EXPECT_EQ(fired[0], 2);
   EXPECT_EQ(fired[1], 2);
+  EXPECT_EQ(h[2].grad().const_data_ptr(), before);
+  ASSERT_EQ(seen[0].size(), 2u);
+  EXPECT_TRUE(at::allclose(seen[0][1], want[0], 1e-5, 1e-6)) << "the hook saw the pass's sum";
+  EXPECT_TRUE(at::allclose(seen[1][1], want[2], 1e-5, 1e-6)) << "the hook saw the pass's sum";
   for (size_t i = 0; i < h.size(); ++i) EXPECT_TRUE(at::allclose(h[i].grad(), want[i], 1e-5, 1e-6)) << "hooked, " << i;
 
   // Meta, the gradients there from an earlier pass: the GEMMs add, nothing else does.

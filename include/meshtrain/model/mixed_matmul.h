@@ -39,9 +39,9 @@ at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType
 // gradient_accumulation_fusion). Where AccumulateGrad would add a new
 // gradient of `param` into its existing one in place anyway -- an earlier
 // microbatch's gradient of param's shape and dtype, contiguous, on dy's
-// device, without history, in a backward without grad mode -- and nothing
-// hooks param's accumulation (the dp buckets' hooks run from AccumulateGrad:
-// those parameters keep it), the GEMM adds dy^T x into it itself (beta = 1).
+// device, without history, in a backward without grad mode -- the GEMM adds
+// dy^T x into it itself (beta = 1); param's post-accumulate hook (the dp
+// buckets' readiness) still runs once the pass reaches param, as before.
 // That saves a read of both gradients and a write per parameter and
 // microbatch after the first (12 bytes a parameter in fp32).
 bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy);
