@@ -102,7 +102,9 @@ if(MESHTRAIN_CUDA)
   # Only the NCCL and CUDA runtime found above: a system copy earlier on the
   # search path (/usr/local/cuda/lib) would be loaded instead of the one whose
   # header we compiled against, and a process holds one libnccl.so.2.
-  set(MT_TORCH_RPATH "${MT_TORCH_ROOT}/lib:${MT_NCCL_DIR}:${MT_CUDART_DIR}")
+  # cuBLASLt's folder too: the binary names it directly (the GELU epilogues).
+  get_filename_component(MT_CUBLASLT_DIR ${MT_CUBLASLT} DIRECTORY)
+  set(MT_TORCH_RPATH "${MT_TORCH_ROOT}/lib:${MT_NCCL_DIR}:${MT_CUDART_DIR}:${MT_CUBLASLT_DIR}")
   target_include_directories(mt_nccl SYSTEM INTERFACE ${MT_NCCL_INCLUDE_DIR})
   target_link_libraries(mt_nccl INTERFACE ${MT_NCCL_LIBRARY})
   target_compile_definitions(mt_nccl INTERFACE MESHTRAIN_HAVE_NCCL=1)
