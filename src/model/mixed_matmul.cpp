@@ -143,17 +143,38 @@ class EmbeddingRows : public torch::autograd::Function<EmbeddingRows> {
 
 }  // namespace
 
-at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype, bool batched) {
-  MT_ASSERT(!batched || (dy.dim() == 3 && x.dim() == 3), "batched weight_grad wants [E, S, .] operands, got ",
+namespace {
+
+// dy^T x summed in fp32 where param_dtype is fp32 and the operands bf16/fp16:
+// a GEMM with an fp32 output where the backend has one (CUDA, meta), else
+// (CPU) over the exact fp32 upcast of the operands. With `into` defined, the
+// product is added into it in place (beta 1) and nothing is returned.
+at::Tensor wgrad_gemm(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype, bool batched,
+                      at::Tensor into) {
+  MT_ASSERT(!batched || (dy.dim() == 3 && x.dim() == 3), "batched weight gradient wants [E, S, .] operands, got ",
             dy.sizes(), " and ", x.sizes());
   const at::Tensor a = batched ? dy.transpose(1, 2) : dy.reshape({-1, dy.size(-1)}).t();
   const at::Tensor b = batched ? x : x.reshape({-1, x.size(-1)});
-  const auto mm = [batched](const at::Tensor& l, const at::Tensor& r) { return batched ? at::bmm(l, r) : at::mm(l, r); };
-  if (mixed_grad(a, param_dtype) && (a.is_cuda() || a.is_meta()))
-    return batched ? at::bmm(a, b, at::kFloat) : at::mm(a, b, at::kFloat);
-  // bf16 -> fp32 is exact, so this is the same sum of products in fp32.
-  if (mixed_grad(a, param_dtype)) return mm(a.to(at::kFloat), b.to(at::kFloat));
-  return mm(a, b).to(param_dtype);
+  const bool fp32_out = mixed_grad(a, param_dtype) && (a.is_cuda() || a.is_meta());
+  // bf16 -> fp32 is exact, so the upcast sums the same products in fp32.
+  const bool upcast = mixed_grad(a, param_dtype) && !fp32_out;
+  const at::Tensor l = upcast ? a.to(at::kFloat) : a, r = upcast ? b.to(at::kFloat) : b;
+  if (into.defined()) {
+    at::NoGradGuard no_grad;
+    if (fp32_out)
+      batched ? at::baddbmm_out(into, into, l, r, at::kFloat) : at::addmm_out(into, into, l, r, at::kFloat);
+    else
+      batched ? into.baddbmm_(l, r) : into.addmm_(l, r);
+    return {};
+  }
+  if (fp32_out) return batched ? at::bmm(l, r, at::kFloat) : at::mm(l, r, at::kFloat);
+  return (batched ? at::bmm(l, r) : at::mm(l, r)).to(param_dtype);
+}
+
+}  // namespace
+
+at::Tensor weight_grad(const at::Tensor& dy, const at::Tensor& x, at::ScalarType param_dtype, bool batched) {
+  return wgrad_gemm(dy, x, param_dtype, batched, {});
 }
 
 bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy) {
@@ -165,34 +186,12 @@ bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy) {
 }
 
 at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched) {
-  if (!grad_accumulates_in_gemm(param, dy)) return weight_grad(dy, x, param.scalar_type(), batched);
-  MT_ASSERT(!batched || (dy.dim() == 3 && x.dim() == 3), "batched param_weight_grad wants [E, S, .] operands");
-  at::Tensor g = param.grad();
-  const at::Tensor a = batched ? dy.transpose(1, 2) : dy.reshape({-1, dy.size(-1)}).t();
-  const at::Tensor b = batched ? x : x.reshape({-1, x.size(-1)});
-  at::NoGradGuard no_grad;
-  if (mixed_grad(a, g.scalar_type()) && (a.is_cuda() || a.is_meta())) {
-    // bf16 operands, the products summed in fp32 onto the fp32 gradient.
-    if (batched)
-      at::baddbmm_out(g, g, a, b, at::kFloat);
-    else
-      at::addmm_out(g, g, a, b, at::kFloat);
-  } else if (mixed_grad(a, g.scalar_type())) {
-    // bf16 -> fp32 is exact: the same sums (weight_grad's CPU path).
-    if (batched)
-      g.baddbmm_(a.to(at::kFloat), b.to(at::kFloat));
-    else
-      g.addmm_(a.to(at::kFloat), b.to(at::kFloat));
-  } else if (batched) {
-    g.baddbmm_(a, b);
-  } else {
-    g.addmm_(a, b);
-  }
   // The parameter's post-accumulate hook (the dp buckets' readiness) still
-  // runs once this pass, after this: libtorch's engine runs it when the
-  // parameter's AccumulateGrad node runs, even for no gradient (step_test
-  // holds it to that).
-  return at::Tensor();
+  // runs once this pass when the product was added here: libtorch's engine
+  // runs it when the parameter's AccumulateGrad node runs, even for no
+  // gradient (step_test holds it to that).
+  return wgrad_gemm(dy, x, param.scalar_type(), batched,
+                    grad_accumulates_in_gemm(param, dy) ? param.grad() : at::Tensor());
 }
 
 at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision) {
