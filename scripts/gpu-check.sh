@@ -5,12 +5,14 @@
 # measured steps) for configs/gpt2-124m.json and
 # configs/moe1b-1gpu.json (the moe1B shape cut to fit one 80 GB GPU, checked
 # with `plan`), prints one table and writes summary.json plus one log per step
-# into DIR. Beside meshtrain's GPT-2 124M and moe1B it times the same models
+# into DIR, and keeps the run's small text results in the repository:
+# bench/results/<date>-<device>-<commit>/ (scripts/gpu-summary.py; another
+# root with --results-root), which scripts/perf-table.py renders into the
+# README. Beside meshtrain's GPT-2 124M and moe1B it times the same models
 # written in PyTorch (scripts/cpu-bench.py --torch-only, the MLA + MoE one
 # with capacity dispatch), eager and with torch.compile, in the same call:
-# the anchors, with meshtrain's ratio to each. A failing
-# step is reported and the next one still runs; the exit code is non-zero if
-# any step failed.
+# the anchors, with meshtrain's ratio to each. A failing step is reported and
+# the next one still runs; the exit code is non-zero if any step failed.
 # Before the build, the pre-flight (scripts/gpu-preflight.sh) checks every
 # build need and names the fix of each missing one; `--preflight` runs only
 # that, in seconds. Offline needs that Ubuntu images lack (PCRE2, zstd, zlib
@@ -20,27 +22,32 @@
 # `--bin PATH` skips the build and the CUDA tests and benchmarks a binary
 # built elsewhere (scripts/gpu-carry.sh --binary), its libraries found
 # beside it and in the PyTorch of PYTHON.
-# Usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH]  |  scripts/gpu-check.sh --preflight
+# Usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]
+#        scripts/gpu-check.sh --preflight
 # Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT=""
 STEPS=20
 PREBUILT=""
+RESULTS_ROOT="$ROOT/bench/results"
+RUN_DATE="$(date +%F)"
 while (($#)); do
   case "$1" in
     --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
     --bin) PREBUILT="${2:?--bin needs the path of a meshtrain binary}"; shift 2 ;;
     --preflight) exec "$ROOT/scripts/gpu-preflight.sh" ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --results-root) RESULTS_ROOT="${2:?--results-root needs a folder}"; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
   esac
 done
-[ -n "$OUT" ] || { echo "usage: scripts/gpu-check.sh DIR [--steps N]" >&2; exit 2; }
+[ -n "$OUT" ] || { echo "usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]" >&2; exit 2; }
 mkdir -p "$OUT" || exit 2
 OUT="$(cd "$OUT" && pwd)"
+case "$RESULTS_ROOT" in /*) ;; *) RESULTS_ROOT="$PWD/$RESULTS_ROOT" ;; esac
 PY="${PYTHON:-python3}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 BIN="$BUILD/meshtrain"
@@ -220,112 +227,15 @@ else
   done
 fi
 
-# One table and summary.json from the step rows and the bench JSON lines.
-"$PY" - "$OUT" "$STEP_ROWS" <<'PYEOF'
-import json, os, sys
-out, rows_file = sys.argv[1], sys.argv[2]
-steps = []
-for line in open(rows_file):
-    name, status, secs, log = line.rstrip("\n").split("\t")
-    steps.append({"step": name, "status": status, "seconds": int(secs), "log": log})
-bench = []
-for s in steps:
-    if not s["step"].startswith("bench_") or not s["log"]:
-        continue
-    path = os.path.join(out, s["log"])
-    rows = []
-    if os.path.exists(path):
-        for l in open(path, errors="replace"):
-            l = l.strip()
-            if l.startswith("{"):
-                try:
-                    rows.append(json.loads(l))
-                except ValueError:
-                    pass
-    measured = [x for x in rows if "est_tokens_per_sec" not in x]
-    model = [x for x in rows if "est_tokens_per_sec" in x]
-    r = measured[-1] if measured else {}
-    if model:
-        r["model"] = model[-1]
-        r["est_tokens_per_sec"] = model[-1]["est_tokens_per_sec"]
-        r["est_step_ms"] = model[-1]["est_step_ms"]
-    r["name"] = s["step"][len("bench_"):]
-    r["status"] = s["status"]
-    bench.append(r)
-# The performance model fitted to the profile: the efficiencies and the gap
-# per kernel that make bench --device meta's formula give the measured step
-# (pass them back as --efficiency, --attention-efficiency,
-# --memory-efficiency, --kernel-gap-us).
-for r in bench:
-    m, p = r.get("model"), r.get("profile")
-    if not m or not p:
-        continue
-    ms, a = p["ms_per_step"], m.get("assumed", {})
-    peak, bw = a.get("peak_tflops", 989.0), a.get("bandwidth_tbps", 3.35)
-    fit = {}
-    if ms.get("gemm"):
-        fit["gemm_efficiency"] = m["gemm_tflop"] / (ms["gemm"] * 1e-3) / peak
-    if ms.get("attention"):
-        fit["attention_efficiency"] = m["attention_tflop"] / (ms["attention"] * 1e-3) / peak
-    mem_ms = ms.get("other", 0) + ms.get("copy", 0)
-    if mem_ms:
-        fit["memory_efficiency"] = m["non_gemm_gb"] / (mem_ms * 1e-3) / 1e3 / bw
-    if m.get("kernels"):
-        fit["kernel_gap_us"] = p["gap_ms_per_step"] * 1e3 / m["kernels"]
-    r["fitted"] = fit
-
-# The anchors: PyTorch's tokens/s on the same model, and meshtrain's ratio.
-for s in steps:
-    if not s["step"].startswith("anchor_") or not s["log"]:
-        continue
-    _, kind, name = s["step"].split("_", 2)
-    rows = []
-    path = os.path.join(out, s["log"])
-    if os.path.exists(path):
-        rows = [json.loads(l) for l in open(path, errors="replace") if l.startswith('{"anchor"')]
-    mt = next((b for b in bench if b["name"] == name), {})
-    r = {"name": f"{name} (PyTorch {kind})", "device": "cuda", "status": s["status"]}
-    if rows:
-        r["tokens_per_sec"] = rows[-1]["tokens_per_sec"]
-        r["pytorch_params"] = rows[-1].get("pytorch_params")  # meshtrain's count: plan_*.log
-        if mt.get("tokens_per_sec"):
-            mt[f"ratio_to_{kind}"] = mt["tokens_per_sec"] / r["tokens_per_sec"]
-            if mt.get("mfu") is not None:  # the same model: the same FLOPs per token
-                r["mfu"] = mt["mfu"] * r["tokens_per_sec"] / mt["tokens_per_sec"]
-    bench.append(r)
-# --bin leaves the CUDA tests out on purpose: that is no failure.
-summary = {"ok": all(s["status"] == "ok" or s["status"].startswith("not run (--bin") for s in steps),
-           "steps": steps, "bench": bench}
-json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
-
-print()
-print(f"{'step':<26} {'status':<22} {'seconds':>7}")
-for s in steps:
-    print(f"{s['step']:<26} {s['status']:<22} {s['seconds']:>7}")
-print()
-cols = [("name", "{}"), ("device", "{}"), ("attention_backend", "{}"), ("tokens_per_sec", "{:.0f}"),
-        ("est_tokens_per_sec", "{:.0f}"),
-        ("tflops_per_device", "{:.1f}"),
-        ("mfu", "{:.3f}"), ("peak_memory_bytes", "{:.2e}"), ("last_loss", "{:.3f}"),
-        ("ratio_to_eager", "{:.3f}"), ("ratio_to_compile", "{:.3f}")]
-print(" | ".join(c for c, _ in cols))
-for r in bench:
-    cells = []
-    for c, f in cols:
-        v = r.get(c)
-        cells.append("-" if v is None else (f.format(v) if not isinstance(v, str) else v))
-    print(" | ".join(cells))
-fitted = [r for r in bench if r.get("fitted")]
-if fitted:
-    print()
-    print("performance model fitted to the profiles (assumed -> fitted):")
-    for r in fitted:
-        a = r["model"].get("assumed", {})
-        cells = [f"{k} {a.get(k, float('nan')):.3g} -> {v:.3g}" for k, v in r["fitted"].items()]
-        print(f"  {r['name']}: " + ", ".join(cells))
-print()
-print(f"summary: {os.path.join(out, 'summary.json')}")
-PYEOF
+# One table, OUT/summary.json, and the run kept in the repository:
+# RESULTS_ROOT/<date>-<device>-<commit>/ (scripts/gpu-summary.py), written
+# whatever failed; scripts/perf-table.py renders the newest into the README.
+summary_args=(--date "$RUN_DATE" --results-root "$RESULTS_ROOT")
+[ -n "$PREBUILT" ] && summary_args+=(--commit-file "$(dirname "$BIN")/COMMIT")
+if ! "$PY" "$ROOT/scripts/gpu-summary.py" "$OUT" "${summary_args[@]}"; then
+  failures=$((failures + 1))
+  echo "gpu-check: scripts/gpu-summary.py failed (the results above may be incomplete)"
+fi
 if ((failures)); then
   echo "gpu-check: $failures step(s) failed (logs in $OUT)"
   exit 1

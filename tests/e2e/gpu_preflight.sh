@@ -10,7 +10,8 @@
 source "$(dirname "$0")/common.sh" "$@"
 
 mkdir -p fake/scripts bin root/include root/lib/cmake nocuda notorch/torch
-cp "$SRC"/scripts/gpu-check.sh "$SRC"/scripts/gpu-preflight.sh "$SRC"/scripts/gpu-carry.sh fake/scripts/
+cp "$SRC"/scripts/gpu-check.sh "$SRC"/scripts/gpu-preflight.sh "$SRC"/scripts/gpu-carry.sh \
+  "$SRC"/scripts/gpu-summary.py fake/scripts/
 # Tools of the faked machine: no nvcc, ccache, shellcheck, git, pkg-config, nvidia-smi.
 for t in bash sh env dirname basename cat cut date grep head tail tr sed sort mkdir rm ls nproc sha256sum \
          gcc g++ cc c++ cmake make mpicc mpirun python3; do
@@ -73,4 +74,6 @@ check "gpu-check with needs missing: non-zero exit" test "$rc" -ne 0
 check "gpu-check: the preflight step failed" grep -qE "^preflight +FAILED" full.log
 check "gpu-check: the build was not run" grep -qE "^build +not run \(preflight failed\)" full.log
 check "gpu-check: nothing was configured" test ! -e build-gpu
+check "gpu-check: the results folder is written all the same (no GPU, no git: unknown-gpu, nogit)" \
+  grep -q '"status": "FAILED (exit 1)"' fake/bench/results/"$(date +%F)"-unknown-gpu-nogit/summary.json
 finish
