@@ -10,7 +10,11 @@
 #       -DMESHTRAIN_PARQUET=OFF: pyarrow's version differs there) and the
 #       shared libraries it loads that are neither PyTorch's, CUDA's, MPI's
 #       nor the C library's (spdlog, fmt) into .carry/bin, for a GPU machine
-#       that builds slowly: scripts/gpu-check.sh DIR --bin .carry/bin/meshtrain
+#       that builds slowly: scripts/gpu-check.sh DIR --bin .carry/bin/meshtrain;
+#       the CUDA test binary BUILD_DIR/tests/dist/cuda_test too when it is
+#       there (gpu-check.sh runs it when it lies beside the binary), and COMMIT, the commit they were built from (what
+#       gpu-check.sh names the results folder after). It warns above ~60 MiB:
+#       the device tool carries 64 MiB at most.
 #   there (offline):                        scripts/gpu-carry.sh --unpack
 #       unpacks them into the local prefix .carry/prefix (dpkg -x, or ar + tar
 #       without dpkg); scripts/gpu-check.sh does this itself and builds with
@@ -70,17 +74,39 @@ binary() {
     { echo "gpu-carry: $build/meshtrain loads pyarrow's libparquet; configure with -DMESHTRAIN_PARQUET=OFF" >&2; return 1; }
   rm -rf "$bin"
   mkdir -p "$bin"
-  cp "$build/meshtrain" "$bin/"
-  strip --strip-unneeded "$bin/meshtrain" 2>/dev/null || true
-  ldd "$build/meshtrain" | awk '/=> \// {print $3}' | grep -E 'lib(spdlog|fmt)\.so' | xargs -r cp -L -t "$bin/"
+  local exes=("$build/meshtrain") e
+  if [ -x "$build/tests/dist/cuda_test" ]; then
+    exes+=("$build/tests/dist/cuda_test")
+  elif [ -x "$build/cuda_test" ]; then
+    exes+=("$build/cuda_test")
+  else
+    echo "gpu-carry: no $build/tests/dist/cuda_test: gpu-check.sh --bin will not run the CUDA tests" >&2
+  fi
+  for e in "${exes[@]}"; do
+    cp "$e" "$bin/"
+    strip --strip-unneeded "$bin/$(basename "$e")" 2>/dev/null || true
+  done
+  ldd "${exes[@]}" | awk '/=> \// {print $3}' | { grep -E 'lib(spdlog|fmt)\.so' || true; } | sort -u | xargs -r cp -L -t "$bin/"
+  # The commit the binaries were built from (the tree may have moved on
+  # since), "dirty" after it when tracked files differed from it.
+  local commit dirty=""
+  commit="$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null)" || commit=nogit
+  [ "$commit" != nogit ] && [ -n "$(cd "$ROOT" && git status --porcelain --untracked-files=no 2>/dev/null)" ] &&
+    dirty=" dirty"
+  echo "$commit$dirty" > "$bin/COMMIT"
   du -sh "$bin" | sed 's/^/gpu-carry: /'
+  local kib all
+  kib="$(du -sk "$bin" | cut -f1)" all="$(du -sk "$CARRY" | cut -f1)"
+  ((kib <= 60 * 1024 && all <= 60 * 1024)) ||
+    echo "gpu-carry: warning: $bin is $((kib / 1024)) MiB ($CARRY $((all / 1024)) MiB), over ~60 MiB:" \
+      "the device tool carries 64 MiB in all" >&2
   echo "gpu-carry: carry $CARRY; there: scripts/gpu-check.sh DIR --bin $bin/meshtrain"
 }
 
 case "${1:-}" in
   --unpack) unpack; exit $? ;;
   --binary) binary "${2:-}"; exit $? ;;
-  -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
 esac
 
 command -v apt-get >/dev/null || { echo "gpu-carry: apt-get is needed here to download .debs" >&2; exit 1; }

@@ -8,20 +8,22 @@
 # into DIR, and keeps the run's small text results in the repository:
 # bench/results/<date>-<device>-<commit>/ (scripts/gpu-summary.py; another
 # root with --results-root), which scripts/perf-table.py renders into the
-# README. Beside meshtrain's GPT-2 124M and moe1B it times the same models
-# written in PyTorch (scripts/cpu-bench.py --torch-only, the MLA + MoE one
-# with capacity dispatch), eager and with torch.compile, in the same call:
-# the anchors, with meshtrain's ratio to each. A failing step is reported and
-# the next one still runs; the exit code is non-zero if any step failed.
+# README. With 2 or more GPUs the CUDA test binary also runs over NCCL at
+# -np 2 (and -np 8 with 8 or more). Beside meshtrain's GPT-2 124M and moe1B
+# it times the same models written in PyTorch (scripts/cpu-bench.py
+# --torch-only, the MLA + MoE one with capacity dispatch), eager and with
+# torch.compile, in the same call: the anchors, with meshtrain's ratio to
+# each. A failing step is reported and the next one still runs; the exit code
+# is non-zero if any step failed.
 # Before the build, the pre-flight (scripts/gpu-preflight.sh) checks every
 # build need and names the fix of each missing one; `--preflight` runs only
 # that, in seconds. Offline needs that Ubuntu images lack (PCRE2, zstd, zlib
 # -dev files) come from .carry/ (scripts/gpu-carry.sh, run where apt works).
 # nvcc is taken from PATH, $CUDA_HOME/bin or /usr/local/cuda/bin; a build
 # without the fused CUDA kernels fails (bench would time aten composites).
-# `--bin PATH` skips the build and the CUDA tests and benchmarks a binary
-# built elsewhere (scripts/gpu-carry.sh --binary), its libraries found
-# beside it and in the PyTorch of PYTHON.
+# `--bin PATH` skips the build and benchmarks a binary built elsewhere
+# (scripts/gpu-carry.sh --binary), its libraries found beside it and in the
+# PyTorch of PYTHON; the CUDA tests run when cuda_test is beside it.
 # Usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]
 #        scripts/gpu-check.sh --preflight
 # Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS.
@@ -38,7 +40,7 @@ while (($#)); do
     --bin) PREBUILT="${2:?--bin needs the path of a meshtrain binary}"; shift 2 ;;
     --preflight) exec "$ROOT/scripts/gpu-preflight.sh" ;;
     --results-root) RESULTS_ROOT="${2:?--results-root needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
@@ -51,10 +53,18 @@ case "$RESULTS_ROOT" in /*) ;; *) RESULTS_ROOT="$PWD/$RESULTS_ROOT" ;; esac
 PY="${PYTHON:-python3}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 BIN="$BUILD/meshtrain"
+CUDA_TEST="$BUILD/tests/dist/cuda_test"
 if [ -n "$PREBUILT" ]; then
   [ -x "$PREBUILT" ] || { echo "gpu-check.sh: --bin $PREBUILT is not an executable" >&2; exit 2; }
   BIN="$(cd "$(dirname "$PREBUILT")" && pwd)/$(basename "$PREBUILT")"
+  CUDA_TEST="$(dirname "$BIN")/cuda_test"   # gpu-carry.sh --binary copies it beside
 fi
+# GPUs this machine shows: with 2 or more the CUDA test binary also runs at
+# -np 2 over NCCL (and -np 8 with 8 or more), each run a step of its own.
+GPUS="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" || GPUS=0
+MULTI_NP=()
+((GPUS >= 2)) && MULTI_NP+=(2)
+((GPUS >= 8)) && MULTI_NP+=(8)
 DATA="$OUT/data"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MESHTRAIN_OFFLINE=1
 cd "$ROOT" || exit 2
@@ -127,8 +137,12 @@ build() {
 # The CUDA-only tests and the device/NCCL discovery tests. On a GPU machine a
 # case skipped for want of a CUDA device is a failure (torch did not see the
 # GPU); cases that run at another -np than this job's skip as everywhere.
+# With several GPUs the -np 2 / 8 runs are steps of their own (cuda_test_np).
 cuda_tests() {
-  ctest --test-dir "$BUILD" --output-on-failure -R 'cuda_test|unit\.device_test|unit\.nccl_discovery' || return 1
+  local own=()
+  ((${#MULTI_NP[@]})) && own=(-E "^dist\.cuda_test\.np($(IFS='|'; echo "${MULTI_NP[*]}"))\$")
+  ctest --test-dir "$BUILD" --output-on-failure -R 'cuda_test|unit\.device_test|unit\.nccl_discovery' "${own[@]}" ||
+    return 1
   local skipped
   skipped="$("$ROOT/scripts/skipped-tests.sh" "$BUILD")" || return 1
   echo "$skipped"
@@ -136,6 +150,29 @@ cuda_tests() {
     echo "CUDA tests were skipped on a GPU machine: torch sees no CUDA device"
     return 1
   fi
+}
+
+# The CUDA test binary under mpirun -np N as ctest runs it (tests/CMakeLists.txt:
+# its mpirun flags, a scratch folder per run, a timeout): the build's, or the
+# one beside --bin. A case skipped for want of a CUDA device fails here too.
+cuda_test_np() {  # N
+  local out rc
+  echo "$CUDA_TEST under mpirun -np $1 ($GPUS GPU(s) visible)"
+  out="$(MESHTRAIN_TEST_TMP="$OUT/tmp/cuda_test.np$1" timeout "${CUDA_TEST_TIMEOUT:-600}" \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader \
+    --mca btl_vader_single_copy_mechanism none -np "$1" "$CUDA_TEST" 2>&1)"
+  rc=$?
+  printf '%s\n' "$out"
+  ((rc == 0)) || return "$rc"
+  if grep -q 'torch sees no CUDA device' <<<"$out"; then
+    echo "CUDA tests were skipped on a GPU machine: torch sees no CUDA device"
+    return 1
+  fi
+}
+
+multi_gpu_tests() {
+  local np
+  for np in "${MULTI_NP[@]}"; do step "cuda_test_np$np" cuda_test_np "$np"; done
 }
 
 # The corpus for bench: the fortunes when installed, else the repository's
@@ -189,6 +226,10 @@ prebuilt() {
   export LD_LIBRARY_PATH
   echo "binary: $BIN"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  if [ -x "$CUDA_TEST" ]; then  # its own step says whether it runs; here only what it lacks
+    echo "cuda_test: $CUDA_TEST"
+    ldd "$CUDA_TEST" | grep 'not found' | sed 's/^/cuda_test lacks: /'
+  fi
   ldd "$BIN"
   ! ldd "$BIN" | grep 'not found'
 }
@@ -212,16 +253,22 @@ step environment environment
 if [ -n "$PREBUILT" ]; then
   # step runs the function in this shell: the LD_LIBRARY_PATH it exports stays.
   step prebuilt prebuilt
-  printf 'cuda_tests\tnot run (--bin: no test binaries)\t0\t\n' >> "$STEP_ROWS"
+  if [ -x "$CUDA_TEST" ]; then
+    step cuda_test_np1 cuda_test_np 1
+    multi_gpu_tests
+  else
+    printf 'cuda_tests\tnot run (no cuda_test beside --bin)\t0\t\n' >> "$STEP_ROWS"
+  fi
   measure
 # A stale binary from an earlier build must not be benchmarked.
 elif grep -q '^preflight	ok' "$STEP_ROWS" && step build build && [ -x "$BIN" ]; then
   step cuda_tests cuda_tests
+  multi_gpu_tests
   measure
 else
   grep -q '^build	' "$STEP_ROWS" || printf 'build\tnot run (preflight failed)\t0\t\n' >> "$STEP_ROWS"
-  for s in cuda_tests corpus bench_gpt2-124m anchor_eager_gpt2-124m anchor_compile_gpt2-124m \
-           plan_moe1b-1gpu bench_moe1b-1gpu anchor_eager_moe1b-1gpu anchor_compile_moe1b-1gpu; do
+  for s in cuda_tests "${MULTI_NP[@]/#/cuda_test_np}" corpus bench_gpt2-124m anchor_eager_gpt2-124m \
+           anchor_compile_gpt2-124m plan_moe1b-1gpu bench_moe1b-1gpu anchor_eager_moe1b-1gpu anchor_compile_moe1b-1gpu; do
     failures=$((failures + 1))
     printf '%s\tnot run (build failed)\t0\t\n' "$s" >> "$STEP_ROWS"
   done
