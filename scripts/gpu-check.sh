@@ -8,8 +8,8 @@
 # into DIR, and keeps the run's small text results in the repository:
 # bench/results/<date>-<device>-<commit>/ (scripts/gpu-summary.py; another
 # root with --results-root), which scripts/perf-table.py renders into the
-# README. With 2 or more GPUs the CUDA test binary also runs over NCCL at
-# -np 2 (and -np 8 with 8 or more). Beside meshtrain's GPT-2 124M and moe1B
+# README. With 2 or more GPUs the CUDA test binary also runs at -np 2 (and
+# -np 8 with 8 or more) for its cases across GPUs (NCCL). Beside meshtrain's GPT-2 124M and moe1B
 # it times the same models written in PyTorch (scripts/cpu-bench.py
 # --torch-only, the MLA + MoE one with capacity dispatch), eager and with
 # torch.compile, in the same call: the anchors, with meshtrain's ratio to
@@ -26,7 +26,8 @@
 # PyTorch of PYTHON; the CUDA tests run when cuda_test is beside it.
 # Usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]
 #        scripts/gpu-check.sh --preflight
-# Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS.
+# Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS,
+#      CUDA_TEST_TIMEOUT (seconds per cuda_test run, default 600).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT=""
@@ -40,7 +41,7 @@ while (($#)); do
     --bin) PREBUILT="${2:?--bin needs the path of a meshtrain binary}"; shift 2 ;;
     --preflight) exec "$ROOT/scripts/gpu-preflight.sh" ;;
     --results-root) RESULTS_ROOT="${2:?--results-root needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
@@ -60,7 +61,7 @@ if [ -n "$PREBUILT" ]; then
   CUDA_TEST="$(dirname "$BIN")/cuda_test"   # gpu-carry.sh --binary copies it beside
 fi
 # GPUs this machine shows: with 2 or more the CUDA test binary also runs at
-# -np 2 over NCCL (and -np 8 with 8 or more), each run a step of its own.
+# -np 2 (and -np 8 with 8 or more), each run a step of its own.
 GPUS="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" || GPUS=0
 MULTI_NP=()
 ((GPUS >= 2)) && MULTI_NP+=(2)
