@@ -9,6 +9,7 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
 #include "meshtrain/ops/fused.h"
+#include "meshtrain/ops/paths.h"
 
 namespace meshtrain {
 
@@ -260,14 +261,38 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
 // Queries q [B, H, Tq, *] are the last Tq of the Tk key positions. Without a
 // past (Tq == Tk) sdpa's is_causal is right; with one it aligns the triangle
 // top-left, which is wrong for Tq > 1, so the mask is spelled out.
+namespace {
+
+// sdpa's kernel for these inputs, noted as the attention's path (ops/paths.h):
+// a fused kernel, or the math fallback, which keeps the whole score matrix.
+// Asked only while something counts paths (the choice costs host time).
+void note_attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout, bool causal) {
+  if (!ops::paths_observed()) return;
+  switch (static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, k, v, mask, dropout, causal))) {
+    case at::SDPBackend::flash_attention: return ops::note_path("attention", true, "flash");
+    case at::SDPBackend::cudnn_attention: return ops::note_path("attention", true, "cudnn");
+    case at::SDPBackend::efficient_attention: return ops::note_path("attention", true, "efficient");
+    default: return ops::note_path("attention", false, "no fused kernel takes these inputs (math: scores in memory)");
+  }
+}
+
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                double dropout, bool causal) {
+  note_attention_path(q, k, v, mask, dropout, causal);
+  return at::scaled_dot_product_attention(q, k, v, mask, dropout, causal);
+}
+
+}  // namespace
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout) {
   const int64_t Tq = q.size(2), Tk = k.size(2);
-  if (Tq == Tk) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true);
-  if (Tq == 1) return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/false);
+  if (Tq == Tk) return sdpa(q, k, v, {}, dropout, /*causal=*/true);
+  if (Tq == 1) return sdpa(q, k, v, {}, dropout, /*causal=*/false);
   const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
   const auto qpos = at::arange(Tk - Tq, Tk, opts).unsqueeze(1);
   const auto kpos = at::arange(0, Tk, opts).unsqueeze(0);
-  return at::scaled_dot_product_attention(q, k, v, kpos <= qpos, dropout, /*is_causal=*/false);
+  return sdpa(q, k, v, kpos <= qpos, dropout, /*causal=*/false);
 }
 
 at::Tensor causal_attention_padded_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,

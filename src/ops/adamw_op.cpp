@@ -14,15 +14,16 @@ namespace meshtrain::ops {
 namespace impl {
 
 void check_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
-                 const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {
+                 const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf, at::TensorList casts,
+                 const Opt& lr_tensor) {
   const size_t n = params.size();
   MT_ASSERT(casts.empty() || casts.size() == n, "adamw_: ", casts.size(), " casts for ", n, " parameters");
   MT_ASSERT(grads.size() == n && exp_avg.size() == n && exp_avg_sq.size() == n, "adamw_: lists of ", n, ", ",
             grads.size(), ", ", exp_avg.size(), " and ", exp_avg_sq.size(), " tensors");
   MT_ASSERT(step.defined() && step.numel() == 1 && step.scalar_type() == at::kFloat, "adamw_: step must be one fp32");
-  for (const Opt* s : {&grad_scale, &found_inf})
+  for (const Opt* s : {&grad_scale, &found_inf, &lr_tensor})
     MT_ASSERT(!*s || ((*s)->numel() == 1 && (*s)->scalar_type() == at::kFloat),
-              "adamw_: grad_scale and found_inf must be one fp32 each");
+              "adamw_: grad_scale, found_inf and lr_tensor must be one fp32 each");
   if (n == 0) return;
   const at::ScalarType moments = exp_avg[0].scalar_type();
   MT_ASSERT(moments == at::kFloat || moments == at::kBFloat16, "adamw_: moments must be fp32 or bf16, got ", moments);
@@ -49,8 +50,8 @@ void check_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp
 // rounded back (fp32 moments are updated in place).
 void adamw_ref(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {
-  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts);
+               const Opt& grad_scale, const Opt& found_inf, const Opt& lr_tensor, at::TensorList casts) {
+  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts, lr_tensor);
   if (params.empty()) return;
   std::vector<at::Tensor> g, m, v;
   for (size_t k = 0; k < params.size(); ++k) {
@@ -60,8 +61,12 @@ void adamw_ref(at::TensorList params, at::TensorList grads, at::TensorList exp_a
     v.push_back(exp_avg_sq[k].to(at::kFloat));
   }
   const std::vector<at::Tensor> steps(params.size(), step);
-  at::_fused_adamw_(params, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay, eps,
-                    /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
+  if (lr_tensor)
+    at::_fused_adamw_(params, g, m, v, /*max_exp_avg_sqs=*/{}, steps, *lr_tensor, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
+  else
+    at::_fused_adamw_(params, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
   for (size_t k = 0; k < params.size(); ++k)
     if (exp_avg[k].scalar_type() != at::kFloat) {
       exp_avg[k].copy_(m[k]);
@@ -80,8 +85,8 @@ namespace {
 
 void adamw_meta(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double, double, double, double, double, const impl::Opt& grad_scale,
-                const impl::Opt& found_inf, at::TensorList casts) {
-  impl::check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts);
+                const impl::Opt& found_inf, const impl::Opt& lr_tensor, at::TensorList casts) {
+  impl::check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts, lr_tensor);
 }
 
 std::vector<at::Tensor> detached(const std::vector<at::Tensor>& ts) {
@@ -96,13 +101,13 @@ std::vector<at::Tensor> detached(const std::vector<at::Tensor>& ts) {
 void adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
             const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq, const at::Tensor& step,
             const AdamwHyper& h, const at::Tensor& grad_scale, const at::Tensor& found_inf,
-            const std::vector<at::Tensor>& casts) {
+            const std::vector<at::Tensor>& casts, const at::Tensor& lr_tensor) {
   using Opt = impl::Opt;
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("meshtrain::adamw_", "")
                              .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                                          const at::Tensor&, double, double, double, double, double, const Opt&,
-                                         const Opt&, at::TensorList)>();
+                                         const Opt&, const Opt&, at::TensorList)>();
   // Detached views: the same storage, updated in place without autograd
   // (the parameters are leaves that require grad).
   std::vector<at::Tensor> g;
@@ -110,7 +115,8 @@ void adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>
   for (const at::Tensor& t : grads) g.push_back(t.detach().contiguous());
   op.call(detached(params), g, detached(exp_avg), detached(exp_avg_sq), step, h.lr, h.beta1, h.beta2,
           h.weight_decay, h.eps, grad_scale.defined() ? Opt(grad_scale) : std::nullopt,
-          found_inf.defined() ? Opt(found_inf) : std::nullopt, detached(casts));
+          found_inf.defined() ? Opt(found_inf) : std::nullopt, lr_tensor.defined() ? Opt(lr_tensor) : std::nullopt,
+          detached(casts));
   // A custom op's in-place writes do not bump version counters (no
   // ADInplaceOrView kernel): bump them, so a cast cached before this update
   // reads as stale (model/mixed_precision.h).
@@ -123,7 +129,7 @@ void adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>
 TORCH_LIBRARY_FRAGMENT(meshtrain, m) {
   m.def("adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avg, Tensor(c!)[] exp_avg_sq, Tensor step, "
         "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor? grad_scale=None, "
-        "Tensor? found_inf=None, *, Tensor(d!)[] casts) -> ()");
+        "Tensor? found_inf=None, Tensor? lr_tensor=None, *, Tensor(d!)[] casts) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(meshtrain, CPU, m) { m.impl("adamw_", TORCH_FN(impl::adamw_cpu)); }

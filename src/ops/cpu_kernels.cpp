@@ -53,7 +53,7 @@ at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::T
     scalar_t* op = out.data_ptr<scalar_t>();
     const float *c = cos.const_data_ptr<float>(), *sn = sin.const_data_ptr<float>();
     // The CUDA kernel's path where it takes it (16-byte vectors), else pair by pair.
-    const bool vec = rows::rope_vectorizable<scalar_t>(s, xp, op, c, sn);
+    const bool vec = vector_rope(x, out, cos, sin, seq_dim);
     at::parallel_for(0, n_rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, s.half)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         if (!vec) {
@@ -92,7 +92,7 @@ Norm rms_norm_fwd_cpu(const at::Tensor& a, const Opt& b, const at::Tensor& w, co
                                         hp ? hp + r * D : nullptr, yp + r * D, D, static_cast<float>(eps));
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(D, D, {ap, bp, hp, yp, wp, biasp}), run);
+    rows::with_width<scalar_t>(vector_rows("rms_norm_fwd", a, D, D, {ap, bp, hp, yp, wp, biasp}), run);
   });
   return {h, y, rstd};
 }
@@ -126,7 +126,7 @@ Norm rms_norm_bwd_cpu(const at::Tensor& dy, const at::Tensor& h, const at::Tenso
                                            dbp ? dbp + t * D : nullptr, D);
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(D, D, {dyp, hp, resp, dhp, wp}), run);
+    rows::with_width<scalar_t>(vector_rows("rms_norm_bwd", h, D, D, {dyp, hp, resp, dhp, wp}), run);
   });
   return {dh, dw_part.sum(0), bias ? db_part.sum(0) : at::empty({0}, w.options())};
 }
@@ -147,7 +147,7 @@ at::Tensor cross_entropy_rows_cpu(at::Tensor& z, const at::Tensor& targets, bool
           lp[r] = rows::cross_entropy_row<W>(SerialLanes{}, zp + r * ld, V, tp[r], grad);
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(V, ld, {zp}), run);
+    rows::with_width<scalar_t>(vector_rows("cross_entropy_rows", z, V, ld, {zp}), run);
   });
   return loss;
 }
@@ -172,7 +172,7 @@ at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int
         }
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(z.size(1), ld, {zp}), run);
+    rows::with_width<scalar_t>(vector_rows("softmax_stats", z, z.size(1), ld, {zp}), run);
   });
   return out;
 }
@@ -191,7 +191,7 @@ at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at:
         for (int64_t r = r0; r < r1; ++r) rows::softmax_grad_row<W>(SerialLanes{}, zp + r * ld, valid, V, tp[r], lp[r]);
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(V, ld, {zp}), run);
+    rows::with_width<scalar_t>(vector_rows("softmax_grad", z, V, ld, {zp}), run);
   });
   return z;
 }
@@ -214,7 +214,7 @@ at::Tensor combine_rows_cpu(const at::Tensor& src, const at::Tensor& slot, const
           rows::combine_row<V>(SerialLanes{}, s, sp + n * k, w ? w + n * k : nullptr, k, o + n * d, d);
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(d, d, {s, o}), run);
+    rows::with_width<scalar_t>(vector_rows("combine_rows", src, d, d, {s, o}), run);
   });
   return out;
 }
@@ -244,16 +244,17 @@ Spread spread_rows_cpu(const at::Tensor& src, const at::Tensor& owner, int64_t k
         }
       });
     };
-    rows::with_width<scalar_t>(rows::rows_vectorizable<scalar_t>(d, d, {s, yp, o}), run);
+    rows::with_width<scalar_t>(vector_rows("spread_rows", src, d, d, {s, yp, o}), run);
   });
   return {out, dw};
 }
 
 void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {
-  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts);
+               const Opt& grad_scale, const Opt& found_inf, const Opt& lr_tensor, at::TensorList casts) {
+  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts, lr_tensor);
   if (params.empty() || (found_inf && found_inf->item<float>() != 0.0f)) return;
+  if (lr_tensor) lr = lr_tensor->item<float>();  // read as the CUDA kernel reads it: one fp32
   const adamw::Hyper h{static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
                        static_cast<float>(weight_decay), static_cast<float>(eps)};
   const adamw::StepConsts c = adamw::step_consts(h, step.item<float>());

@@ -92,10 +92,11 @@ struct LtGemm {
   int64_t stride_bias = 0;
 };
 
-// False where cuBLASLt has no algorithm for this call (the caller computes
-// the composite); errors otherwise.
-bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
-  if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return false;
+// Null where cuBLASLt ran the call; else why it did not (the caller computes
+// the composite): no algorithm for the shapes and alignments, or the call
+// not supported. Other errors throw.
+const char* run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
+  if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return "an empty operand";
   const cudaDataType_t t = lt_type(dtype);
   MatmulDesc op;
   // fp32 accumulation and scale for every operand dtype (no TF32: torch's
@@ -133,19 +134,20 @@ bool run(const LtGemm& g, at::ScalarType dtype, const at::Tensor& like) {
   int found = 0;
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(handle, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
-  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) return "cuBLASLt has no algorithm for these shapes and alignments";
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t s = cublasLtMatmul(handle, op.h, &alpha, g.a, la.h, g.b, lb.h, &beta, g.d, ld.h, g.d, ld.h,
                                           &result.algo, at::cuda::getCUDABlasLtWorkspace(), workspace_bytes,
                                           at::cuda::getCurrentCUDAStream(like.device().index()).stream());
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return "cuBLASLt does not support the call";
   lt_check(s, "matmul");
-  return true;
+  return nullptr;
 }
 
 }  // namespace
 
-bool lt_linear_gelu(const at::Tensor& x, const at::Tensor& w, const Opt& bias, at::Tensor& pre, at::Tensor& h) {
+const char* lt_linear_gelu(const at::Tensor& x, const at::Tensor& w, const Opt& bias, at::Tensor& pre,
+                           at::Tensor& h) {
   const c10::cuda::CUDAGuard guard(x.device());
   const bool batched = x.dim() == 3;
   const int64_t E = batched ? x.size(0) : 1, M = x.size(-2), K = x.size(-1), N = w.size(-2);
@@ -158,7 +160,7 @@ bool lt_linear_gelu(const at::Tensor& x, const at::Tensor& w, const Opt& bias, a
   return run(g, x.scalar_type(), x);
 }
 
-bool lt_linear_dgelu(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre, at::Tensor& out) {
+const char* lt_linear_dgelu(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(dy.device());
   const bool batched = dy.dim() == 3;
   const int64_t E = batched ? dy.size(0) : 1, M = dy.size(-2), N = dy.size(-1), H = w.size(-1);

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "cuda_kernels.h"
+#include "launch_plan.h"
 
 namespace meshtrain::ops::rows {
 
@@ -130,17 +131,30 @@ int row_blocks(int64_t N) { return static_cast<int>(std::min<int64_t>(std::max<i
 // the row (both halves of kVec<T> pairs: two 128-bit loads and stores of
 // x, 128-bit loads of the tables), where rows::rope_vectorizable says every
 // access is aligned.
+// Index arithmetic in 32 bits where s.narrow (every launch of a training
+// step): the work item's split by chunks and the row's over its dims are
+// FastDiv multiplies, not 64-bit divisions.
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(rows::Strided s, const T* x, T* out, const float* cos,
                                                             const float* sin, int64_t offset, bool inverse,
-                                                            int64_t chunks, int64_t n) {
+                                                            rows::FastDiv chunk_div, int64_t n) {
+  const int64_t chunks = chunk_div.d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t row, c;
+    if (s.narrow) {
+      const uint32_t q = chunk_div.div(static_cast<uint32_t>(i));
+      row = q;
+      c = i - static_cast<int64_t>(q) * chunks;
+    } else {
+      row = i / chunks;
+      c = i % chunks;
+    }
     if constexpr (kVec)
-      rows::rope_vec_of_row(s, i / chunks, (i % chunks) * rows::kVec<T>, x, out, cos, sin, offset, inverse);
+      rows::rope_vec_of_row(s, row, c * rows::kVec<T>, x, out, cos, sin, offset, inverse);
     else
-      rows::rope_pairs_of_row(s, i / chunks, (i % chunks) * rows::kRopePairsPerThread, rows::kRopePairsPerThread, x,
-                              out, cos, sin, offset, inverse);
+      rows::rope_pairs_of_row(s, row, c * rows::kRopePairsPerThread, rows::kRopePairsPerThread, x, out, cos, sin,
+                              offset, inverse);
   }
 }
 
@@ -303,8 +317,10 @@ static_assert(sizeof(AdamwTable) <= 4000, "a kernel's arguments must stay under 
 
 template <class M>
 __global__ void __launch_bounds__(kAdamwThreads)
-    adamw_kernel(AdamwTable t, adamw::Hyper h, const float* step, const float* grad_scale, const float* found_inf) {
+    adamw_kernel(AdamwTable t, adamw::Hyper h, const float* step, const float* grad_scale, const float* found_inf,
+                 const float* lr) {
   if (found_inf && *found_inf != 0.0f) return;
+  if (lr) h.lr = *lr;
   const adamw::StepConsts c = adamw::step_consts(h, *step);
   const int k = t.tensor_of[blockIdx.x];
   const int64_t lo = static_cast<int64_t>(t.chunk_of[blockIdx.x]) * adamw::kChunk;
@@ -349,7 +365,7 @@ cudaError_t rope(Dtype dt, const rows::Strided& s, const void* x, void* out, con
     const int blocks = static_cast<int>(std::min<int64_t>((n + kRopeThreads - 1) / kRopeThreads, 65535 * 8));
     const auto launch = [&](auto kernel) {
       kernel<<<blocks, kRopeThreads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out), cos, sin, offset,
-                                                 inverse, chunks, n);
+                                                 inverse, rows::FastDiv(static_cast<uint32_t>(chunks)), n);
     };
     if (vec)
       launch(rope_kernel<T, true>);
@@ -382,17 +398,27 @@ cudaError_t rms_norm_bwd(Dtype dt, const void* dy, const void* h, const float* w
                          void* dh, float* dw_part, float* db_part, int64_t N, int64_t D, int blocks,
                          cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
-  // The default limit of dynamic shared memory a block may take without opting in.
-  constexpr int64_t kSharedSums = 48 * 1024;
-  const int64_t sums_bytes = D * static_cast<int64_t>(sizeof(float)) * (db_part ? 2 : 1);
-  const bool shared = sums_bytes <= kSharedSums;
+  int device = 0, opt_in_limit = 0, default_limit = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&default_limit, cudaDevAttrMaxSharedMemoryPerBlock, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&opt_in_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
   return by_dtype(dt, [&](auto tag) {
     using T = decltype(tag);
     rows::with_width<T>(rows::rows_vectorizable<T>(D, D, {dy, h, dres, dh, w}), [&](auto width) {
       constexpr int V = decltype(width)::value;
-      rms_norm_bwd_kernel<T, V><<<blocks, row_threads(D / V), shared ? sums_bytes : 0, stream>>>(
+      const auto kernel = rms_norm_bwd_kernel<T, V>;
+      cudaFuncAttributes attr{};
+      if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) return;  // by_dtype returns the error
+      const launch::NormBwdSums plan =
+          launch::norm_bwd_sums(D, db_part != nullptr, static_cast<int64_t>(attr.sharedSizeBytes), default_limit,
+                                opt_in_limit);
+      if (plan.opt_in && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(plan.dynamic_bytes)) != cudaSuccess)
+        return;
+      kernel<<<blocks, row_threads(D / V), plan.dynamic_bytes, stream>>>(
           static_cast<const T*>(dy), static_cast<const T*>(h), w, rstd, static_cast<const T*>(dres),
-          static_cast<T*>(dh), dw_part, db_part, N, D, shared);
+          static_cast<T*>(dh), dw_part, db_part, N, D, plan.in_shared);
     });
   });
 }
@@ -464,7 +490,7 @@ cudaError_t spread_rows(Dtype dt, const void* src, const int64_t* owner, int64_t
 
 cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const float* const* grads, void* const* m,
                   void* const* v, void* const* casts, const int64_t* n, const adamw::Hyper& h, const float* step,
-                  const float* grad_scale, const float* found_inf, cudaStream_t stream) {
+                  const float* grad_scale, const float* found_inf, const float* lr, cudaStream_t stream) {
   if (moments == Dtype::F16) return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
   adamw::plan_launches(count, n, [&](const adamw::LaunchPlan& lp) {
@@ -484,9 +510,9 @@ cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const floa
       t.chunk_of[b] = lp.chunk_of[b];
     }
     if (moments == Dtype::BF16)
-      adamw_kernel<__nv_bfloat16><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+      adamw_kernel<__nv_bfloat16><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf, lr);
     else
-      adamw_kernel<float><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf);
+      adamw_kernel<float><<<lp.blocks, kAdamwThreads, 0, stream>>>(t, h, step, grad_scale, found_inf, lr);
     err = cudaGetLastError();
   });
   return err != cudaSuccess ? err : cudaGetLastError();

@@ -45,8 +45,9 @@ cudaError_t spread_rows(Dtype dt, const void* src, const int64_t* owner, int64_t
 // their pointers fit (multi-tensor: a block per chunk of a tensor). step,
 // grad_scale, found_inf: device scalars (the last two may be null). casts:
 // null, or count bf16 buffers of n[k] elements that get the new weights.
+// lr (a device scalar, or null for h.lr): read by every block (graphs).
 cudaError_t adamw(Dtype moments, int64_t count, float* const* params, const float* const* grads, void* const* m,
                   void* const* v, void* const* casts, const int64_t* n, const adamw::Hyper& h, const float* step,
-                  const float* grad_scale, const float* found_inf, cudaStream_t stream);
+                  const float* grad_scale, const float* found_inf, const float* lr, cudaStream_t stream);
 
 }  // namespace meshtrain::ops::cuda

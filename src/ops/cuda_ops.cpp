@@ -44,6 +44,7 @@ at::Tensor& rope_out_cuda(const at::Tensor& x, const at::Tensor& cos, const at::
   check_rope(x, cos, sin, offset, seq_dim, out);
   const c10::cuda::CUDAGuard guard(x.device());
   const rows::Strided s = strided_layout(x, out, seq_dim);
+  vector_rope(x, out, cos, sin, seq_dim);  // noted: the launcher takes the same decision
   check_launch(cuda::rope(dtype_of(x), s, x.const_data_ptr(), out.data_ptr(), cos.const_data_ptr<float>(),
                           sin.const_data_ptr<float>(), offset, inverse, stream_of(x)),
                "rope");
@@ -59,6 +60,10 @@ Norm rms_norm_fwd_cuda(const at::Tensor& a, const Opt& b, const at::Tensor& w, c
   std::vector<int64_t> rs = a.sizes().vec();
   rs.pop_back();
   at::Tensor rstd = at::empty(rs, a.options().dtype(at::kFloat));
+  // Noted here; the launcher decides alike from the same pointers.
+  vector_rows("rms_norm_fwd", a, D, D,
+              {a.const_data_ptr(), cptr(b), b ? h.const_data_ptr() : nullptr, y.const_data_ptr(),
+               w.const_data_ptr(), cptr(bias)});
   check_launch(cuda::rms_norm_fwd(dtype_of(a), a.const_data_ptr(), cptr(b), w.const_data_ptr<float>(), fptr(bias),
                                   b ? h.data_ptr() : nullptr, y.data_ptr(), rstd.data_ptr<float>(), N, D,
                                   static_cast<float>(eps), stream_of(a)),
@@ -79,6 +84,8 @@ Norm rms_norm_bwd_cuda(const at::Tensor& dy, const at::Tensor& h, const at::Tens
   at::Tensor dh = at::empty_like(h);
   at::Tensor dw_part = at::zeros({blocks, D}, w.options());
   at::Tensor db_part = bias ? at::zeros({blocks, D}, w.options()) : at::Tensor();
+  vector_rows("rms_norm_bwd", h, D, D,
+              {dy.const_data_ptr(), h.const_data_ptr(), cptr(dres), dh.const_data_ptr(), w.const_data_ptr()});
   check_launch(cuda::rms_norm_bwd(dtype_of(h), dy.const_data_ptr(), h.const_data_ptr(), w.const_data_ptr<float>(),
                                   rstd.const_data_ptr<float>(), cptr(dres), dh.data_ptr(), dw_part.data_ptr<float>(),
                                   bias ? db_part.data_ptr<float>() : nullptr, N, D, blocks, stream_of(h)),
@@ -91,6 +98,7 @@ at::Tensor cross_entropy_rows_cuda(at::Tensor& z, const at::Tensor& targets, boo
   const c10::cuda::CUDAGuard guard(z.device());
   at::Tensor loss = at::empty({z.size(0)}, z.options().dtype(at::kFloat));
   const at::Tensor t = targets.contiguous();
+  vector_rows("cross_entropy_rows", z, z.size(1), z.stride(0), {z.const_data_ptr()});
   check_launch(cuda::cross_entropy_rows(dtype_of(z), z.data_ptr(), z.stride(0), z.size(0), z.size(1),
                                         t.const_data_ptr<int64_t>(), loss.data_ptr<float>(), grad, stream_of(z)),
                "cross_entropy_rows");
@@ -102,6 +110,7 @@ at::Tensor softmax_stats_cuda(const at::Tensor& z, const at::Tensor& targets, in
   const c10::cuda::CUDAGuard guard(z.device());
   at::Tensor out = at::empty({3, z.size(0)}, z.options().dtype(at::kFloat));
   const at::Tensor t = targets.contiguous();
+  vector_rows("softmax_stats", z, z.size(1), z.stride(0), {z.const_data_ptr()});
   check_launch(cuda::softmax_stats(dtype_of(z), z.const_data_ptr(), z.stride(0), z.size(0), z.size(1), valid,
                                    t.const_data_ptr<int64_t>(), out.data_ptr<float>(), stream_of(z)),
                "softmax_stats");
@@ -112,6 +121,7 @@ at::Tensor& softmax_grad_cuda(at::Tensor& z, const at::Tensor& targets, const at
   check_rows(z, targets, valid);
   const c10::cuda::CUDAGuard guard(z.device());
   const at::Tensor t = targets.contiguous(), l = lse.to(at::kFloat).contiguous();
+  vector_rows("softmax_grad", z, z.size(1), z.stride(0), {z.const_data_ptr()});
   check_launch(cuda::softmax_grad(dtype_of(z), z.data_ptr(), z.stride(0), z.size(0), valid, z.size(1),
                                   t.const_data_ptr<int64_t>(), l.const_data_ptr<float>(), stream_of(z)),
                "softmax_grad");
@@ -123,6 +133,7 @@ at::Tensor combine_rows_cuda(const at::Tensor& src, const at::Tensor& slot, cons
   const c10::cuda::CUDAGuard guard(src.device());
   const int64_t N = slot.size(0), k = slot.size(1), d = src.size(1);
   at::Tensor out = at::empty({N, d}, src.options());
+  vector_rows("combine_rows", src, d, d, {src.const_data_ptr(), out.const_data_ptr()});
   check_launch(cuda::combine_rows(dtype_of(src), src.const_data_ptr(), slot.const_data_ptr<int64_t>(), fptr(weight), k,
                                   out.data_ptr(), N, d, stream_of(src)),
                "combine_rows");
@@ -136,6 +147,7 @@ Spread spread_rows_cuda(const at::Tensor& src, const at::Tensor& owner, int64_t 
   const auto f32 = src.options().dtype(at::kFloat);
   at::Tensor out = at::empty({R, d}, src.options());
   at::Tensor dw = y ? at::zeros({A}, f32) : at::empty({0}, f32);
+  vector_rows("spread_rows", src, d, d, {src.const_data_ptr(), cptr(y), out.const_data_ptr()});
   check_launch(cuda::spread_rows(dtype_of(src), src.const_data_ptr(), owner.const_data_ptr<int64_t>(), k, fptr(weight),
                                  cptr(y), out.data_ptr(), y ? dw.data_ptr<float>() : nullptr, R, d, stream_of(src)),
                "spread_rows");
@@ -144,12 +156,13 @@ Spread spread_rows_cuda(const at::Tensor& src, const at::Tensor& owner, int64_t 
 
 void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts) {
-  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts);
+                const Opt& grad_scale, const Opt& found_inf, const Opt& lr_tensor, at::TensorList casts) {
+  check_adamw(params, grads, exp_avg, exp_avg_sq, step, grad_scale, found_inf, casts, lr_tensor);
   if (params.empty()) return;
   const c10::cuda::CUDAGuard guard(params[0].device());
-  for (const at::Tensor* t : {&step, grad_scale ? &*grad_scale : nullptr, found_inf ? &*found_inf : nullptr})
-    MT_ASSERT(!t || t->device() == params[0].device(), "adamw_: step, grad_scale and found_inf must be on ",
+  for (const at::Tensor* t : {&step, grad_scale ? &*grad_scale : nullptr, found_inf ? &*found_inf : nullptr,
+                              lr_tensor ? &*lr_tensor : nullptr})
+    MT_ASSERT(!t || t->device() == params[0].device(), "adamw_: step, grad_scale, found_inf and lr_tensor must be on ",
               params[0].device());
   const size_t n = params.size();
   std::vector<float*> p(n);
@@ -168,7 +181,7 @@ void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_
                        static_cast<float>(weight_decay), static_cast<float>(eps)};
   check_launch(cuda::adamw(dtype_of(exp_avg[0]), static_cast<int64_t>(n), p.data(), g.data(), m.data(), v.data(),
                            c.empty() ? nullptr : c.data(), numel.data(), h, step.const_data_ptr<float>(), fptr(grad_scale), fptr(found_inf),
-                           stream_of(params[0])),
+                           fptr(lr_tensor), stream_of(params[0])),
                "adamw_");
 }
 

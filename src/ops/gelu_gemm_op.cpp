@@ -9,6 +9,7 @@
 #include "kernels.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/ops/gelu_gemm.h"
+#include "meshtrain/ops/paths.h"
 
 namespace meshtrain::ops {
 
@@ -87,22 +88,38 @@ at::Tensor linear_dgelu_meta(const at::Tensor& dy, const at::Tensor& w, const at
   return at::empty(pre.sizes(), dy.options());
 }
 
+// The CPU kernel: the composite is its one path.
+Pair linear_gelu_cpu(const at::Tensor& x, const at::Tensor& w, const Opt& bias) {
+  note_path("linear_gelu", true, "CPU kernel");
+  return linear_gelu_ref(x, w, bias);
+}
+
+at::Tensor linear_dgelu_cpu(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre) {
+  note_path("linear_dgelu", true, "CPU kernel");
+  return linear_dgelu_ref(dy, w, pre);
+}
+
 #ifdef MESHTRAIN_CUDA
-// cuBLASLt's epilogues where it takes the shapes, else the composite.
+// cuBLASLt's epilogues where it takes the shapes, else the composite (its
+// reason noted: ops/paths.h).
 Pair linear_gelu_cuda(const at::Tensor& x, const at::Tensor& w, const Opt& bias) {
   check_linear_gelu(x, w, bias);
   std::vector<int64_t> s = x.sizes().vec();
   s.back() = w.size(-2);
   at::Tensor pre = at::empty(s, x.options()), h = at::empty(s, x.options());
   const Opt b = bias ? Opt(bias->contiguous()) : std::nullopt;
-  if (impl::lt_linear_gelu(x.contiguous(), w.contiguous(), b, pre, h)) return {pre, h};
+  const char* why_not = impl::lt_linear_gelu(x.contiguous(), w.contiguous(), b, pre, h);
+  note_path("linear_gelu", why_not == nullptr, why_not ? why_not : "cuBLASLt GELU_AUX epilogue");
+  if (!why_not) return {pre, h};
   return linear_gelu_ref(x, w, bias);
 }
 
 at::Tensor linear_dgelu_cuda(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre) {
   check_linear_dgelu(dy, w, pre);
   at::Tensor out = at::empty(pre.sizes(), dy.options());
-  if (impl::lt_linear_dgelu(dy.contiguous(), w.contiguous(), pre.contiguous(), out)) return out;
+  const char* why_not = impl::lt_linear_dgelu(dy.contiguous(), w.contiguous(), pre.contiguous(), out);
+  note_path("linear_dgelu", why_not == nullptr, why_not ? why_not : "cuBLASLt DGELU epilogue");
+  if (!why_not) return out;
   return linear_dgelu_ref(dy, w, pre);
 }
 #endif
@@ -130,8 +147,8 @@ TORCH_LIBRARY_FRAGMENT(meshtrain, m) {
 }
 
 TORCH_LIBRARY_IMPL(meshtrain, CPU, m) {
-  m.impl("linear_gelu", TORCH_FN(linear_gelu_ref));
-  m.impl("linear_dgelu", TORCH_FN(linear_dgelu_ref));
+  m.impl("linear_gelu", TORCH_FN(linear_gelu_cpu));
+  m.impl("linear_dgelu", TORCH_FN(linear_dgelu_cpu));
 }
 TORCH_LIBRARY_IMPL(meshtrain, Meta, m) {
   m.impl("linear_gelu", TORCH_FN(linear_gelu_meta));

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 
@@ -33,7 +34,17 @@ void check_rows(const at::Tensor& z, const at::Tensor& targets, int64_t valid = 
 void check_combine_rows(const at::Tensor& src, const at::Tensor& slot, const Opt& weight);
 void check_spread_rows(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void check_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
-                 const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
+                 const at::Tensor& step, const Opt& grad_scale, const Opt& found_inf, at::TensorList casts,
+                 const Opt& lr_tensor);
+
+// The path the row kernels take for rows of `like`'s dtype, on every backend
+// (row_math.h decides: 16-byte vectors or element by element), noted as
+// op's path (ops/paths.h). True: vectors.
+bool vector_rows(const char* op, const at::Tensor& like, int64_t cols, int64_t ld,
+                 std::initializer_list<const void*> ptrs);
+// The same for RoPE (x, out and the fp32 tables).
+bool vector_rope(const at::Tensor& x, const at::Tensor& out, const at::Tensor& cos, const at::Tensor& sin,
+                 int64_t seq_dim);
 
 at::Tensor& rope_out_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                          int64_t seq_dim, bool inverse, at::Tensor& out);
@@ -45,9 +56,10 @@ at::Tensor softmax_stats_cpu(const at::Tensor& z, const at::Tensor& targets, int
 at::Tensor& softmax_grad_cpu(at::Tensor& z, const at::Tensor& targets, const at::Tensor& lse, int64_t valid);
 at::Tensor combine_rows_cpu(const at::Tensor& src, const at::Tensor& slot, const Opt& weight);
 Spread spread_rows_cpu(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
+// lr_tensor (optional): the learning rate read on the device instead of lr.
 void adamw_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
+               const Opt& grad_scale, const Opt& found_inf, const Opt& lr_tensor, at::TensorList casts);
 
 at::Tensor& rope_out_ref(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                          int64_t seq_dim, bool inverse, at::Tensor& out);
@@ -61,14 +73,16 @@ at::Tensor combine_rows_ref(const at::Tensor& src, const at::Tensor& slot, const
 Spread spread_rows_ref(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void adamw_ref(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-               const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
+               const Opt& grad_scale, const Opt& found_inf, const Opt& lr_tensor, at::TensorList casts);
 
 #ifdef MESHTRAIN_CUDA
 // meshtrain::linear_gelu / linear_dgelu through cuBLASLt (cublaslt_gelu.cpp),
-// writing the given outputs; false where cuBLASLt has no algorithm for the
-// shapes (the caller computes the composite). Operands contiguous.
-bool lt_linear_gelu(const at::Tensor& x, const at::Tensor& w, const Opt& bias, at::Tensor& pre, at::Tensor& h);
-bool lt_linear_dgelu(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre, at::Tensor& out);
+// writing the given outputs: null where cuBLASLt ran, else why it did not
+// (no algorithm for the shapes; the caller computes the composite).
+// Operands contiguous.
+const char* lt_linear_gelu(const at::Tensor& x, const at::Tensor& w, const Opt& bias, at::Tensor& pre,
+                           at::Tensor& h);
+const char* lt_linear_dgelu(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& pre, at::Tensor& out);
 #endif
 
 #ifdef MESHTRAIN_CUDA_KERNELS
@@ -84,7 +98,7 @@ at::Tensor combine_rows_cuda(const at::Tensor& src, const at::Tensor& slot, cons
 Spread spread_rows_cuda(const at::Tensor& src, const at::Tensor& owner, int64_t k, const Opt& weight, const Opt& y);
 void adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avg, at::TensorList exp_avg_sq,
                 const at::Tensor& step, double lr, double beta1, double beta2, double weight_decay, double eps,
-                const Opt& grad_scale, const Opt& found_inf, at::TensorList casts);
+                const Opt& grad_scale, const Opt& found_inf, const Opt& lr_tensor, at::TensorList casts);
 #endif
 
 }  // namespace meshtrain::ops::impl

@@ -62,6 +62,30 @@ struct SerialLanes {
 // in place when out aliases x (each pair is read before it is written).
 constexpr int kMaxDims = 6;
 
+// n / d for 0 <= n < 2^31 by a divisor fixed per launch: a multiply-high, an
+// add and a shift (Granlund & Montgomery's method, as PyTorch's IntDivider).
+// The rope kernel splits every work item's index over up to five dims; as
+// 64-bit divisions (a ~70-instruction subroutine each on a GPU) that index
+// arithmetic, not memory, bounded it (issue 45: RoPE at a quarter of the
+// bandwidth).
+struct FastDiv {
+  uint32_t d = 1, magic = 1, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while (shift < 32 && (uint64_t{1} << shift) < divisor) ++shift;
+    magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor)) / divisor + 1);
+  }
+  MT_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, magic);
+#else
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
+constexpr int64_t kFastDivLimit = int64_t{1} << 31;
+
 struct Strided {
   int64_t size[kMaxDims];
   int64_t x_stride[kMaxDims];
@@ -69,6 +93,10 @@ struct Strided {
   int dims;      // including the feature dim (last)
   int seq;       // index of the position dim
   int64_t half;  // features / 2
+  // Every pair index fits 31 bits (rope_pairs < 2^31): row indices split
+  // by div[d] (size[d]) in 32-bit arithmetic. strided_layout sets both.
+  bool narrow;
+  FastDiv div[kMaxDims];
 };
 
 // Pairs in a tensor: every element of the leading dims times half.
@@ -85,6 +113,18 @@ struct RopeRow {
 };
 MT_HD RopeRow rope_row_start(const Strided& s, int64_t r) {
   RopeRow o{0, 0, 0};
+  if (s.narrow) {
+    uint32_t n = static_cast<uint32_t>(r);
+    for (int d = s.dims - 2; d >= 0; --d) {
+      const uint32_t q = s.div[d].div(n);
+      const int64_t c = n - q * s.div[d].d;
+      n = q;
+      o.x += c * s.x_stride[d];
+      o.out += c * s.out_stride[d];
+      if (d == s.seq) o.pos = c;
+    }
+    return o;
+  }
   for (int d = s.dims - 2; d >= 0; --d) {
     const int64_t c = r % s.size[d];
     r /= s.size[d];
@@ -184,9 +224,19 @@ inline bool aligned16(std::initializer_list<const void*> ptrs) {
     if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
 }
+// Why rows of elem_bytes-wide elements cannot move by 16-byte vectors; null
+// where they can (ops/paths.h reports the reason of a slow path).
+inline const char* rows_scalar_reason(int64_t elem_bytes, int64_t cols, int64_t ld,
+                                      std::initializer_list<const void*> ptrs) {
+  const int64_t v = 16 / elem_bytes;
+  if (cols % v != 0) return "row length not a multiple of the 16-byte vector";
+  if (ld % v != 0) return "row stride not a multiple of the 16-byte vector";
+  if (!aligned16(ptrs)) return "an operand not 16-byte aligned";
+  return nullptr;
+}
 template <class T>
 inline bool rows_vectorizable(int64_t cols, int64_t ld, std::initializer_list<const void*> ptrs) {
-  return cols % kVec<T> == 0 && ld % kVec<T> == 0 && aligned16(ptrs);
+  return rows_scalar_reason(sizeof(T), cols, ld, ptrs) == nullptr;
 }
 
 // Calls run with the width (a std::integral_constant) both backends take for
@@ -208,13 +258,21 @@ inline void with_width(bool vectorizable, F&& run) {
 // Whether every row's halves and table rows start 16-byte aligned: the
 // feature dim contiguous, half a multiple of the vector, every other stride
 // a multiple of it, and the four base pointers aligned.
+// rope_scalar_reason: why not (null: it is).
+inline const char* rope_scalar_reason(int64_t elem_bytes, const Strided& s, const void* x, const void* out,
+                                      const float* cos, const float* sin) {
+  const int64_t V = 16 / elem_bytes;
+  if (s.dims < 1 || s.x_stride[s.dims - 1] != 1 || s.out_stride[s.dims - 1] != 1)
+    return "feature dim not contiguous";
+  if (s.half % V != 0) return "half the head dim not a multiple of the 16-byte vector";
+  for (int d = 0; d < s.dims - 1; ++d)
+    if (s.x_stride[d] % V != 0 || s.out_stride[d] % V != 0) return "a stride not a multiple of the 16-byte vector";
+  if (!(x && out && cos && sin && aligned16({x, out, cos, sin}))) return "an operand not 16-byte aligned";
+  return nullptr;
+}
 template <class T>
 inline bool rope_vectorizable(const Strided& s, const void* x, const void* out, const float* cos, const float* sin) {
-  constexpr int V = kVec<T>;
-  if (s.dims < 1 || s.x_stride[s.dims - 1] != 1 || s.out_stride[s.dims - 1] != 1 || s.half % V != 0) return false;
-  for (int d = 0; d < s.dims - 1; ++d)
-    if (s.x_stride[d] % V != 0 || s.out_stride[d] % V != 0) return false;
-  return x && out && cos && sin && aligned16({x, out, cos, sin});
+  return rope_scalar_reason(sizeof(T), s, x, out, cos, sin) == nullptr;
 }
 
 // Pairs [f0, f0 + kVec<T>) of one row (f0 a multiple of the vector).

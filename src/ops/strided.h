@@ -3,6 +3,7 @@
 // the CPU and CUDA launchers.
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "row_math.h"
@@ -19,6 +20,9 @@ inline rows::Strided strided_layout(const at::Tensor& x, const at::Tensor& out, 
     s.x_stride[d] = x.stride(d);
     s.out_stride[d] = out.stride(d);
   }
+  s.narrow = rows::rope_pairs(s) < rows::kFastDivLimit;
+  if (s.narrow)
+    for (int d = 0; d < s.dims; ++d) s.div[d] = rows::FastDiv(static_cast<uint32_t>(std::max<int64_t>(s.size[d], 1)));
   return s;
 }
 

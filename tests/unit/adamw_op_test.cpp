@@ -101,7 +101,7 @@ TEST(AdamwOp, Bf16MomentsAreFp32MathRoundedOnce) {
     const at::Tensor step = scalar(static_cast<float>(t));
     ops::adamw_(ours.p, ours.g, ours.m, ours.v, step, kHyper, scale);
     ops::impl::adamw_ref(ref.p, ref.g, ref.m, ref.v, step, kHyper.lr, kHyper.beta1, kHyper.beta2, kHyper.weight_decay,
-                    kHyper.eps, scale, std::nullopt, {});
+                    kHyper.eps, scale, std::nullopt, std::nullopt, {});
     for (size_t k = 0; k < ours.m.size(); ++k) {
       ASSERT_EQ(ours.m[k].scalar_type(), at::kBFloat16);
       ASSERT_EQ(ours.v[k].scalar_type(), at::kBFloat16);

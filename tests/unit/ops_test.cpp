@@ -2,6 +2,7 @@
 // row math the CUDA kernels share), the aten composites a CUDA build without
 // nvcc runs, their autograd, and their meta shapes.
 #include <gtest/gtest.h>
+#include <random>
 #include <torch/torch.h>
 
 #include "meshtrain/model/cross_entropy.h"
@@ -9,6 +10,7 @@
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/ops/slot_rows.h"
 #include "ops/kernels.h"
+#include "ops/launch_plan.h"
 #include "ops/row_math.h"
 #include "ops/strided.h"
 
@@ -74,6 +76,36 @@ TEST(Ops, RopeMatchesAtenOnAnyLayoutAndOffset) {
 // The CUDA kernel's split of rope (kRopePairsPerThread adjacent pairs of a
 // row per thread, the last chunk of a row cut short) covers every pair once:
 // run here thread by thread, it equals the CPU kernel's row loop.
+// FastDiv (the rope kernel's 32-bit index arithmetic) divides exactly: every
+// divisor up to 2^12 against numerators near multiples and at the ends of
+// the range, random ones, and large divisors; and the rows it splits land
+// where the 64-bit path puts them.
+TEST(Ops, FastDivisionIsExactBelowTwoToThe31) {
+  using ops::rows::FastDiv;
+  std::mt19937_64 rng(3);
+  const uint32_t top = (uint32_t{1} << 31) - 1;
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t d : {65535u, 65537u, 1000003u, (1u << 30) + 1, top}) divisors.push_back(d);
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + static_cast<uint32_t>(rng() % top));
+  for (uint32_t d : divisors) {
+    const FastDiv f(d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, top, top - 1, top - d + 1};
+    for (uint32_t k : {1u, 2u, 3u, 1000u})
+      if (uint64_t{k} * d + 1 <= top) ns.insert(ns.end(), {k * d - 1, k * d, k * d + 1});
+    for (int i = 0; i < 20; ++i) ns.push_back(static_cast<uint32_t>(rng() % (uint64_t{top} + 1)));
+    for (uint32_t n : ns) ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+  }
+  const at::Tensor x = at::zeros({3, 7, 2, 5, 16});
+  ops::rows::Strided narrow = ops::impl::strided_layout(x.transpose(1, 3), x.transpose(1, 3), 3), wide = narrow;
+  ASSERT_TRUE(narrow.narrow);
+  wide.narrow = false;
+  for (int64_t r = 0; r < ops::rows::rope_pairs(narrow) / narrow.half; ++r) {
+    const auto a = ops::rows::rope_row_start(narrow, r), b = ops::rows::rope_row_start(wide, r);
+    ASSERT_TRUE(a.x == b.x && a.out == b.out && a.pos == b.pos) << "row " << r;
+  }
+}
+
 TEST(Ops, RopeChunkedPairsEqualRows) {
   const at::Tensor base = randn({2, 5, 3, 40}, 4);  // half 20: chunks of 8, 8, 4
   const auto t = ops::rope_tables(40, 9, 10000.0, at::kCPU);
@@ -361,6 +393,41 @@ TEST(Ops, ResidualNormAndGemmResidualMatchAtenWithGradients) {
   (y3 * g).sum().backward();
   (aten_rms_norm(rx3, w.detach(), {}) * g).sum().backward();
   expect_close(x3.grad(), rx3.grad(), 1e-5, "dx norm only");
+}
+
+// Where the CUDA RMSNorm backward keeps a block's column sums: the kernel's
+// static shared memory counts against the 48 KiB a block gets without
+// opting in (the launch failed at D 12288 without a bias, 6144 with);
+// beyond it the attribute is raised up to the device's opt-in limit, and
+// past that the sums stay in global memory. (The kernel at those widths:
+// Cuda.RmsNormBackwardAtWideRows.)
+TEST(Ops, RmsNormBackwardSharedMemoryCountsTheStaticPart) {
+  constexpr int64_t kDefault = 48 * 1024, kHopper = 227 * 1024, kStatic = 128;
+  using ops::launch::norm_bwd_sums;
+  const auto small = norm_bwd_sums(768, true, kStatic, kDefault, kHopper);
+  EXPECT_TRUE(small.in_shared);
+  EXPECT_FALSE(small.opt_in);
+  EXPECT_EQ(small.dynamic_bytes, 768 * 4 * 2);
+  // The widths that failed: 48 KiB of sums plus the static scratch.
+  for (const auto& [D, bias] : {std::pair<int64_t, bool>{12288, false}, {6144, true}}) {
+    const auto p = norm_bwd_sums(D, bias, kStatic, kDefault, kHopper);
+    EXPECT_TRUE(p.in_shared && p.opt_in) << D;
+    EXPECT_EQ(p.dynamic_bytes, kDefault) << D;
+    EXPECT_LE(p.dynamic_bytes + kStatic, kHopper) << D;
+    // Where the device allows no more than the default: global memory.
+    const auto old = norm_bwd_sums(D, bias, kStatic, kDefault, kDefault);
+    EXPECT_FALSE(old.in_shared) << D;
+    EXPECT_EQ(old.dynamic_bytes, 0) << D;
+  }
+  // Just under the default with the static part counted, and just over.
+  const int64_t fits = (kDefault - kStatic) / 4;
+  EXPECT_FALSE(norm_bwd_sums(fits, false, kStatic, kDefault, kHopper).opt_in);
+  EXPECT_TRUE(norm_bwd_sums(fits + 1, false, kStatic, kDefault, kHopper).opt_in);
+  // Wider than any shared memory: global partial sums, no dynamic bytes.
+  const auto wide = norm_bwd_sums(65536, true, kStatic, kDefault, kHopper);
+  EXPECT_FALSE(wide.in_shared);
+  EXPECT_FALSE(wide.opt_in);
+  EXPECT_EQ(wide.dynamic_bytes, 0);
 }
 
 TEST(Ops, RmsNormBf16KeepsFp32Statistics) {

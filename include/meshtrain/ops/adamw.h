@@ -42,9 +42,13 @@ struct AdamwHyper {
 // update is skipped (found_inf) they are left as they are, like the weights.
 // Every parameter's version counter is bumped (the update is an in-place
 // write that a cached cast must see).
+//
+// lr_tensor (0-dim fp32 on the parameters' device, optional): the learning
+// rate read on the device instead of h.lr, so a captured CUDA graph replays
+// each step with the value written there before it (train/step_graph.h).
 void adamw_(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
             const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq, const at::Tensor& step,
             const AdamwHyper& h, const at::Tensor& grad_scale = {}, const at::Tensor& found_inf = {},
-            const std::vector<at::Tensor>& casts = {});
+            const std::vector<at::Tensor>& casts = {}, const at::Tensor& lr_tensor = {});
 
 }  // namespace meshtrain::ops
