@@ -432,6 +432,8 @@ struct BenchCommand : Command {
                     "--device meta: fraction of the bandwidth the memory-bound kernels reach (default 0.40)");
     sub->add_option("--kernel-gap-us", meta.kernel_gap_us,
                     "--device meta: idle device time per kernel in microseconds (default 7.7)");
+    sub->add_option("--graph-kernel-gap-us", meta.graph_kernel_gap_us,
+                    "--device meta: the same with device_config.cuda_graphs, a replayed graph (default 1.0)");
     sub->add_option("--bandwidth-tbps", meta.bandwidth_tbps,
                     "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
     sub->add_option("--top-ops", meta.top_ops, "--device meta: operators listed in the table (default 15)")

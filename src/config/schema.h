@@ -92,6 +92,7 @@ void visit_fields(C& c, V&& v) {
   v("device_config", "expert_parallel", c.device.expert_parallel);
   v("device_config", "context_parallel", c.device.context_parallel);
   v("device_config", "attention_backend", c.device.attention_backend);
+  v("device_config", "cuda_graphs", c.device.cuda_graphs);
 
   auto& i = c.inference;
   v("inference_config", "prompt", i.prompt);
@@ -102,6 +103,7 @@ void visit_fields(C& c, V&& v) {
   v("inference_config", "use_cache", i.use_cache);
   v("inference_config", "n_devices", i.n_devices);
   v("inference_config", "stop_at_eot", i.stop_at_eot);
+  v("inference_config", "min_tokens", i.min_tokens);
 
   auto& w = c.seq_len_warmup;
   v("seq_len_warmup", "min_difficulty", w.min_difficulty);

@@ -301,6 +301,30 @@ void validate_mesh(const Config& c) {
   validate_pipeline(c);
 }
 
+// What a captured step cannot do (device_config.cuda_graphs): each refusal
+// names the key that asks for it. The graph replays one rank's kernels with
+// the shapes and host decisions of its capture.
+void validate_cuda_graphs(const Config& c) {
+  if (!c.device.cuda_graphs) return;
+  const std::string key = "device_config.cuda_graphs: ";
+  const auto& a = c.device.n_device_axis;
+  MT_CHECK(c.device.world() == 1, key, "the step is captured on one rank, but the mesh has ", c.device.world(),
+           " (device_config.n_device_axis [", a[0], ", ", a[1], ", ", a[2], "], context_parallel ", c.device.cp(),
+           "): collectives and pipeline waits are timed by the host; set cuda_graphs false for this mesh");
+  MT_CHECK(c.rampup_batch_size.empty(), key, "rampup_batch_size changes the batch shape between steps; a graph ",
+           "replays one shape (remove rampup_batch_size or set cuda_graphs false)");
+  MT_CHECK(c.seq_len_warmup.total_curriculum_step == 0, key, "seq_len_warmup changes the sequence length between ",
+           "steps; a graph replays one shape (set seq_len_warmup.total_curriculum_step 0 or cuda_graphs false)");
+  MT_CHECK(c.model.ffn != FfnKind::Moe || c.model.capacity_factor > 0, key, "dropless MoE routing ",
+           "(model_config.capacity_factor 0) sizes each expert's group from the data; a graph replays fixed shapes ",
+           "(set a capacity_factor, e.g. 1.25, or cuda_graphs false)");
+  MT_CHECK(!c.data.document_masking, key, "data_config.document_masking lays out each batch's documents on the ",
+           "host, a different attention layout every step (set document_masking false or cuda_graphs false)");
+  MT_CHECK(c.activation_checkpointing == ActivationCheckpointing::None, key, "activation_checkpointing \"",
+           c.activation_checkpointing, "\" restores the random generators' state inside the step, which a ",
+           "captured graph cannot (set activation_checkpointing \"none\" or cuda_graphs false)");
+}
+
 void validate_run(const Config& c) {
   one_folder_name(c.name, "name");
   plain_path(c.output_dir, "output_dir");
@@ -340,6 +364,8 @@ void validate_run(const Config& c) {
   at_least(i.top_k, 0, "inference_config.top_k");
   non_negative(i.temperature, "inference_config.temperature");
   at_least(i.max_tokens, 0, "inference_config.max_tokens");
+  at_least(i.min_tokens, 0, "inference_config.min_tokens");
+  at_most(i.min_tokens, kMaxNewTokens, "inference_config.min_tokens", "new tokens per sample");
   at_most(i.max_tokens, kMaxNewTokens, "inference_config.max_tokens", "new tokens per sample");
   at_most(i.batch_size, kMaxInferenceBatch, "inference_config.batch_size", "samples at once");
 }
@@ -353,6 +379,7 @@ void validate(const Config& c) {
   validate_lr(c.lr);
   validate_run(c);
   validate_mesh(c);
+  validate_cuda_graphs(c);
 }
 
 void validate_world(const Config& c, int world_size) {

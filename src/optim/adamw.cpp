@@ -11,15 +11,15 @@ namespace meshtrain {
 
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
-                 const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
+                 const at::Tensor& step, const LearningRate& lr, const LrConfig& cfg, double weight_decay,
                  const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   if (params.empty()) return;
   MT_ASSERT(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
             "fused_adamw: lists of different lengths");
   // bf16 moments: aten's fused update wants one dtype for every list.
   if (exp_avg.front().scalar_type() != at::kFloat) {
-    ops::adamw_(params, grads, exp_avg, exp_avg_sq, step, {lr, cfg.beta1, cfg.beta2, weight_decay, cfg.eps},
-                grad_scale, found_inf);
+    ops::adamw_(params, grads, exp_avg, exp_avg_sq, step, {lr.value, cfg.beta1, cfg.beta2, weight_decay, cfg.eps},
+                grad_scale, found_inf, {}, lr.tensor);
     return;
   }
   // Every parameter reads the one step counter: the lists may repeat a tensor.
@@ -28,8 +28,12 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
   if (found_inf.defined()) inf = found_inf;
   std::optional<at::Tensor> scale;
   if (grad_scale.defined()) scale = grad_scale;
-  at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr, cfg.beta1, cfg.beta2,
-                    weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
+  if (lr.tensor.defined())
+    at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr.tensor, cfg.beta1,
+                      cfg.beta2, weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
+  else
+    at::_fused_adamw_(params, grads, exp_avg, exp_avg_sq, /*max_exp_avg_sqs=*/{}, steps, lr.value, cfg.beta1,
+                      cfg.beta2, weight_decay, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale, inf);
 }
 
 at::ScalarType state_dtype(const Config& cfg) {
@@ -55,7 +59,7 @@ void AdamW::set_steps_taken(int64_t s) {
   step_.fill_(static_cast<double>(s));
 }
 
-void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale,
+void AdamW::step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale,
                  const std::vector<at::Tensor>& casts) {
   at::NoGradGuard no_grad;
   MT_ASSERT(casts.empty() || casts.size() == params_.size(), "AdamW::step: ", casts.size(), " casts for ",
@@ -83,8 +87,8 @@ void AdamW::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_
       if (!ours) {
         fused_adamw(p[i][j], g[i][j], m[i][j], v[i][j], step_, lr, cfg_, decay, found_inf, grad_scale);
       } else if (!p[i][j].empty()) {
-        ops::adamw_(p[i][j], g[i][j], m[i][j], v[i][j], step_, {lr, cfg_.beta1, cfg_.beta2, decay, cfg_.eps},
-                    grad_scale, found_inf, c[i][j]);
+        ops::adamw_(p[i][j], g[i][j], m[i][j], v[i][j], step_, {lr.value, cfg_.beta1, cfg_.beta2, decay, cfg_.eps},
+                    grad_scale, found_inf, c[i][j], lr.tensor);
       }
     }
   if (found_inf.defined()) step_.sub_(found_inf);  // a skipped update is no step

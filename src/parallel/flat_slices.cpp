@@ -57,7 +57,7 @@ at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, 
 
 void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
-                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, double lr, const LrConfig& cfg,
+                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, const LearningRate& lr, const LrConfig& cfg,
                      const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   std::vector<at::Tensor> p[2], g[2], m[2], v[2];
   for (size_t k = 0; k < params.size(); ++k)

@@ -51,7 +51,7 @@ class FsdpOptimizer : public Optimizer {
     return sq.sqrt().squeeze(0);
   }
 
-  void step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
+  void step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
     at::NoGradGuard no_grad;
     const bool sharded = pm_.fsdp->stage() == 3;
     // Stage 2's whole parameters are the truth: their owned slices are updated.

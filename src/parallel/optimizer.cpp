@@ -34,7 +34,7 @@ class ReplicatedAdamW : public Optimizer {
 
   at::Tensor reduce_gradients() override { return grad_norm(pm_, mesh_); }
 
-  void step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
+  void step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
     if (!precision_) return opt_.step(lr, found_inf, grad_scale);
     std::vector<at::Tensor> casts, written;
     for (const auto& p : opt_.params()) {

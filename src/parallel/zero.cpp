@@ -92,7 +92,7 @@ at::Tensor ZeroOptimizer::reduce_gradients() {
   return sq.sqrt().squeeze(0);
 }
 
-void ZeroOptimizer::step(double lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) {
+void ZeroOptimizer::step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& p : pm_.params) params.push_back(p.tensor.detach());

@@ -19,11 +19,13 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/attention.h"
+#include "meshtrain/ops/fused.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/train/plan.h"
 #include "meshtrain/train/session.h"
 #include "meshtrain/train/step.h"
+#include "meshtrain/train/step_graph.h"
 #include "temp_dir.h"
 
 namespace meshtrain {
@@ -94,26 +96,50 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
     last_loss = unread->loss;
     unread.reset();
   };
+  // device_config.cuda_graphs: the steps train() would run, the graph
+  // captured during the warm-up so that the timed steps are replays.
+  std::unique_ptr<StepGraph> graph;
+  int64_t warmup = opts.warmup;
+  if (cfg.device.cuda_graphs) {
+    graph = std::make_unique<StepGraph>(session);
+    warmup = std::max<int64_t>(warmup, kGraphEagerSteps + 1);
+  }
   auto one_step = [&] {
     session.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
-    StepStats s = train_step(session);
-    // Norm, clipping, the update and the MoE balancing exactly as train() does them.
-    apply_update(session, s, learning_rate(cfg.lr, step++));
-    update_score_bias(session, s);
+    const double lr = learning_rate(cfg.lr, step++);
+    StepStats s;
+    if (graph) {
+      s = graph->step(lr);
+    } else {
+      s = train_step(session);
+      // Norm, clipping, the update and the MoE balancing exactly as train() does them.
+      apply_update(session, s, lr);
+      update_score_bias(session, s);
+    }
+    s.start_read();  // queued behind this step: the previous one's read waits for nothing later
     drain();
     unread = std::move(s);
   };
-  for (int64_t i = 0; i < opts.warmup; ++i) one_step();
+  BenchResult r;
+  // Which path each fused operator took: over the timed steps, or with a
+  // graph over every step that ran the host's code (a replay runs none).
+  std::optional<PathCounter> paths;
+  if (graph) paths.emplace();
+  for (int64_t i = 0; i < warmup; ++i) one_step();
   drain();
   session.mesh().cpu_world().barrier();
   session.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
+  if (!graph) paths.emplace();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < opts.steps; ++i) one_step();
   drain();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.paths = paths->counts();
+  paths.reset();
+  r.cuda_graphs = graph ? graph->last_mode() : "";
 
-  BenchResult r;
   r.device = device_name(dev);
+  r.fused_kernels = dev.is_cuda() ? ops::have_cuda_kernels() : true;
   if (dev.is_cuda()) {
     // One layer's query, key and value as the model shapes them (MLA: the
     // rope dims in q and k, v padded as far as the kernel needs, and how far).
@@ -231,6 +257,10 @@ std::string to_string(const BenchResult& r) {
     for (const auto& [dtype, b] : by) o << " " << dtype << " " << b / (1024.0 * 1024.0) << " MiB";
     o << "\n";
   }
+  const std::string paths = paths_text(r.paths);
+  if (!paths.empty()) o << "  fused operator paths (calls in the timed steps, this rank):\n" << paths;
+  if (!r.fused_kernels) o << "  fused kernels      aten composites (this CUDA build has no nvcc kernels)\n";
+  if (!r.cuda_graphs.empty()) o << "  cuda_graphs        the timed steps were " << r.cuda_graphs << "\n";
   if (r.profiled) o << to_string(r.profile);
   return o.str();
 }
@@ -252,6 +282,9 @@ std::string to_json(const BenchResult& r) {
   j["peak_memory_kind"] = r.peak_memory_kind;
   j["comm_bytes"] = r.comm_bytes_per_step;
   j["comm_dtypes"] = r.comm_bytes_by_dtype;
+  j["paths"] = paths_json(r.paths);
+  if (!r.cuda_graphs.empty()) j["cuda_graphs"] = r.cuda_graphs;
+  j["fused_kernels"] = r.fused_kernels;
   if (r.profiled) j["profile"] = to_json(r.profile);
   j["last_loss"] = r.last_loss;
   j["expert_parallel"] = r.expert_parallel;

@@ -18,13 +18,18 @@ constexpr int32_t kNonFinite = std::numeric_limits<int32_t>::min();
 
 // Next token from logits [V]: argmax at temperature 0, else top-k sampling.
 // Ranks that do not compute logits (pipeline stages before the last) return -1
-// and learn the token from share().
-int32_t sample(at::Tensor logits, const SampleOptions& o, at::Generator& gen) {
+// and learn the token from share(). allow_stop false: the stop token cannot
+// be drawn (min_tokens, as Hugging Face's min_new_tokens).
+int32_t sample(at::Tensor logits, const SampleOptions& o, at::Generator& gen, bool allow_stop) {
   if (!logits.defined()) return -1;
   logits = logits.to(at::kCPU, at::kFloat);
   if (o.vocab_limit > 0 && o.vocab_limit < logits.size(0)) logits = logits.narrow(0, 0, o.vocab_limit);
   // softmax/multinomial would fail with a raw libtorch error (or argmax pick NaN).
   if (!at::isfinite(logits).all().item<bool>()) return kNonFinite;
+  if (!allow_stop && o.stop_token >= 0 && o.stop_token < logits.size(0)) {
+    logits = logits.clone();
+    logits[o.stop_token] = -std::numeric_limits<float>::infinity();
+  }
   if (o.temperature <= 0.0) return static_cast<int32_t>(logits.argmax().item<int64_t>());
   logits = logits / o.temperature;
   if (o.top_k > 0 && o.top_k < logits.size(0)) {
@@ -60,7 +65,7 @@ std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_
     } else {
       logits = last_logits(as_batch(seq, seq.size() - 1, device), &cache);
     }
-    const int32_t token = share(sample(logits, o, gen));
+    const int32_t token = share(sample(logits, o, gen, /*allow_stop=*/step >= o.min_tokens));
     if (token == kNonFinite)
       throw NonFiniteLogits("sampling: the model's logits are NaN or infinite at new token " +
                             std::to_string(step + 1));

@@ -27,6 +27,8 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
   MT_CHECK(opts.memory_efficiency > 0 && opts.memory_efficiency <= 1,
            "bench --memory-efficiency must be in (0, 1], got ", opts.memory_efficiency);
   MT_CHECK(opts.kernel_gap_us >= 0, "bench --kernel-gap-us must be >= 0, got ", opts.kernel_gap_us);
+  MT_CHECK(opts.graph_kernel_gap_us >= 0, "bench --graph-kernel-gap-us must be >= 0, got ",
+           opts.graph_kernel_gap_us);
   install_meta_kernels();
   TempDir tmp;
   Config cfg = cfg_in;
@@ -52,12 +54,13 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
     r.totals = observer.totals();
   }
   r.opts = opts;
+  r.cuda_graphs = cfg.device.cuda_graphs;
   r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
   const double peak = opts.peak_tflops * 1e12;
   const double step_s = r.totals.gemm_flop / (opts.efficiency * peak) +
                         r.totals.attention_flop / (opts.attention_efficiency * peak) +
                         r.totals.other_bytes / (opts.memory_efficiency * opts.bandwidth_tbps * 1e12) +
-                        static_cast<double>(r.totals.kernels) * opts.kernel_gap_us * 1e-6;
+                        static_cast<double>(r.totals.kernels) * r.kernel_gap_us() * 1e-6;
   r.est_step_ms = step_s * 1e3;
   r.est_tokens_per_sec = static_cast<double>(r.tokens_per_step) / step_s;
   return r;
@@ -75,8 +78,9 @@ std::string to_string(const MetaBenchResult& r) {
   o << "bench --device meta: one training step, " << r.tokens_per_step << " tokens, modelled on " << a.peak_name
     << " (" << a.peak_tflops << " TFLOP/s, " << a.bandwidth_tbps << " TB/s)\n";
   o << "  assumed: GEMMs at " << a.efficiency << " of peak, attention at " << a.attention_efficiency
-    << ", memory-bound kernels at " << a.memory_efficiency << " of the bandwidth, " << a.kernel_gap_us
-    << " us between kernels, nothing overlapped\n";
+    << ", memory-bound kernels at " << a.memory_efficiency << " of the bandwidth, " << r.kernel_gap_us()
+    << " us between kernels" << (r.cuda_graphs ? " (a replayed CUDA graph, device_config.cuda_graphs)" : "")
+    << ", nothing overlapped\n";
   o << "  " << std::left << std::setw(52) << "operator" << std::right << std::setw(8) << "calls" << std::setw(12)
     << "GB" << std::setw(12) << "TFLOP" << "\n";
   const size_t n = std::min(rows.size(), static_cast<size_t>(std::max<int64_t>(0, r.opts.top_ops)));
@@ -114,7 +118,8 @@ std::string to_json(const MetaBenchResult& r) {
                   {"gemm_efficiency", r.opts.efficiency},
                   {"attention_efficiency", r.opts.attention_efficiency},
                   {"memory_efficiency", r.opts.memory_efficiency},
-                  {"kernel_gap_us", r.opts.kernel_gap_us}};
+                  {"kernel_gap_us", r.kernel_gap_us()}};
+  j["cuda_graphs"] = r.cuda_graphs;
   return j.dump();
 }
 

@@ -250,9 +250,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // In-place scatters: as many elements of self read and written as the
     // source (the last tensor argument) has.
     if (f.info->access == Access::ScatterInPlace) f.in_bytes += 2 * last_tensor;
-    // copy_(dst on the host, src on the device): a device-to-host read.
+    // copy_(dst on the host, src on the device): a device-to-host read (on
+    // the CPU every copy is host to host).
     if (f.name == "aten::copy_" && inputs.size() >= 2 && inputs[0].isTensor() && inputs[1].isTensor())
-      d2h = inputs[0].toTensor().device().is_cpu() && inputs[1].toTensor().device() == s->device;
+      d2h = !s->device.is_cpu() && inputs[0].toTensor().device().is_cpu() &&
+            inputs[1].toTensor().device() == s->device;
     if (f.on_device && (f.info->sync || d2h)) {
       std::lock_guard<std::mutex> lock(s->mu);
       ++s->totals.host_syncs;

@@ -50,6 +50,7 @@ std::string sample(Session& s) {
   so.seed = cfg.seed + static_cast<uint64_t>(s.progress().step);
   so.vocab_limit = tokenizer->vocab_size();
   if (cfg.inference.stop_at_eot) so.stop_token = tokenizer->eot();
+  so.min_tokens = cfg.inference.min_tokens;
   so.check_stop = [&s] {
     s.watchdog().beat("sampling");
     s.stop_point("sampling");

@@ -1,6 +1,7 @@
 // One optimizer step on a Session (see step.h).
 #include "meshtrain/train/step.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -73,13 +74,35 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
   return st;
 }
 
-void StepStats::read() {
-  if (read_done) return;
-  read_done = true;
+void StepStats::start_read() {
+  if (host_.defined()) return;
   std::vector<at::Tensor> flat;
   for (at::Tensor* f : sums.fields()) flat.push_back(f->flatten());
   if (grad_norm_t.defined()) flat.push_back(grad_norm_t.reshape({1}).to(at::kDouble));
-  const at::Tensor host = at::cat(flat).cpu();  // the one device-to-host read of the step
+  const at::Tensor packed = at::cat(flat);
+  const at::Device device = packed.device();
+  if (!device.is_cuda()) {
+    // The CPU computes as it issues (and meta values are never read):
+    // the copy is a snapshot taken now.
+    host_ = device.is_cpu() ? packed.clone() : at::zeros(packed.sizes(), packed.options().device(at::kCPU));
+    return;
+  }
+  // Queued behind this step's last kernel, so read() waits for this step
+  // only, never for work enqueued after it.
+  host_ = at::empty(packed.sizes(), packed.options().device(at::kCPU).pinned_memory(true));
+  host_.copy_(packed, /*non_blocking=*/true);
+  copied_ = std::make_shared<c10::Event>(device.type());
+  copied_->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+}
+
+bool StepStats::landed() const { return !copied_ || copied_->query(); }
+
+void StepStats::read() {
+  if (read_done) return;
+  read_done = true;
+  start_read();
+  if (copied_) copied_->synchronize();  // the one wait of the step, for its own copy
+  const at::Tensor host = host_;
   if (pipeline_wait) pipeline_wait_seconds = pipeline_wait();
   const double* a = host.data_ptr<double>();
   const double ce = a[0], aux = a[1], z = a[2], dropped = a[3], assigned = a[4];
@@ -103,20 +126,37 @@ void StepStats::read() {
   if (grad_norm_t.defined()) grad_norm = a[host.size(0) - 1];
 }
 
-StepStats train_step(Session& s) {
+StepBatches next_step_batches(Session& s) {
+  const Config& cfg = s.config();
+  RunProgress& progress = s.progress();
+  StepBatches b;
+  // Batch-size rampup and sequence-length warmup (optim/rampup.h) set this
+  // step's shape; the loss stays the mean over the tokens actually trained on.
+  b.batch = global_batch_at(cfg, progress.consumed_samples);
+  b.seq_len = seq_len_at(cfg, progress.step);
+  for (int64_t r = 0; r < cfg.grad_step; ++r) {
+    Batch raw = next_train_batch(s, b.batch, round_batch_at(cfg, progress.consumed_samples, r + 1));
+    // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
+    // truncation); the pipeline takes its activation shape from inputs.size(1).
+    const at::Tensor in = raw.inputs.narrow(1, 0, b.seq_len).contiguous();
+    const at::Tensor tg = raw.targets.narrow(1, 0, b.seq_len).contiguous();
+    b.inputs.push_back(in.to(s.device(), /*non_blocking=*/true));
+    b.targets.push_back(tg.to(s.device(), /*non_blocking=*/true));
+    b.host_inputs.push_back(in.is_cpu() ? in : at::Tensor());
+  }
+  progress.consumed_samples += b.batch * cfg.grad_step;
+  return b;
+}
+
+StepStats run_step(Session& s, const StepBatches& b) {
   const Config& cfg = s.config();
   ParallelModel& pm = s.model();
   Mesh& mesh = s.mesh();
-  RunProgress& progress = s.progress();
-  s.test_hooks().before_step(progress.step + 1, s.world_rank());
-  s.watchdog().beat("train step " + std::to_string(progress.step + 1));
+  const int64_t step = s.progress().step + 1;
   pm.model->train();
   for (auto& p : pm.params) p.tensor.mutable_grad() = at::Tensor();
-  // Batch-size rampup and sequence-length warmup (optim/rampup.h) set this
-  // step's shape; the loss stays the mean over the tokens actually trained on.
-  const int64_t batch = global_batch_at(cfg, progress.consumed_samples), T = seq_len_at(cfg, progress.step);
-  const double global_tokens = static_cast<double>(batch * cfg.grad_step * T);
-  const double global_seqs = static_cast<double>(batch * cfg.grad_step);
+  const double global_tokens = static_cast<double>(b.batch * cfg.grad_step * b.seq_len);
+  const double global_seqs = static_cast<double>(b.batch * cfg.grad_step);
   RoundSpec spec;
   spec.ce_scale = 1.0 / global_tokens;
   spec.aux_scale = cfg.alpha / global_seqs;
@@ -126,15 +166,10 @@ StepStats train_step(Session& s) {
   std::function<double()> wait;
   for (int64_t r = 0; r < cfg.grad_step; ++r) {
     spec.final_round = r + 1 == cfg.grad_step;  // gradients final: dp sum during backward (grad_buckets.h)
-    Batch b = next_train_batch(s, batch, round_batch_at(cfg, progress.consumed_samples, r + 1));
-    // Shorter sequences are the first T tokens of each (DeepSpeed's seqlen
-    // truncation); the pipeline takes its activation shape from inputs.size(1).
-    const at::Tensor in = b.inputs.narrow(1, 0, T).contiguous(), tg = b.targets.narrow(1, 0, T).contiguous();
     CastScope casts(pm.model->precision());  // the round's microbatches share the weights' bf16 casts
-    total += run_round(pm, mesh, cfg, in.to(s.device(), /*non_blocking=*/true), tg.to(s.device(), true), spec,
-                       in.is_cpu() ? in : at::Tensor());
+    total += run_round(pm, mesh, cfg, b.inputs[static_cast<size_t>(r)], b.targets[static_cast<size_t>(r)], spec,
+                       b.host_inputs[static_cast<size_t>(r)]);
   }
-  progress.consumed_samples += batch * cfg.grad_step;
   if (mesh.shape().pp > 1) {
     // The pipeline bubble as the stages see it: time blocked waiting for a
     // neighbour, on the rank that waited most. Known when the step is read
@@ -150,14 +185,25 @@ StepStats train_step(Session& s) {
   }
   // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in apply_update().
   synchronize_gradients(pm, mesh, /*dp=*/cfg.zero_stage_on(mesh.shape().dp) == 0);
-  s.test_hooks().after_backward(progress.step + 1, pm);
-  StepStats stats = reduce_stats(s, total, global_tokens, T);
+  s.test_hooks().after_backward(step, pm);
+  StepStats stats = reduce_stats(s, total, global_tokens, b.seq_len);
   stats.pipeline_wait = std::move(wait);
-  stats.batch_size = batch;
+  stats.batch_size = b.batch;
   return stats;
 }
 
-void apply_update(Session& s, StepStats& st, double lr) {
+void begin_step(Session& s) {
+  const int64_t step = s.progress().step + 1;
+  s.test_hooks().before_step(step, s.world_rank());
+  s.watchdog().beat("train step " + std::to_string(step));
+}
+
+StepStats train_step(Session& s) {
+  begin_step(s);
+  return run_step(s, next_step_batches(s));
+}
+
+void apply_update(Session& s, StepStats& st, const LearningRate& lr) {
   at::NoGradGuard ng;
   const at::Tensor norm = s.optimizer().reduce_gradients();
   st.grad_norm_t = norm;

@@ -55,6 +55,8 @@ TestHooks TestHooks::from_environment() {
              "' must be K or K-L (steps, K <= L)");
   }
   h.nan_weights_at_ = env_int("MESHTRAIN_TEST_NAN_WEIGHTS_AT_STEP");
+  h.host_read_at_ = env_int("MESHTRAIN_TEST_HOST_READ_AT_STEP");
+  h.alloc_at_ = env_int("MESHTRAIN_TEST_ALLOC_AT_STEP");
   const char* stall = std::getenv("MESHTRAIN_TEST_STALL_AT_STEP");
   h.stall_before_init_ = stall && std::string(stall) == "init";
   if (!h.stall_before_init_) h.stall_at_step_ = env_int("MESHTRAIN_TEST_STALL_AT_STEP");
@@ -79,6 +81,17 @@ void TestHooks::after_backward(int64_t step, ParallelModel& pm) const {
     // Its watchdog thread rewrites the heartbeat (with the flight summary) within a second.
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     std::raise(SIGSTOP);
+  }
+  if (step == host_read_at_)
+    for (auto& p : pm.params)
+      if (p.tensor.grad().defined()) {
+        spdlog::warn("test hook: the host reads a gradient after the backward pass of step {}", step);
+        (void)p.tensor.grad().sum().item<double>();
+        break;
+      }
+  if (step == alloc_at_ && !pm.params.empty()) {
+    spdlog::warn("test hook: a buffer is allocated after the backward pass of step {}", step);
+    (void)at::empty({4096}, pm.params.front().tensor.options());
   }
   if (step < nan_from_ || step > nan_to_) return;
   at::NoGradGuard ng;

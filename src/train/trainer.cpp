@@ -1,7 +1,5 @@
 #include "meshtrain/train/trainer.h"
 
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 #include <torch/torch.h>
 
 #include <chrono>
@@ -101,18 +99,19 @@ double Trainer::train() {
     return std::nan("");
   }
   straggler_ = std::make_unique<StragglerReport>(cfg.straggler_threshold, cfg.log_every);
+  if (cfg.device.cuda_graphs && !graph_) graph_ = std::make_unique<StepGraph>(session_);
   straggler_->restart(session_.flight());
   using Clock = std::chrono::steady_clock;
   std::optional<PendingStep> pending;  // the step enqueued last, not read yet
   auto mark = Clock::now();            // where the last step logged ended
   // A step's time ends when its work was done: on the CPU, which computes
   // as it issues, when it was issued; on a GPU, when reading its statistics
-  // returns if the device was still on it, else (a host-bound run) about
-  // when it was issued. (The time between two reads gave the second of a
+  // returns if their copy (queued right behind the step's last kernel) had
+  // not landed yet, else (a host-bound run) about when it was issued. (The time between two reads gave the second of a
   // checkpoint's two back-to-back reads no time at all: millions of
   // tokens/s.)
   auto finish = [&] {
-    const bool busy = pending->done && !pending->done->query();
+    const bool busy = !pending->stats.landed();
     pending->stats.read();
     const auto end = busy ? Clock::now() : std::max(pending->issued, mark);
     finish_step(*pending, std::chrono::duration<double>(end - mark).count());
@@ -121,28 +120,31 @@ double Trainer::train() {
     pending.reset();
     return read;
   };
-  const at::Device device = session_.device();
-  const bool device_events = !device.is_cpu() && !device.is_meta();
   while (step() < total) {
     if (!pending) mark = Clock::now();  // nothing in flight: this step's time starts now
     session_.flight().set_step(step() + 1);
     const double lr = learning_rate(cfg.lr, step());
-    StepStats s = meshtrain::train_step(session_);
-    meshtrain::apply_update(session_, s, lr);
-    session_.test_hooks().after_update(step() + 1, model());
-    update_score_bias(session_, s);  // on the device: no read needed
+    const auto after_update = [&] { session_.test_hooks().after_update(step() + 1, model()); };
+    StepStats s;
+    if (graph_) {
+      s = graph_->step(lr, after_update);  // eager, checked, captured or replayed
+    } else {
+      s = meshtrain::train_step(session_);
+      meshtrain::apply_update(session_, s, lr);
+      after_update();
+      update_score_bias(session_, s);  // on the device: no read needed
+    }
+    // The statistics' copy to the host is enqueued now, behind this step's
+    // work: reading them after the next step is enqueued waits for this
+    // step alone (its event also ends the step's time, below).
+    s.start_read();
     ++session_.progress().step;
     const auto issued = Clock::now();
-    std::optional<c10::Event> done;
-    if (device_events) {
-      done.emplace(device.type());
-      done->record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
-    }
     // A background save (async_checkpoint) is committed once every rank wrote it.
     const double committed = session_.commit_written_checkpoint();
     // The previous step's read waits for its kernels while this step's are queued.
     if (pending) finish();
-    pending = PendingStep{std::move(s), lr, step(), issued, std::move(done)};
+    pending = PendingStep{std::move(s), lr, step(), issued};
     if (committed > 0)
       log_->checkpoint(step(), {{"checkpoint_blocked_seconds", committed}, {"checkpoint_committed", true}});
     const int64_t n = step();

@@ -13,7 +13,8 @@
 //   - the AdamW kernel (ops/adamw.h) on CUDA gives what its CPU kernel gives,
 //     bf16 and fp32 moments, across the multi-tensor launch's table limits;
 //   - cuBLASLt takes the GELU GEMMs (ops/gelu_gemm.h) of the GPT-2 and moe1B
-//     shapes, and they give what the CPU gives.
+//     shapes, and they give what the CPU gives;
+//   - a step's statistics are read while the next step still runs.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -22,6 +23,11 @@
 #include <iostream>
 #include <string>
 #include <vector>
+
+#ifdef MESHTRAIN_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/Sleep.h>
+#endif
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/dist/device.h"
@@ -34,6 +40,7 @@
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/ops/gelu_gemm.h"
 #include "meshtrain/ops/slot_rows.h"
+#include "meshtrain/train/step.h"
 #include "ops/kernels.h"
 #include "parity.h"
 
@@ -233,6 +240,34 @@ TEST(Cuda, FusedKernelsMatchTheirCpuKernels) {
   }
 }
 
+// The RMSNorm backward at widths whose column sums need more shared memory
+// than a block gets by default (12288 without a bias, 6144 with: the launch
+// used to fail), and wider than any shared memory (global partial sums),
+// bf16 against the CPU kernel (ops/launch_plan.h decides where the sums go).
+TEST(Cuda, RmsNormBackwardAtWideRows) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Device cuda(at::kCUDA, 0);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  for (const auto& [D, bias] : {std::pair<int64_t, bool>{12288, false}, {12288, true}, {6144, true},
+                                {6144, false}, {65536, true}}) {
+    const std::string what = "D " + std::to_string(D) + (bias ? " with bias" : "");
+    const at::Tensor x = at::randn({64, D}, gen, f32).to(at::kBFloat16), w = at::randn({D}, gen, f32) + 1;
+    const at::Tensor b = bias ? at::randn({D}, gen, f32) : at::Tensor(), g = at::randn({64, D}, gen, f32);
+    auto run = [&](const at::Device& dev) {
+      const at::Tensor xd = x.to(dev).requires_grad_(true), wd = w.to(dev).requires_grad_(true);
+      const at::Tensor bd = bias ? b.to(dev).requires_grad_(true) : at::Tensor();
+      const at::Tensor y = ops::rms_norm(xd, wd, bd, 1e-6);
+      (y.to(at::kFloat) * g.to(dev)).sum().backward();
+      return std::vector<at::Tensor>{y, xd.grad(), wd.grad(), bias ? bd.grad() : at::zeros({1})};
+    };
+    const auto want = run(at::kCPU), got = run(cuda);
+    const char* names[] = {"y", "dx", "dw", "db"};
+    for (size_t i = 0; i < want.size(); ++i) expect_close(got[i], want[i], 2e-2, what + " " + names[i]);
+  }
+}
+
 // cuBLASLt itself (not the composite) runs the GELU GEMMs at the training
 // shapes, bf16: GPT-2's MLP (8192 tokens, 768 -> 3072) and moe1B's experts
 // (16 experts of 1536 slots, 768 -> 3072, with biases), and its results are
@@ -259,12 +294,14 @@ TEST(Cuda, CublasLtRunsTheGeluGemms) {
     const at::Tensor dy = randn(shape({M, 768}));
     at::Tensor pre = at::empty(shape({M, 3072}), x.options().device(cuda)), h = at::empty_like(pre);
     const auto bg = b ? std::optional<at::Tensor>(b->to(cuda)) : std::nullopt;
-    ASSERT_TRUE(ops::impl::lt_linear_gelu(x.to(cuda), w.to(cuda), bg, pre, h)) << what << ": cuBLASLt declined GELU_AUX";
+    const char* declined = ops::impl::lt_linear_gelu(x.to(cuda), w.to(cuda), bg, pre, h);
+    ASSERT_EQ(declined, nullptr) << what << ": cuBLASLt declined GELU_AUX: " << declined;
     auto [pre_c, h_c] = ops::linear_gelu(x, w, b);
     expect_close(pre, pre_c, 1e-2, what + " pre");
     expect_close(h, h_c, 1e-2, what + " gelu");
     at::Tensor dpre = at::empty_like(pre);
-    ASSERT_TRUE(ops::impl::lt_linear_dgelu(dy.to(cuda), w2.to(cuda), pre, dpre)) << what << ": cuBLASLt declined DGELU";
+    const char* declined_d = ops::impl::lt_linear_dgelu(dy.to(cuda), w2.to(cuda), pre, dpre);
+    ASSERT_EQ(declined_d, nullptr) << what << ": cuBLASLt declined DGELU: " << declined_d;
     expect_close(dpre, ops::linear_dgelu(dy, w2, pre_c), 2e-2, what + " dgelu");
   }
 #endif
@@ -579,6 +616,77 @@ TEST(Cuda, ResumeOnGpuIsExactWithDropout) {
   // room only for non-deterministic reductions of CUDA kernels.
   for (size_t i = 0; i < 3; ++i)
     EXPECT_NEAR(resumed[i], straight[3 + i], 1e-6) << "step " << 4 + i << " after resume";
+}
+
+// Reading step N's statistics waits for step N only: with step N+1 made
+// long on the device (a ~1 s sleep kernel, then the sums overwritten as the
+// next step would), read() returns before N+1 ends and gives N's values
+// (issue 45: the read's copy was queued behind all of N+1, so the host
+// waited for N+1 and the GPU then idled while the host issued N+2).
+TEST(Cuda, StepStatsReadWaitsForItsOwnStepOnly) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+#ifdef MESHTRAIN_CUDA
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(at::kCUDA, 0);
+  StepStats st;
+  st.sums.ce = at::full({1}, 24.0, f64);
+  st.sums.aux = at::zeros({1}, f64);
+  st.sums.z = at::zeros({1}, f64);
+  st.sums.dropped = at::zeros({1}, f64);
+  st.sums.assigned = at::zeros({1}, f64);
+  st.sums.expert_tokens = at::zeros({0, 0}, f64);
+  st.grad_norm_t = at::full({}, 0.5, f64);
+  st.tokens = 8;
+  st.seq_len = 4;
+  st.start_read();
+  int khz = 0;  // the SM clock (cudaDeviceProp lost clockRate in CUDA 13)
+  ASSERT_EQ(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0), cudaSuccess);
+  const int64_t cycles_per_second = int64_t{1000} * khz;
+  at::cuda::sleep(cycles_per_second);  // step N+1, about a second
+  for (at::Tensor* f : st.sums.fields()) f->fill_(-7.0);
+  st.grad_norm_t.fill_(99.0);
+  c10::Event next(at::kCUDA);
+  next.record(c10::cuda::getCurrentCUDAStream());
+  st.read();
+  EXPECT_FALSE(next.query()) << "reading step N waited for step N+1 to finish";
+  EXPECT_DOUBLE_EQ(st.loss, 3.0);
+  EXPECT_DOUBLE_EQ(st.grad_norm, 0.5);
+  next.synchronize();
+#endif
+}
+
+// device_config.cuda_graphs on a GPU (train/step_graph.h): steps 1-3 eager
+// (2 and 3 checked), step 4 captured and replayed, every later step a
+// replay; the losses and gradient norms are the eager run's: fp32 dense,
+// fp32 MoE + MLA with capacity and dropout (the graph's Philox offsets give
+// the eager masks), bf16 dense with grad_step 2 and bf16 moments.
+TEST(Cuda, GraphedStepsMatchEagerSteps) {
+  SKIP_WITHOUT_CUDA();
+  SKIP_UNLESS_RANKS(1);
+  Config dense = on_gpu(test::tiny_config(test::synthetic_data(kData, 96), "cuda-graphs"), "auto");
+  dense.training_steps = 8;
+  Config moe = test::moe_mla(dense);
+  moe.name = "cuda-graphs-moe";
+  moe.model.dropout_rate = 0.1;
+  Config bf16 = dense;
+  bf16.name = "cuda-graphs-bf16";
+  bf16.model.model_dtype = ModelDtype::Bfloat16;
+  bf16.optimizer_state_dtype = ModelDtype::Bfloat16;
+  bf16.grad_step = 2;
+  for (Config c : {dense, moe, bf16}) {
+    const double tol = c.model.model_dtype == ModelDtype::Bfloat16 ? 2e-3 : 1e-5;
+    const auto eager = run(c, true);
+    c.name += "-graphs";
+    c.device.cuda_graphs = true;
+    SessionOptions o;
+    o.fresh = true;
+    o.quiet = true;
+    Trainer t(c, test_runtime(), o);
+    t.train();
+    ASSERT_NE(t.step_graph(), nullptr) << c.name;
+    EXPECT_EQ(t.step_graph()->last_mode(), "replayed") << c.name;
+    test::expect_same_curve(eager, test::curve_of(t), tol, c.name);
+  }
 }
 
 }  // namespace

@@ -74,6 +74,21 @@ echo "$out" | grep -v '^\[' | sed 's/^/       # /'
 tps=$(field "$out" tokens_per_sec)
 check "bench JSON parses, tokens_per_sec > 0 ($tps)" python3 -c "import sys; sys.exit(0 if float('$tps') > 0 else 1)"
 check "bench on CPU leaves MFU out" test "$(field "$out" mfu)" = None
+# Which path each fused operator took (ops/paths.h): 3 timed steps of the tiny
+# dense model, every RMSNorm by 16-byte vectors, none fallen back.
+check "bench JSON paths: RMSNorm both ways, all by 16-byte vectors" python3 -c "
+import json, sys
+j = json.loads([l for l in sys.argv[1].splitlines() if l.startswith('{')][-1])
+p = j['paths']
+for op in ('rms_norm_fwd', 'rms_norm_bwd', 'cross_entropy_rows'):
+    assert p[op]['fast'] > 0 and p[op]['fallback'] == 0, (op, p[op])
+    assert p[op]['fast_paths'] == {'16-byte vectors': p[op]['fast']}, (op, p[op])
+" "$out"
+check "bench prints the fused operator paths" grep -q "fused operator paths" <<<"$out"
+# device_config.cuda_graphs on the CPU: steps 2 and 3 checked, then eager.
+out=$("$BIN" bench --config tiny.json --steps 2 --warmup 1 --set device_config.cuda_graphs=true 2>&1)
+check "bench with cuda_graphs on CPU: checked, then eager" grep -q '"cuda_graphs":"eager"' <<<"$out"
+check "bench with cuda_graphs: the check is logged" grep -q "steps 2 and 3 were checked for graph safety" <<<"$out"
 out=$("$BIN" bench --config tiny.json --steps 2 --warmup 0 --peak-tflops 1 2>&1)
 check "bench --peak-tflops gives an MFU" python3 -c "import sys; sys.exit(0 if float('$(field "$out" mfu)') > 0 else 1)"
 check "bench leaves no run dir behind" test ! -e runs/bench

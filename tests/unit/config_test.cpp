@@ -368,6 +368,24 @@ TEST(ConfigErrors, IntegersMustBeIntegral) {
   expect_error([&] { config_from_json(j); }, {"training_steps", "integer"});
 }
 
+// device_config.cuda_graphs: what a captured step cannot replay is refused at
+// start-up, naming the key that asks for it.
+TEST(ConfigErrors, CudaGraphsRefuseWhatAGraphCannotReplay) {
+  const std::string on = "device_config.cuda_graphs=true";
+  EXPECT_TRUE(with({on}).device.cuda_graphs);
+  expect_refused({on, "device_config.n_device_axis=[2,1,1]"}, {"device_config.cuda_graphs", "one rank", "2"});
+  expect_refused({on, "rampup_batch_size=[4,4,64]"}, {"device_config.cuda_graphs", "rampup_batch_size"});
+  expect_refused({on, "seq_len_warmup.total_curriculum_step=10", "seq_len_warmup.min_difficulty=8",
+                  "seq_len_warmup.difficulty_step=8"},
+                 {"device_config.cuda_graphs", "seq_len_warmup"});
+  const std::string moe = "model_config.ffn=moe", experts = "model_config.n_experts=4", k = "model_config.k=2";
+  expect_refused({on, moe, experts, k, "model_config.capacity_factor=0"},
+                 {"device_config.cuda_graphs", "dropless", "model_config.capacity_factor"});
+  EXPECT_NO_THROW(with({on, moe, experts, k, "model_config.capacity_factor=1.25"}));
+  expect_refused({on, "activation_checkpointing=full"}, {"device_config.cuda_graphs", "activation_checkpointing"});
+  expect_refused({on, "data_config.document_masking=true"}, {"device_config.cuda_graphs", "document_masking"});
+}
+
 TEST(ConfigErrors, BadEnums) {
   expect_refused({"model_config.attention=gqa"}, {"model_config.attention", "mha, mla", "gqa"});
   expect_refused({"model_config.ffn=sparse"}, {"model_config.ffn", "dense, moe"});

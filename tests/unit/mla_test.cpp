@@ -233,6 +233,26 @@ TEST(Generate, StopTokenEndsTheSample) {
   }
 }
 
+// min_tokens (Hugging Face's min_new_tokens): the stop token is left out of
+// the first min_tokens draws, so a model that would end the sample at once
+// still shows text.
+TEST(Generate, MinTokensKeepTheStopTokenOutOfTheFirstDraws) {
+  const auto cfg = tiny("mla");
+  LayerFactory f;
+  Transformer m(cfg, f);
+  SampleOptions g;
+  g.max_tokens = 12;
+  g.temperature = 0;
+  const std::vector<int32_t> prompt{3};
+  const auto greedy = generate(m, {prompt}, g)[0];
+  g.stop_token = greedy[0];  // the very first token: the sample would be empty
+  EXPECT_TRUE(generate(m, {prompt}, g)[0].empty());
+  g.min_tokens = 4;
+  const auto shown = generate(m, {prompt}, g)[0];
+  ASSERT_GE(shown.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NE(shown[i], g.stop_token) << "draw " << i;
+}
+
 // MLA's attention on GPUs pads v to the q/k head size (hd + dhR) so flash
 // kernels apply, and keeps v's hd output columns: the same outputs and
 // gradients as attention over the unpadded v (which CPU kernels take), for

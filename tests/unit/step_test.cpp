@@ -2,6 +2,7 @@
 // replaced (CPU, fp32: same values and gradients), and the performance model
 // (op observer + meta kernels) on known operators.
 #include <gtest/gtest.h>
+#include <functional>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
@@ -18,6 +19,11 @@
 #include "meshtrain/train/meta_bench.h"
 #include "meshtrain/train/meta_kernels.h"
 #include "meshtrain/train/op_observer.h"
+#include "meshtrain/train/graph_safety.h"
+#include "meshtrain/train/path_counter.h"
+#include "meshtrain/ops/fused.h"
+#include "meshtrain/ops/gelu_gemm.h"
+#include "meshtrain/train/step.h"
 
 namespace meshtrain {
 namespace {
@@ -25,6 +31,100 @@ namespace {
 at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+// The step's statistics are copied when the step ends (start_read), not
+// when they are read after the next step is enqueued: read() returns the
+// values of that moment, whatever the device tensors hold later, and waits
+// for nothing (CPU: the copy has landed). On a GPU, Cuda.StepStatsReadWaits-
+// ForItsOwnStepOnly shows the read does not wait for the next step.
+TEST(Step, StatsAreCopiedWhenTheStepEndsAndReadLater) {
+  StepStats st;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  st.sums.ce = at::full({1}, 24.0, f64);
+  st.sums.aux = at::full({1}, 2.0, f64);
+  st.sums.z = at::zeros({1}, f64);
+  st.sums.dropped = at::full({1}, 1.0, f64);
+  st.sums.assigned = at::full({1}, 4.0, f64);
+  st.sums.expert_tokens = at::tensor({3.0, 1.0}, f64).reshape({1, 2});
+  st.grad_norm_t = at::full({}, 0.5, f64);
+  st.tokens = 8;
+  st.seq_len = 4;
+  st.start_read();
+  EXPECT_TRUE(st.landed());
+  // The next step reuses and overwrites what the sums pointed at.
+  for (at::Tensor* f : st.sums.fields()) f->fill_(-7.0);
+  st.grad_norm_t.fill_(99.0);
+  st.read();
+  EXPECT_DOUBLE_EQ(st.loss, 3.0);
+  EXPECT_DOUBLE_EQ(st.aux_loss, 1.0);  // 2 over 8 / 4 sequences
+  EXPECT_DOUBLE_EQ(st.dropped_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(st.grad_norm, 0.5);
+  ASSERT_EQ(st.expert_fraction.size(), 1u);
+  EXPECT_DOUBLE_EQ(st.expert_fraction[0][0], 0.75);
+  // read() without start_read() copies then (the values at the read).
+  StepStats late;
+  late.sums = st.sums;
+  late.tokens = 8;
+  late.read();
+  EXPECT_DOUBLE_EQ(late.loss, -7.0 / 8);
+}
+
+// Every fused operator names the path it took (ops/paths.h): rows of whole
+// 16-byte vectors take the fast path, a 42-wide row falls back with its
+// reason, and the counter sees the backward's kernels too. Nothing is
+// counted once the counter is gone.
+TEST(Step, FusedOperatorsNameThePathTheyTook) {
+  const at::Tensor w48 = randn({48}, 1) + 1, w42 = randn({42}, 2) + 1;
+  std::map<std::string, OpPaths> c;
+  {
+    PathCounter counter;
+    const at::Tensor a = randn({5, 48}, 3).requires_grad_(true), b = randn({5, 42}, 4).requires_grad_(true);
+    (ops::rms_norm(a, w48, {}, 1e-6).sum() + ops::rms_norm(b, w42, {}, 1e-6).sum()).backward();
+    ops::linear_gelu(randn({4, 8}, 5), randn({16, 8}, 6), std::nullopt);
+    c = counter.counts();
+  }
+  ASSERT_TRUE(c.count("rms_norm_fwd") && c.count("rms_norm_bwd") && c.count("linear_gelu"));
+  for (const char* op : {"rms_norm_fwd", "rms_norm_bwd"}) {
+    EXPECT_EQ(c[op].fast, 1) << op;
+    EXPECT_EQ(c[op].fast_paths["16-byte vectors"], 1) << op;
+    EXPECT_EQ(c[op].fallback, 1) << op;
+    EXPECT_EQ(c[op].fallback_reasons["row length not a multiple of the 16-byte vector"], 1) << op;
+  }
+  EXPECT_EQ(c["linear_gelu"].fast_paths["CPU kernel"], 1);
+  const nlohmann::json j = paths_json(c);
+  EXPECT_EQ(j["rms_norm_bwd"]["fallback"], 1);
+  EXPECT_NE(paths_text(c).find("because row length not a multiple"), std::string::npos) << paths_text(c);
+  PathCounter again;  // a new counter starts from nothing and sees only what runs while it lives
+  EXPECT_TRUE(again.counts().empty());
+}
+
+// The graph-safety check (device_config.cuda_graphs) sees a host read and
+// names its operator, and tells memory use that changes between two steps
+// from memory use that repeats.
+TEST(Step, FootprintsShowHostReadsAndChangingMemory) {
+  const at::Tensor x = randn({64, 32}, 1);
+  auto record = [&](const std::function<void()>& f) {
+    StepFootprintRecorder r(at::kCPU);
+    f();
+    return r.finish();
+  };
+  const auto step = [&] { (void)(at::matmul(x, x.t()) + 1).sum(); };
+  const StepFootprint a = record(step), b = record(step);
+  EXPECT_EQ(a.host_reads, 0);
+  EXPECT_FALSE(a.allocations.empty());
+  EXPECT_EQ(graph_unsafe_reason(a, b), "");
+  const StepFootprint read = record([&] { (void)x.sum().item<double>(); });
+  EXPECT_EQ(read.host_reads, 1);
+  const std::string why = graph_unsafe_reason(read, read);
+  EXPECT_NE(why.find("aten::_local_scalar_dense"), std::string::npos) << why;
+  const StepFootprint more = record([&] {
+    step();
+    (void)at::empty({1024});
+  });
+  EXPECT_NE(graph_unsafe_reason(a, more).find("memory use differs"), std::string::npos);
+  const StepFootprint other = record([&] { (void)(at::matmul(x.narrow(0, 0, 32), x.t()) + 1).sum(); });
+  EXPECT_NE(graph_unsafe_reason(a, other).find("bytes where the step before"), std::string::npos);
 }
 
 // Lever 1: the fused rms_norm is the old fp32 chain, bit for bit on CPU.

@@ -140,6 +140,12 @@ struct DeviceConfig {
   // (cuDNN's on an H200), or the one named (model/attention.h,
   // prefer_attention_backend).
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  // The whole training step (every round's forward and backward, the
+  // gradient norm, clipping, AdamW) captured once as a CUDA graph and
+  // replayed (train/step_graph.h): no launch gaps, no host time per kernel.
+  // One rank, static shapes; what cannot be captured is refused at start-up
+  // (validate.cpp). On the CPU the step is checked for graph safety instead.
+  bool cuda_graphs = false;
   int64_t dp() const { return n_device_axis[0]; }
   int64_t pp() const { return n_device_axis[1]; }
   int64_t tp() const { return n_device_axis[2]; }
@@ -156,6 +162,9 @@ struct InferenceConfig {
   // A sample ends at the tokenizer's end-of-text token, as a document does in
   // the training data; false keeps sampling max_tokens into the next "document".
   bool stop_at_eot = true;
+  // With stop_at_eot: end-of-text is not drawn for the first min_tokens new
+  // tokens (Hugging Face's min_new_tokens), so a sample shows text.
+  int64_t min_tokens = 0;
   int64_t n_devices = 1;
 };
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/config/config.h"
@@ -27,6 +28,17 @@ struct OptimParam {
   at::Tensor exp_avg_sq;
 };
 
+// The learning rate an update reads: a number from the host, or a 0-dim fp32
+// tensor on the parameters' device read by the update on the device (a
+// captured CUDA graph replays every step with the value written there before
+// the replay, train/step_graph.h).
+struct LearningRate {
+  LearningRate(double v) : value(v) {}  // NOLINT(google-explicit-constructor): a plain number is a learning rate
+  explicit LearningRate(at::Tensor t) : tensor(std::move(t)) {}
+  double value = 0;
+  at::Tensor tensor;  // defined: read instead of value
+};
+
 // The dtype AdamW keeps its moments in: optimizer_state_dtype (fp32 default).
 at::ScalarType state_dtype(const Config& cfg);
 
@@ -39,7 +51,7 @@ at::ScalarType state_dtype(const Config& cfg);
 // (gradient clipping without a pass of its own over the gradients).
 void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                  const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
-                 const at::Tensor& step, double lr, const LrConfig& cfg, double weight_decay,
+                 const at::Tensor& step, const LearningRate& lr, const LrConfig& cfg, double weight_decay,
                  const at::Tensor& found_inf, const at::Tensor& grad_scale = {});
 
 class AdamW {
@@ -53,7 +65,7 @@ class AdamW {
   // casts (empty, or one per parameter of params(), undefined where none):
   // bf16 copies the update writes (ops/adamw.h); with any, every parameter
   // goes through meshtrain::adamw_, so all take the same arithmetic.
-  void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {},
+  void step(const LearningRate& lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {},
             const std::vector<at::Tensor>& casts = {});
 
   // Reads the device's step counter (a host sync: checkpoints only).

@@ -11,6 +11,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/mesh.h"
+#include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/parallelize.h"
 
 namespace meshtrain {
@@ -40,7 +41,7 @@ at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, 
 // step (0-dim fp32) advances unless found_inf is set; grad_scale: see fused_adamw.
 void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
-                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, double lr, const LrConfig& cfg,
+                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, const LearningRate& lr, const LrConfig& cfg,
                      const at::Tensor& found_inf, const at::Tensor& grad_scale);
 
 }  // namespace meshtrain

@@ -18,6 +18,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/mesh.h"
+#include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/parallelize.h"
 
 namespace meshtrain {
@@ -46,7 +47,7 @@ class Optimizer {
   // (0-dim fp32, optional: clipping) as the update reads them, not in a pass
   // of their own. Collective for ZeRO-1 and FSDP stage 2 (they gather the
   // updated slices).
-  virtual void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) = 0;
+  virtual void step(const LearningRate& lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) = 0;
   // Updates made (a host read of the device counter: checkpoints only).
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t s) = 0;

@@ -42,7 +42,7 @@ class ZeroOptimizer : public Optimizer {
   // Multiplies the owned gradient slice (clipping).
   // AdamW with learning rate lr on the owned slice, then every rank gets every
   // updated slice back into its parameters. Collective.
-  void step(double lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) override;
+  void step(const LearningRate& lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) override;
 
   int64_t steps_taken() const override;
   void set_steps_taken(int64_t s) override;

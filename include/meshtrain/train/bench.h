@@ -11,6 +11,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/runtime.h"
+#include "meshtrain/train/path_counter.h"
 #include "meshtrain/train/profile.h"
 
 namespace meshtrain {
@@ -57,6 +58,13 @@ struct BenchResult {
   // CUDA: the kernel sdpa runs for the model's attention (device_config.
   // attention_backend, model/attention.h); empty on CPU.
   std::string attention_backend;
+  // The paths the fused operators took in the timed steps, by operator
+  // (train/path_counter.h): this rank's calls. JSON "paths".
+  std::map<std::string, OpPaths> paths;
+  bool fused_kernels = false;       // CUDA: meshtrain's own kernels (else aten's composites)
+  // device_config.cuda_graphs: how the timed steps ran ("replayed" on a GPU,
+  // "eager" on a CPU); empty without graphs. JSON "cuda_graphs".
+  std::string cuda_graphs;
   bool profiled = false;
   ProfileSummary profile;           // this rank's, when profiled
 };

@@ -39,6 +39,10 @@ struct SampleOptions {
   // end-of-text); the token itself is not returned. Every rank draws the same
   // token (share()), so every rank stops at the same step.
   int32_t stop_token = -1;
+  // The first min_tokens new tokens never are the stop token (it is left out
+  // of their draw), so a sample shows text even where the model would end it
+  // at once (Hugging Face's min_new_tokens).
+  int64_t min_tokens = 0;
   // Called before each new token; throws to stop early (a signal, see
   // core/stop_signal.h). Every rank must call it alike: it may be collective.
   std::function<void()> check_stop;

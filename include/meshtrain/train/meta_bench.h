@@ -7,7 +7,7 @@
 //   est_step_ms = gemm_tflop / (efficiency * peak_tflops)
 //               + attention_tflop / (attention_efficiency * peak_tflops)
 //               + non_gemm_gb / (memory_efficiency * bandwidth_tbps)
-//               + kernels * kernel_gap_us
+//               + kernels * kernel_gap_us   (graph_kernel_gap_us with cuda_graphs)
 // nothing overlapped. The defaults are fitted to a measured H100 step
 // (GPT-2 124M, bf16, `bench --profile`, 2026-11-25: GEMMs at 0.75 of the
 // 989 TFLOP/s dense bf16 peak, attention at 0.25, the memory-bound kernels at
@@ -35,6 +35,10 @@ struct MetaBenchOptions {
   double attention_efficiency = 0.25;  // fraction of peak_tflops attention reaches
   double memory_efficiency = 0.40;     // fraction of bandwidth_tbps the memory-bound kernels reach
   double kernel_gap_us = 7.7;          // idle device time per kernel (launches, dependencies)
+  // The same with device_config.cuda_graphs (a replayed graph launches its
+  // kernels from the device: no host launch time; an assumption until a GPU
+  // profile of a replayed step fits it).
+  double graph_kernel_gap_us = 1.0;
   std::string peak_name = "H100";
   int64_t top_ops = 15;                // rows in the readable table
 };
@@ -45,6 +49,8 @@ struct MetaBenchResult {
   double est_step_ms = 0;
   double est_tokens_per_sec = 0;
   MetaBenchOptions opts;
+  bool cuda_graphs = false;  // the config's device_config.cuda_graphs
+  double kernel_gap_us() const { return cuda_graphs ? opts.graph_kernel_gap_us : opts.kernel_gap_us; }
 };
 
 MetaBenchResult run_meta_bench(const Config& cfg, Runtime& runtime, const MetaBenchOptions& opts);

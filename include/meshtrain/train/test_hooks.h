@@ -18,6 +18,11 @@
 //   MESHTRAIN_TEST_CKPT_WRITE_DELAY=K:s the background write of checkpoint step K
 //                                       (async_checkpoint) sleeps s seconds before
 //                                       writing (the save stays in flight meanwhile)
+//   MESHTRAIN_TEST_HOST_READ_AT_STEP=K  after the backward pass of step K the host reads a
+//                                       gradient (.item()): a step no CUDA graph can replay
+//   MESHTRAIN_TEST_ALLOC_AT_STEP=K      after the backward pass of step K a buffer is
+//                                       allocated and freed: memory use another step lacks
+//                                       (both: device_config.cuda_graphs' safety check)
 // Unset variables inject nothing.
 #include <cstdint>
 #include <vector>
@@ -51,6 +56,7 @@ class TestHooks {
   int64_t sigstop_at_step_ = -1;
   int slow_rank_ = -1;
   int64_t slow_ms_ = 0;
+  int64_t host_read_at_ = -1, alloc_at_ = -1;
   int64_t ckpt_delay_step_ = -1;
   double ckpt_delay_seconds_ = 0;
 };

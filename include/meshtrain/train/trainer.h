@@ -6,7 +6,6 @@
 // are read (and logged) after the next step is enqueued, except before an
 // evaluation, a checkpoint, a stop or the end. Everything the loop
 // runs on is assembled by the Session (train/session.h).
-#include <c10/core/Event.h>
 
 #include <chrono>
 #include <cstdint>
@@ -21,6 +20,7 @@
 #include "meshtrain/parallel/zero.h"
 #include "meshtrain/train/session.h"
 #include "meshtrain/train/step.h"
+#include "meshtrain/train/step_graph.h"
 #include "meshtrain/train/step_log.h"
 #include "meshtrain/train/straggler.h"
 
@@ -50,6 +50,8 @@ class Trainer {
   // Sequences trained on so far (drives the batch-size rampup; saved in checkpoints).
   int64_t consumed_samples() const { return session_.progress().consumed_samples; }
   // Losses and global gradient norms (before clipping) of every step trained by this object, in order (tests).
+  // device_config.cuda_graphs: the captured step (null before train() or without graphs).
+  const StepGraph* step_graph() const { return graph_.get(); }
   const std::vector<double>& losses() const { return losses_; }
   const std::vector<double>& grad_norms() const { return grad_norms_; }
 
@@ -67,10 +69,9 @@ class Trainer {
     StepStats stats;
     double lr = 0;
     int64_t number = 0;  // the step's number in the log (1-based)
-    // When the host had issued all of the step's work, and on a GPU an event
-    // after that work: where the step's time ends (see train()).
+    // When the host had issued all of the step's work (with the statistics'
+    // event: where the step's time ends, see train()).
     std::chrono::steady_clock::time_point issued;
-    std::optional<c10::Event> done;
   };
   // Reads the step (its one host read), applies nan_policy to a non-finite
   // step (throws for "stop") and logs it; seconds: since the previous step's log.
@@ -83,6 +84,7 @@ class Trainer {
   std::unique_ptr<RunLock> run_lock_;  // rank 0, while training
   std::unique_ptr<StepLog> log_;       // opened by train()
   std::unique_ptr<StragglerReport> straggler_;  // made by train()
+  std::unique_ptr<StepGraph> graph_;            // device_config.cuda_graphs: made by train()
   int64_t nan_skips_in_a_row_ = 0;     // nan_policy skip gives up at cfg.max_nan_skips
   std::vector<double> losses_;
   std::vector<double> grad_norms_;
