@@ -203,11 +203,14 @@ plan_fits() {  # CONFIG
 # Three more steps run under the profiler (after the timed ones): where the
 # step's device time goes, by kernel category, and the gaps between kernels;
 # the Chrome trace lands in DIR/profile_NAME.
-bench() {  # NAME CONFIG
-  "$BIN" bench --config "$2" --device meta || return 1
+# NO_PROFILE=1 skips the profiled steps (the graph variants: time is short).
+bench() {  # NAME CONFIG [--set KEY=VALUE...]
+  local profile=(--profile "$OUT/profile_$1")
+  [ -n "${NO_PROFILE:-}" ] && profile=()
+  "$BIN" bench --config "$2" --device meta "${@:3}" || return 1
   "$BIN" bench --config "$2" --steps "$STEPS" --set device_config.device=cuda \
     --set "data_config.data_dir=$DATA" --set "output_dir=$OUT/runs" --n_device_axis 1 1 1 \
-    --profile "$OUT/profile_$1" || return 1
+    "${profile[@]}" "${@:3}" || return 1
 }
 
 # The PyTorch anchors on the GPU: the same model, eager and compiled. moe1B's
@@ -239,10 +242,15 @@ prebuilt() {
 measure() {
   step corpus corpus
   step bench_gpt2-124m bench gpt2-124m configs/gpt2-124m.json
+  # The same steps captured once as a CUDA graph and replayed (train/step_graph.h).
+  NO_PROFILE=1 step bench_gpt2-124m-graphs bench gpt2-124m-graphs configs/gpt2-124m.json \
+    --set device_config.cuda_graphs=true
   step anchor_eager_gpt2-124m anchor configs/gpt2-124m.json
   step anchor_compile_gpt2-124m anchor configs/gpt2-124m.json --compile
   step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
   step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
+  NO_PROFILE=1 step bench_moe1b-1gpu-graphs bench moe1b-1gpu-graphs configs/moe1b-1gpu.json \
+    --set device_config.cuda_graphs=true
   ANCHOR_STEPS=$(( STEPS < 10 ? STEPS : 10 ))
   step anchor_eager_moe1b-1gpu anchor configs/moe1b-1gpu.json
   step anchor_compile_moe1b-1gpu anchor configs/moe1b-1gpu.json --compile
@@ -268,8 +276,9 @@ elif grep -q '^preflight	ok' "$STEP_ROWS" && step build build && [ -x "$BIN" ]; 
   measure
 else
   grep -q '^build	' "$STEP_ROWS" || printf 'build\tnot run (preflight failed)\t0\t\n' >> "$STEP_ROWS"
-  for s in cuda_tests "${MULTI_NP[@]/#/cuda_test_np}" corpus bench_gpt2-124m anchor_eager_gpt2-124m \
-           anchor_compile_gpt2-124m plan_moe1b-1gpu bench_moe1b-1gpu anchor_eager_moe1b-1gpu anchor_compile_moe1b-1gpu; do
+  for s in cuda_tests "${MULTI_NP[@]/#/cuda_test_np}" corpus bench_gpt2-124m bench_gpt2-124m-graphs \
+           anchor_eager_gpt2-124m anchor_compile_gpt2-124m plan_moe1b-1gpu bench_moe1b-1gpu bench_moe1b-1gpu-graphs \
+           anchor_eager_moe1b-1gpu anchor_compile_moe1b-1gpu; do
     failures=$((failures + 1))
     printf '%s\tnot run (build failed)\t0\t\n' "$s" >> "$STEP_ROWS"
   done

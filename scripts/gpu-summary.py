@@ -129,7 +129,9 @@ def anchor_rows(out, steps, bench):
             continue
         _, kind, name = parts
         rows = json_lines(os.path.join(out, s["log"]), '{"anchor"') if s["log"] else []
-        mt = next((b for b in bench if b["name"] == name), {})
+        # The config's rows: its plain bench and variants of it (NAME-graphs).
+        mts = [b for b in bench if b["name"] == name or b["name"].startswith(name + "-")]
+        mt = next((b for b in mts if b["name"] == name), {})
         r = {"name": f"{name} (PyTorch {kind})", "config": name, "anchor": kind, "device": "cuda",
              "status": s["status"]}
         if rows:
@@ -137,10 +139,12 @@ def anchor_rows(out, steps, bench):
             r["extra"] = {k: v for k, v in row.items() if k not in ("anchor", "tokens_per_sec", "pytorch_params")}
             r["tokens_per_sec"] = row.get("tokens_per_sec")
             r["pytorch_params"] = row.get("pytorch_params")  # meshtrain's count: plan_*.log
-            if mt.get("tokens_per_sec") and r["tokens_per_sec"]:
-                mt[f"ratio_to_{kind}"] = mt["tokens_per_sec"] / r["tokens_per_sec"]
-                if mt.get("mfu") is not None:  # the same model: the same FLOPs per token
-                    r["mfu"] = mt["mfu"] * r["tokens_per_sec"] / mt["tokens_per_sec"]
+            for b in mts:
+                if b.get("tokens_per_sec") and r["tokens_per_sec"]:
+                    b[f"ratio_to_{kind}"] = b["tokens_per_sec"] / r["tokens_per_sec"]
+            if mt.get("tokens_per_sec") and r["tokens_per_sec"] and mt.get("mfu") is not None:
+                # the same model: the same FLOPs per token
+                r["mfu"] = mt["mfu"] * r["tokens_per_sec"] / mt["tokens_per_sec"]
         anchors.append(r)
     return anchors
 
