@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "meshtrain/core/flight_recorder.h"
+#include "meshtrain/core/json_read.h"
 
 namespace meshtrain {
 
@@ -43,6 +44,25 @@ std::string op_at(const nlohmann::json& a) {
   const auto& l = a["last"];
   return "#" + std::to_string(l.value("seq", int64_t{0})) + " " + l.value("op", std::string("?")) + " (step " +
          std::to_string(l.value("step", int64_t{0})) + (l.value("in_flight", false) ? ", in it" : ", done") + ")";
+}
+
+// A flight file's axes (an object of objects) and records (an array of
+// objects) as FlightRecorder::to_json writes them; anything else cannot be compared.
+bool records_are_objects(const nlohmann::json& j) {
+  for (const auto& [name, a] : j["axes"].items())
+    if (!a.is_object()) return false;
+  if (!j.contains("records")) return true;
+  if (!j["records"].is_array()) return false;
+  for (const auto& e : j["records"])
+    if (!e.is_object()) return false;
+  return true;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
 }
 
 // The record of `seq` on `axis` in r's ring, or null.
@@ -92,13 +112,19 @@ std::string describe_flight_lag(const std::vector<RankFlight>& ranks) {
   std::string out;
   for (const auto& f : found) out += (out.empty() ? "" : "; ") + f;
   if (!out.empty() && !unknown.empty()) out += "; no flight record from rank(s) " + join_ranks(unknown);
+  for (const auto& r : ranks)
+    if (!out.empty() && !r.problem.empty()) out += "; " + r.problem;
   return out;
 }
 
 std::string compare_flights(const std::vector<RankFlight>& ranks) {
   std::ostringstream os;
-  for (const auto& r : ranks)
-    os << "rank " << r.rank << ": " << (r.known ? "from its " + r.source : std::string("no record")) << "\n";
+  std::vector<int> unread;  // ranks nothing could be read of, or whose file is unreadable
+  for (const auto& r : ranks) {
+    os << "rank " << r.rank << ": " << (r.known ? "from its " + r.source : std::string("no record"))
+       << (r.problem.empty() ? "" : " (" + r.problem + ")") << "\n";
+    if (!r.known || !r.problem.empty()) unread.push_back(r.rank);
+  }
   std::map<int, const RankFlight*> by_rank;
   for (const auto& r : ranks) by_rank[r.rank] = &r;
   for (const auto& [key, members] : groups_of(ranks)) {
@@ -146,7 +172,10 @@ std::string compare_flights(const std::vector<RankFlight>& ranks) {
       os << "  first diverging op: #" << first << "\n" << what;
   }
   const std::string lag = describe_flight_lag(ranks);
-  os << (lag.empty() ? "no rank lags on any axis" : "summary: " + lag) << "\n";
+  if (!lag.empty()) os << "summary: " << lag << "\n";
+  else if (unread.empty()) os << "no rank lags on any axis\n";
+  // What was not read is not compared: "no lag" would be a guess.
+  else os << "no lag among the records read; rank(s) " << join_ranks(unread) << " could not be compared\n";
   return os.str();
 }
 
@@ -168,9 +197,18 @@ std::vector<RankFlight> read_flights(const std::string& run_dir, int world_size)
   for (int r = 0; r < world_size; ++r) {
     RankFlight f;
     f.rank = r;
-    std::ifstream in(flight / flight_file_name(r));
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("axes")) {
+    const fs::path file = flight / flight_file_name(r);
+    std::error_code ec;
+    nlohmann::json j;
+    if (fs::exists(file, ec)) {
+      std::string why;
+      j = try_parse_json_text(read_text(file), &why);
+      if (why.empty() && !(j.is_object() && j.contains("axes") && j["axes"].is_object()))
+        why = "it is not a flight record (no \"axes\" object)";
+      if (why.empty() && !records_are_objects(j)) why = "its \"axes\" and \"records\" are not lists of objects";
+      if (!why.empty()) f.problem = "flight file " + file.string() + " cannot be read: " + why;
+    }
+    if (f.problem.empty() && j.is_object() && j.contains("axes")) {
       f.known = true;
       f.source = "flight file";
       f.axes = j["axes"];
@@ -183,8 +221,9 @@ std::vector<RankFlight> read_flights(const std::string& run_dir, int world_size)
       std::string line;
       for (int i = 0; i < 6 && std::getline(hb, line); ++i) {
       }
-      const nlohmann::json a = nlohmann::json::parse(line, nullptr, false);
-      if (!line.empty() && a.is_object()) {
+      std::string why;
+      const nlohmann::json a = try_parse_json_text(line, &why);
+      if (!line.empty() && a.is_object() && records_are_objects(nlohmann::json{{"axes", a}})) {
         f.known = true;
         f.source = "heartbeat";
         f.axes = a;

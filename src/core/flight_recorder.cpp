@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/host.h"
@@ -70,7 +71,7 @@ void FlightRecorder::end(int64_t token) {
   // it, impossible for blocking ops): its slot belongs to a newer record.
   if (token + capacity_ < next_) return;
   e.end_ns = stop;
-  op_ns_ += stop - e.start_ns;
+  op_ns_[e.step] += stop - e.start_ns;
   ++axes_[static_cast<size_t>(e.axis)].ended;
   changes_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -85,10 +86,16 @@ void FlightRecorder::set_phase(const std::string& phase) {
 }
 
 double FlightRecorder::take_op_seconds() {
+  return take_op_seconds_through(std::numeric_limits<int64_t>::max());
+}
+
+double FlightRecorder::take_op_seconds_through(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
-  const double s = static_cast<double>(op_ns_) * 1e-9;
-  op_ns_ = 0;
-  return s;
+  int64_t ns = 0;
+  const auto end = op_ns_.upper_bound(step);
+  for (auto it = op_ns_.begin(); it != end; ++it) ns += it->second;
+  op_ns_.erase(op_ns_.begin(), end);
+  return static_cast<double>(ns) * 1e-9;
 }
 
 nlohmann::json FlightRecorder::axes_json() const {

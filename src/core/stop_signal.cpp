@@ -30,6 +30,8 @@ void install_stop_signal_handlers() {
   for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
 }
 
+void ignore_file_size_signal() { std::signal(SIGXFSZ, SIG_IGN); }
+
 int stop_requested() { return g_stop_signal; }
 
 Stopped::Stopped(int signal_number, const std::string& during)

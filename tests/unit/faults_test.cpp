@@ -2,8 +2,12 @@
 // the run-directory lock, the repair of a half-written metrics.jsonl line,
 // and messages that survive a NUL.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +15,8 @@
 #include <vector>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/fs.h"
+#include "meshtrain/core/json_read.h"
 #include "meshtrain/core/launch_env.h"
 #include "meshtrain/core/run_lock.h"
 #include "meshtrain/core/stop_signal.h"
@@ -146,6 +152,55 @@ TEST(Stopped, NamesSignalAndPhase) {
   EXPECT_NE(std::string(s.what()).find("stopped by SIGINT during sampling"), std::string::npos) << s.what();
   EXPECT_EQ(s.signal_number(), 2);
   EXPECT_NO_THROW(throw_if_stop_requested("nothing"));  // no signal arrived
+}
+
+// Issue 47: a write past `ulimit -f` killed the process with SIGXFSZ and no
+// message; ignored, the write fails with EFBIG and the error says why.
+TEST(FileSizeLimit, AWritePastItFailsWithAMessageInsteadOfASignal) {
+  const fs::path dir = scratch("fsize");
+  const std::string file = (dir / "big").string();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ignore_file_size_signal();
+    struct rlimit lim {};
+    ::getrlimit(RLIMIT_FSIZE, &lim);
+    lim.rlim_cur = 4096;
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const std::string bytes(8192, 'x');
+    ssize_t w = ::write(fd, bytes.data(), 4096);  // up to the limit
+    w = ::write(fd, bytes.data(), 4096);          // past it
+    const std::string why = write_failure(errno);
+    ::_exit(w < 0 && errno == EFBIG && why.find("ulimit -f, is 4096 bytes") != std::string::npos ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_NE(write_failure(ENOSPC).find("the disk is full"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// Issue 47: files nested ~200,000 deep crashed the process when copied.
+TEST(JsonRead, DeepOrDamagedFilesAreRefusedWithTheReason) {
+  std::string why;
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  EXPECT_TRUE(try_parse_json_text(deep, &why).is_discarded());
+  EXPECT_NE(why.find("more than 64 levels deep"), std::string::npos) << why;
+  EXPECT_TRUE(try_parse_json_text("{\"a\": [1, 2", &why).is_discarded());
+  EXPECT_NE(why.find("not valid JSON"), std::string::npos) << why;
+  const nlohmann::json ok = try_parse_json_text(std::string(64, '[') + std::string(64, ']'), &why);
+  EXPECT_FALSE(ok.is_discarded());
+  EXPECT_EQ(why, "");
+  try {
+    parse_json_text("[", "checkpoint file", "/x/manifest.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint file /x/manifest.json cannot be read: not valid JSON"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

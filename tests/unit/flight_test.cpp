@@ -9,6 +9,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
 
 #include "meshtrain/ckpt/background_save.h"
 #include "meshtrain/core/flight_compare.h"
@@ -113,6 +116,59 @@ TEST(FlightCompare, ReadsFilesAndHeartbeatsOfARunDir) {
   EXPECT_NE(describe_flight_lag(ranks).find("rank 1 never entered dp op #3 (its last: #1 all_reduce"), std::string::npos)
       << describe_flight_lag(ranks);
   fs::remove_all(run);
+}
+
+// Issue 47: a truncated or garbage flight file made `meshtrain flight` say
+// "no rank lags on any axis"; what cannot be read is named, never compared.
+TEST(FlightCompare, UnreadableFilesAreNamedNotCompared) {
+  namespace fs = std::filesystem;
+  const fs::path run = fs::temp_directory_path() / ("flight_test_bad_" + std::to_string(::getpid()));
+  fs::remove_all(run);
+  fs::create_directories(run / "flight");
+  FlightRecorder r0(8, 0);
+  const int dp = r0.add_axis("dp", 0, 0, 2);
+  r0.end(r0.begin(dp, "all_reduce", "Float", -1, 4));
+  ASSERT_TRUE(r0.write((run / "flight").string(), "test"));
+  const std::string whole = [&] {
+    std::ifstream in(run / "flight" / "rank_00000.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const auto with_rank0 = [&](const std::string& text) {
+    std::ofstream(run / "flight" / "rank_00000.json", std::ios::trunc) << text;
+    return read_flights(run.string(), -1);
+  };
+  for (const std::string& bad : {whole.substr(0, whole.size() / 2), std::string("\x89PNG garbage"), std::string(),
+                                 std::string("{\"axes\": [1, 2]}"), std::string(200000, '[')}) {
+    const auto ranks = with_rank0(bad);
+    ASSERT_EQ(ranks.size(), 1u);
+    EXPECT_FALSE(ranks[0].known);
+    EXPECT_NE(ranks[0].problem.find("rank_00000.json cannot be read"), std::string::npos) << ranks[0].problem;
+    const std::string report = compare_flights(ranks);
+    EXPECT_EQ(report.find("no rank lags"), std::string::npos) << report;
+    EXPECT_NE(report.find("could not be compared"), std::string::npos) << report;
+  }
+  const auto good = with_rank0(whole);
+  EXPECT_TRUE(good[0].known);
+  EXPECT_EQ(good[0].problem, "");
+  fs::remove_all(run);
+}
+
+// The straggler report took the ops of step n + 1 (issued before step n is
+// read) for step n's: a rank frozen in its work was cancelled out by the
+// wait the others spent in the next step's ops.
+TEST(FlightRecorder, OpSecondsAreTakenByStep) {
+  FlightRecorder r(16, 0);
+  const int dp = r.add_axis("dp", 0, 0, 2);
+  r.set_step(1);
+  r.end(r.begin(dp, "all_reduce", "Float", -1, 4));
+  r.set_step(2);
+  const int64_t t = r.begin(dp, "all_reduce", "Float", -1, 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  r.end(t);
+  const double one = r.take_op_seconds_through(1);
+  EXPECT_LT(one, 0.04);
+  EXPECT_GE(r.take_op_seconds_through(2), 0.05);
+  EXPECT_EQ(r.take_op_seconds(), 0.0);
 }
 
 // The cost the recorder adds to every collective and p2p op: two clock

@@ -20,6 +20,9 @@ struct RankFlight {
   std::string source;                                // "flight file" | "heartbeat"
   nlohmann::json axes = nlohmann::json::object();    // FlightRecorder::axes_json()
   nlohmann::json records = nlohmann::json::array();  // FlightRecorder::to_json()["records"], may be empty
+  // A record that exists but could not be read (truncated, garbage, not a
+  // flight record): the file and why. Nothing is concluded from it.
+  std::string problem = "";
 };
 
 // One sentence for the watchdog: the rank(s) whose sequence number lags on an
@@ -29,12 +32,14 @@ struct RankFlight {
 std::string describe_flight_lag(const std::vector<RankFlight>& ranks);
 
 // The report of `meshtrain flight`: per axis group, the ranks' last sequence
-// numbers and the first diverging one, with what each rank did there.
+// numbers and the first diverging one, with what each rank did there. It
+// says no rank lags only when every rank's record was read.
 std::string compare_flights(const std::vector<RankFlight>& ranks);
 
-// Reads run_dir/flight/rank_*.json and, for ranks without one, the flight
-// summary in run_dir/heartbeats/rank_* (world_size: how many ranks to look
-// for; <= 0: as many as files found).
+// Reads run_dir/flight/rank_*.json and, for ranks without one (or whose file
+// cannot be read: RankFlight::problem), the flight summary in
+// run_dir/heartbeats/rank_* (world_size: how many ranks to look for; <= 0:
+// as many as files found).
 std::vector<RankFlight> read_flights(const std::string& run_dir, int world_size);
 
 }  // namespace meshtrain

@@ -14,6 +14,7 @@
 // watchdog thread that reads the ring while they write.
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -59,9 +60,13 @@ class FlightRecorder {
   void set_step(int64_t step) { step_.store(step, std::memory_order_relaxed); }
   void set_phase(const std::string& phase);
 
-  // Seconds spent inside ops since the last call (the straggler report's
-  // "waiting", train/straggler.h), and resets it.
+  // Seconds spent inside ops not taken yet (the straggler report's
+  // "waiting", train/straggler.h), and forgets them.
   double take_op_seconds();
+  // The same for the ops of steps <= step only (set_step's number when each
+  // op began): the training loop issues step n + 1 before it reads step n,
+  // so the ops of a step are told apart from the next one's by their step.
+  double take_op_seconds_through(int64_t step);
 
   // The whole state (axes, phases, the ring oldest first) as written to
   // run_dir/flight/rank_NNNNN.json; reason: why it was written.
@@ -82,7 +87,7 @@ class FlightRecorder {
   std::vector<FlightAxis> axes_;
   std::vector<std::string> phases_;  // ring of the last kPhases phase names
   int64_t phase_serial_ = 0;
-  int64_t op_ns_ = 0;                // inside ops since take_op_seconds
+  std::map<int64_t, int64_t> op_ns_;  // step -> ns inside its ops, not taken yet
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> changes_{0};
 };

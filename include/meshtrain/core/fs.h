@@ -1,5 +1,6 @@
 #pragma once
 // File-system helpers shared by the checkpointer and the run directory.
+#include <cstdint>
 #include <string>
 
 namespace meshtrain {
@@ -8,5 +9,16 @@ namespace meshtrain {
 // disk space, so it is logged as a warning with `why` instead of failing work
 // that is already complete.
 void remove_quietly(const std::string& path, const std::string& why);
+
+// Why a write failed, from its errno, with what to do: "No space left on
+// device (the disk is full)", "File too large (the file-size limit, ulimit
+// -f, is 1048576 bytes: raise it or save less)". A write past the file-size
+// limit fails with EFBIG only because main ignores SIGXFSZ
+// (core/stop_signal.h), which would otherwise kill the process unannounced.
+std::string write_failure(int err);
+
+// The process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) in bytes; 0 when
+// there is none.
+int64_t file_size_limit();
 
 }  // namespace meshtrain

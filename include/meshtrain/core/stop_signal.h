@@ -14,6 +14,12 @@
 namespace meshtrain {
 
 void install_stop_signal_handlers();
+// SIGXFSZ, which a write past the file-size limit (`ulimit -f`, set by batch
+// systems) raises, ends the process by default with no message. Ignored, the
+// write fails with EFBIG and the error names the file and the limit
+// (core/fs.h write_failure), as a full disk does. Called first thing by main,
+// before MPI_Init (which writes session files too).
+void ignore_file_size_signal();
 // The signal number that asked to stop, or 0.
 int stop_requested();
 
