@@ -18,6 +18,9 @@ using nlohmann::json;
 
 namespace {
 
+// Sections and keys nest 3 deep; 64 leaves room for any hand-written value.
+constexpr int kMaxConfigDepth = 64;
+
 // Default values of every key, cloud-only ones included: tells apply_override
 // which keys exist and which take strings.
 json schema_defaults() {
@@ -42,7 +45,11 @@ std::string read_file(const std::string& path) {
 // kept up to date by the parser callback so an error can name where it happened.
 class KeyTracker {
  public:
-  bool on_event(int /*depth*/, json::parse_event_t event, json& parsed) {
+  bool on_event(int depth, json::parse_event_t event, json& parsed) {
+    // Copying a JSON value recurses once per level: a file nested ~100,000
+    // deep overflows the stack as the config is copied. Configs are 3 deep.
+    if (depth > kMaxConfigDepth) too_deep_ = true;
+    if (too_deep_) return false;  // the parser drops the rest of the value
     switch (event) {
       case json::parse_event_t::object_start: frames_.push_back({"", -1}); break;
       case json::parse_event_t::array_start: frames_.push_back({"", 0}); break;
@@ -64,6 +71,8 @@ class KeyTracker {
   }
   // The first key given twice in one object ("" none).
   const std::string& duplicate() const { return duplicate_; }
+  // Whether the file nests deeper than kMaxConfigDepth (the path says where).
+  bool too_deep() const { return too_deep_; }
   std::string path() const {
     std::string out;
     for (const auto& f : frames_) {
@@ -84,6 +93,7 @@ class KeyTracker {
   }
   std::vector<Frame> frames_;
   std::string duplicate_;
+  bool too_deep_ = false;
 };
 
 json parse_file(const std::string& path, const std::string& text) {
@@ -93,6 +103,11 @@ json parse_file(const std::string& path, const std::string& text) {
     json j = json::parse(
         text, [&keys](int depth, json::parse_event_t event, json& parsed) { return keys.on_event(depth, event, parsed); },
         true, /*ignore_comments=*/true);
+    MT_CHECK(!keys.too_deep(), "config file '", path, "' nests values more than ", kMaxConfigDepth, " levels deep",
+             keys.path().empty() ? std::string() : " (under '" + keys.path().substr(0, 40) + "...')",
+             "; a config is sections of keys (e.g. model_config.n_head), 3 levels");
+    MT_CHECK(j.is_object(), "config file '", path, "' holds a JSON ", j.type_name(), ", not an object: a config is one ",
+             "{...} of sections and keys, e.g. {\"model_config\": {\"n_head\": 4}} (configs/tiny.json)");
     MT_CHECK(keys.duplicate().empty(), "config file '", path, "': key '", keys.duplicate(),
              "' is given twice in the same object; only the last would count. Keep one of them");
     return j;
@@ -139,7 +154,16 @@ void apply_override(json& j, const std::string& assignment) {
   MT_CHECK(known.count(path), "--set '", assignment, "': unknown config key '", path, "'",
            schema::suggestion(section, key, known));
 
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  json value = json::parse(
+      text,
+      [&too_deep](int depth, json::parse_event_t, json&) {
+        too_deep = too_deep || depth > kMaxConfigDepth;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  MT_CHECK(!too_deep, "--set '", assignment.substr(0, 200), assignment.size() > 200 ? "...'" : "'",
+           ": the value nests more than ", kMaxConfigDepth, " levels deep");
   const json defaults = schema_defaults();
   const json& expected = section.empty() ? defaults.at(key) : defaults.at(section).at(key);
   // `--set name=123` means the name "123", and `--set prompt=` the empty prompt.

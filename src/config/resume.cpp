@@ -25,6 +25,63 @@ std::string shown(const json& v) {
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
+// What a model's keys mean, in one spelling. A config written out by
+// --init-from-hf (model_config_from_hf) spells out values a config file
+// leaves at a default ("mlp_hidden": 256 where the file has 0, meaning 4 * d)
+// and groups its layers otherwise (blocks 1 x 4 against 2 x 2): the same
+// model, refused as "different" when compared as written. So each key at a
+// "0: derived" default takes the value it resolves to, keys the model does
+// not use (an MHA model's MLA keys, a dense model's MoE keys) take their
+// defaults, and `architecture`, which only fills the other keys, is left out
+// (the layers' grouping into blocks: compare_meanings).
+ModelConfig meaning(ModelConfig m) {
+  const ModelConfig d;
+  m.architecture = d.architecture;
+  m.mlp_hidden = m.hidden_dim();
+  m.n_kv_head = m.kv_heads();
+  m.dense_mlp_hidden = m.dense_hidden_dim();
+  const bool mla = m.attention == AttentionKind::Mla, moe = m.ffn == FfnKind::Moe;
+  if (!mla) {
+    m.latent_dim = d.latent_dim, m.dhR = d.dhR, m.mla_rope_input = d.mla_rope_input;
+    m.mla_latent_norm = d.mla_latent_norm, m.mla_last_layer_no_rope = d.mla_last_layer_no_rope;
+  }
+  if (!moe) {
+    m.k = d.k, m.n_experts = d.n_experts, m.n_shared = d.n_shared, m.router_score = d.router_score;
+    m.moe_layers = d.moe_layers, m.shared_expert = d.shared_expert, m.router_bias = d.router_bias;
+    m.router_bias_update_rate = d.router_bias_update_rate, m.routed_scaling_factor = d.routed_scaling_factor;
+    m.n_group = d.n_group, m.topk_group = d.topk_group, m.first_k_dense = d.first_k_dense;
+    m.dense_mlp_hidden = d.dense_mlp_hidden;
+  }
+  return m;
+}
+
+// Blocks decide which layers are MoE (last_in_block) and which drop MLA's rope;
+// elsewhere only their product, the layer count, shapes the model.
+bool blocks_matter(const ModelConfig& m) {
+  return (m.ffn == FfnKind::Moe && m.moe_layers == MoeLayers::LastInBlock) ||
+         (m.attention == AttentionKind::Mla && m.mla_last_layer_no_rope);
+}
+
+// The model_config sections of saved and now as they mean, or saved as
+// written when this build cannot read it.
+void compare_meanings(nlohmann::json& saved, nlohmann::json& current, const Config& now) {
+  if (!saved.contains("model_config") || !saved["model_config"].is_object()) return;
+  try {
+    Config was = config_from_json(saved);
+    was.model = meaning(was.model);
+    Config is = now;
+    is.model = meaning(is.model);
+    // The same layers grouped otherwise: shown as they were saved, so a real
+    // change still names the key the user changed.
+    if (!blocks_matter(was.model) && !blocks_matter(is.model) && was.model.n_layers() == is.model.n_layers())
+      is.model.blocks = was.model.blocks, is.model.layers_per_block = was.model.layers_per_block;
+    saved["model_config"] = to_json(was)["model_config"];
+    current["model_config"] = to_json(is)["model_config"];
+  } catch (const std::exception&) {
+    // An older or damaged config: compared key by key as written.
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& model_shaping_keys() {
@@ -62,10 +119,11 @@ const std::vector<std::string>& resumable_keys() {
   return keys;
 }
 
-ResumeDiff compare_for_resume(const json& saved, const Config& now) {
+ResumeDiff compare_for_resume(const json& saved_as_written, const Config& now) {
   ResumeDiff diff;
-  if (!saved.is_object()) return diff;
-  const json current = to_json(now);
+  if (!saved_as_written.is_object()) return diff;
+  json saved = saved_as_written, current = to_json(now);
+  compare_meanings(saved, current, now);
   for (const auto& [key, value] : current.items()) {
     if (!saved.contains(key)) continue;
     const auto compare = [&](const std::string& path, const json& was, const json& is) {

@@ -14,6 +14,7 @@ constexpr double kMaxWatchdogSeconds = 86400;
 // Generation is bounded: a typo like max_tokens=1e9 would sample for hours.
 constexpr int64_t kMaxNewTokens = 65536;
 constexpr int64_t kMaxInferenceBatch = 1024;
+constexpr int64_t kMaxVocab = int64_t{1} << 31;
 
 void at_most(int64_t v, int64_t hi, const char* key, const char* why) {
   MT_CHECK(v <= hi, key, " must be <= ", hi, " (", why, "), got ", v);
@@ -54,6 +55,9 @@ void one_folder_name(const std::string& v, const char* key) {
 void validate_model(const ModelConfig& m, const DataConfig& d) {
   at_least(m.model_dimension, 1, "model_config.model_dimension");
   at_least(m.vocab_size, 1, "model_config.vocab_size");
+  // Token ids travel as int32 (batches, the loader) and uint32 (shards).
+  MT_CHECK(m.vocab_size <= kMaxVocab, "model_config.vocab_size (", m.vocab_size, ") must be <= ", kMaxVocab,
+           " (2^31): token ids are 32-bit integers");
   at_least(m.n_head, 1, "model_config.n_head");
   at_least(m.blocks, 1, "model_config.blocks");
   at_least(m.layers_per_block, 1, "model_config.layers_per_block");
@@ -141,6 +145,16 @@ void validate_data(const DataConfig& d) {
   at_least(d.val_batch_size, 1, "data_config.val_batch_size");
   at_least(d.micro_batch_size, 0, "data_config.micro_batch_size");
   MT_CHECK(d.eot_token >= -1, "data_config.eot_token must be a token id (>= 0) or -1 (the data's), got ", d.eot_token);
+}
+
+// Keys of two sections that must agree.
+void validate_model_data(const ModelConfig& m, const DataConfig& d) {
+  // No token of the data reaches vocab_size (the loader refuses one), so an
+  // end-of-text id at or above it would never match: document_masking would
+  // mask nothing, silently.
+  MT_CHECK(d.eot_token < m.vocab_size, "data_config.eot_token (", d.eot_token, ") must be below ",
+           "model_config.vocab_size (", m.vocab_size, "): no token can equal it, so document_masking would find no ",
+           "document boundary (-1 takes the data's own end-of-text token)");
 }
 
 void validate_lr(const LrConfig& l) {
@@ -376,6 +390,7 @@ void validate(const Config& c) {
   // Value ranges first, so the combination checks below never divide by zero.
   validate_model(c.model, c.data);
   validate_data(c.data);
+  validate_model_data(c.model, c.data);
   validate_lr(c.lr);
   validate_run(c);
   validate_mesh(c);

@@ -615,6 +615,35 @@ TEST(ConfigLoad, DuplicateKeysAreRefusedNamingThePathAndFile) {
   EXPECT_EQ(load_config(apart).config.name, "a");
 }
 
+// Issue 47: files and values that crashed or were silently wrong.
+TEST(ConfigLoad, DeepNestingIsRefusedBeforeAnyCopy) {
+  // ~200,000 levels crashed (stack overflow) when the parsed config was copied.
+  const std::string deep = write_temp("deep.json", "{\"model_config\": " + std::string(200000, '[') +
+                                                       std::string(200000, ']') + "}");
+  expect_error([&] { load_config(deep); }, {deep, "nests values more than 64 levels deep", "model_config"});
+  const std::string deep_top = write_temp("deep_top.json", std::string(100000, '[') + std::string(100000, ']'));
+  expect_error([&] { load_config(deep_top); }, {deep_top, "nests values more than"});
+  expect_error([&] { with({"rampup_batch_size=" + std::string(100, '[') + std::string(100, ']')}); },
+               {"--set 'rampup_batch_size=", "nests more than 64 levels deep"});
+}
+
+TEST(ConfigLoad, NotAnObjectIsBlamedOnTheFile) {
+  // Was blamed on an unrelated --set ("the config is not a JSON object").
+  const std::string array = write_temp("array.json", "[{\"name\": \"x\"}]");
+  expect_error([&] { load_config(array, {"training_steps=3"}); }, {array, "holds a JSON array, not an object"});
+  const std::string number = write_temp("number.json", "42");
+  expect_error([&] { load_config(number); }, {number, "holds a JSON number"});
+}
+
+TEST(ConfigErrors, TokenIdsOutsideTheVocabulary) {
+  // document_masking looked for an end-of-text id no token can have: masking did nothing.
+  expect_refused({"data_config.document_masking=true", "data_config.eot_token=320", "model_config.vocab_size=320"},
+                 {"data_config.eot_token (320) must be below model_config.vocab_size (320)"});
+  EXPECT_EQ(with({"data_config.eot_token=319", "model_config.vocab_size=320"}).data.eot_token, 319);
+  // Token ids are 32-bit: 3e9 passed and failed in the allocator.
+  expect_refused({"model_config.vocab_size=3000000000"}, {"model_config.vocab_size (3000000000) must be <= 2147483648"});
+}
+
 TEST(ConfigLoad, CloudOutputDirMapsToLocalRuns) {
   json j = tiny_json();
   j["output_dir"] = "gs://bucket/x";

@@ -26,16 +26,49 @@ TEST(ResumeConfig, ModelShapingChangesAreRefusedWithBothValues) {
   Config saved;
   saved.model.n_head = 8;
   saved.model.blocks = 3;
-  saved.model.n_shared = 2;
+  saved.model.n_kv_head = 2;
   saved.model.vocab_size = 1024;
   Config now;
   const ResumeDiff d = compare_for_resume(to_json(saved), now);
   ASSERT_EQ(d.refused.size(), 4u);
   EXPECT_TRUE(mentions(d.refused, "model_config.n_head: 8 in the checkpoint, 4 now"));
   EXPECT_TRUE(mentions(d.refused, "model_config.blocks: 3 in the checkpoint, 1 now"));
-  EXPECT_TRUE(mentions(d.refused, "model_config.n_shared"));
+  EXPECT_TRUE(mentions(d.refused, "model_config.n_kv_head: 2 in the checkpoint, 4 now"));  // 0 now: as n_head
   EXPECT_TRUE(mentions(d.refused, "model_config.vocab_size: 1024"));
   EXPECT_TRUE(d.warned.empty());
+}
+
+// Issue 47: --init-from-hf on a run with checkpoints refused the same model
+// as "different": its config spells out what the file left at a default.
+TEST(ResumeConfig, TheSameModelSpelledOtherwiseIsNoChange) {
+  Config file;  // as a config file leaves it: mlp_hidden 0 (4 * d), n_kv_head 0, 2 blocks of 2 layers
+  file.model.blocks = 2;
+  file.model.n_head = 4;
+  Config hf = file;  // as model_config_from_hf spells the same model
+  hf.model.mlp_hidden = 4 * file.model.model_dimension;
+  hf.model.n_kv_head = 4;
+  hf.model.blocks = 1;
+  hf.model.layers_per_block = 4;
+  hf.model.mla_last_layer_no_rope = !file.model.mla_last_layer_no_rope;  // an MHA model has no MLA rope
+  hf.model.architecture = Architecture::Meshtrain;
+  ResumeDiff d = compare_for_resume(to_json(file), hf);
+  EXPECT_TRUE(d.refused.empty()) << d.refused.front();
+  d = compare_for_resume(to_json(hf), file);
+  EXPECT_TRUE(d.refused.empty()) << d.refused.front();
+  // What does change the model is still refused, as written.
+  hf.model.mlp_hidden = 3 * file.model.model_dimension;
+  hf.model.layers_per_block = 3;
+  d = compare_for_resume(to_json(file), hf);
+  EXPECT_TRUE(mentions(d.refused, "model_config.mlp_hidden: 256 in the checkpoint, 192 now")) << d.refused.size();
+  EXPECT_TRUE(mentions(d.refused, "model_config.blocks: 2 in the checkpoint, 1 now"));
+  // Blocks that decide the MoE layers are compared as they are.
+  file.model.ffn = hf.model.ffn = FfnKind::Moe;
+  file.model.n_experts = hf.model.n_experts = 4;
+  file.model.moe_layers = hf.model.moe_layers = MoeLayers::LastInBlock;
+  hf.model.mlp_hidden = 4 * file.model.model_dimension;
+  hf.model.layers_per_block = 4;
+  d = compare_for_resume(to_json(file), hf);
+  EXPECT_TRUE(mentions(d.refused, "model_config.blocks: 2 in the checkpoint, 1 now"));
 }
 
 TEST(ResumeConfig, ResumableKeysPassOthersWarn) {
