@@ -145,6 +145,10 @@ std::string Checkpointer::try_load(const std::string& dir, const Check& check, n
 }
 
 nlohmann::json Checkpointer::load(const std::string& dir, const Check& check) {
+  // Named by the user (--checkpoint): a folder no resume would pick is
+  // refused before it is read, so its next save cannot remove what it loaded.
+  const std::string aside = set_aside_checkpoint(dir);
+  MT_CHECK(aside.empty(), "--checkpoint ", dir, ": ", aside);
   nlohmann::json state;
   const std::string why = try_load(dir, check, state);
   MT_CHECK(why.empty(), "cannot load checkpoint ", dir, ": ", why);

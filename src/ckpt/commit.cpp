@@ -94,7 +94,14 @@ std::string commit_checkpoint(const std::string& run_dir, const std::string& sta
   }
   rename_or_throw(staging, final_dir);
   ckpt_io::fsync_dir(root.string());
-  ckpt_io::write_file_atomic((root / ckpt_format::kLatest).string(), name + "\n");
+  // `latest` is a hint for people and tools (a resume finds the newest step
+  // itself): the checkpoint is complete whether or not it can be rewritten.
+  try {
+    ckpt_io::write_file_atomic((root / ckpt_format::kLatest).string(), name + "\n");
+  } catch (const std::exception& e) {
+    spdlog::warn("checkpoint {} is complete, but {} could not be updated to name it ({}); a resume finds the newest "
+                 "checkpoint by itself", final_dir.string(), (root / ckpt_format::kLatest).string(), e.what());
+  }
   if (had_old) remove_quietly(replaced.string(), "replaced by a re-save");
   prune(root, step, max_to_keep, keep);
   return final_dir.string();

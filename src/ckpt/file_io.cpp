@@ -13,6 +13,7 @@
 
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/fs.h"
 
 namespace meshtrain::ckpt_io {
 
@@ -34,7 +35,7 @@ void OutFile::write(const void* data, size_t n) {
     // write() may write less than asked (signals, >2 GiB on Linux); loop.
     const ssize_t w = ::write(fd_, p, n);
     if (w < 0 && errno == EINTR) continue;
-    MT_CHECK(w > 0, "cannot write ", path_, ": ", std::strerror(errno), " (disk full?)");
+    MT_CHECK(w > 0, "cannot write ", path_, ": ", write_failure(errno));
     p += w;
     n -= static_cast<size_t>(w);
   }

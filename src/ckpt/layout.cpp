@@ -5,6 +5,7 @@
 #include "manifest_format.h"
 #include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/paths.h"
 
 namespace meshtrain {
 
@@ -17,6 +18,17 @@ std::string checkpoint_dir_name(int64_t step) {
   char s[32];
   std::snprintf(s, sizeof s, "step_%08lld", static_cast<long long>(step));
   return s;
+}
+
+void require_checkpoint_root(const std::string& run_dir) {
+  const std::string root = checkpoints_root(run_dir);
+  require_writable_folder(root, "checkpoint folder");
+  for (const std::string name : {std::string(ckpt_format::kLatest), std::string(ckpt_format::kLatest) + ".tmp"}) {
+    const std::string p = (fs::path(root) / name).string(), kind = non_regular_kind(p);
+    MT_CHECK(kind.empty() || kind == "missing", "the checkpoint pointer ", p, " is ", kind,
+             ", not a file: every save rewrites it (it names the newest checkpoint); move it away or choose another ",
+             "output_dir / name");
+  }
 }
 
 std::optional<int64_t> parse_checkpoint_dir_name(const std::string& name) {

@@ -11,6 +11,7 @@
 #include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/core/crc32c.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/json_read.h"
 
 namespace meshtrain {
 
@@ -20,11 +21,7 @@ namespace {
 
 nlohmann::json parse_json_file(const fs::path& p) {
   MT_CHECK(fs::exists(p), "missing ", p.string());
-  try {
-    return nlohmann::json::parse(ckpt_io::read_file(p.string()));
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("cannot parse ", p.string(), " (truncated or corrupt?): ", e.what());
-  }
+  return parse_json_text(ckpt_io::read_file(p.string()), "checkpoint file", p.string());
 }
 
 // Along dim d, the half-open range of the global tensor a spec covers.
@@ -172,7 +169,20 @@ at::Tensor CheckpointReader::read(const std::string& name, const ShardSpec& want
   }
   MT_ASSERT(copied == out.numel(), "tensor ", name, ": shards of ", dir_, " covered ", copied, " of ", out.numel(),
             " elements");
+  check_finite(name, out);
   return out;
+}
+
+void CheckpointReader::check_finite(const std::string& name, const at::Tensor& t) const {
+  // NaN or inf weights (a diverged run, a damaged file whose checksum was
+  // redone) would train as a run of skipped steps and be saved again: named
+  // here, where the tensor and the folder are known.
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0 || at::isfinite(t).all().item<bool>()) return;
+  const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+  const bool weights = name.rfind("model.", 0) == 0;
+  MT_FAIL(weights ? "the weights of checkpoint " : "the saved state of checkpoint ", dir_, weights ? " hold" : " holds",
+          " NaN or inf: tensor '", name, "' has ", bad, " non-finite value(s) of ", t.numel(),
+          " (a diverged run, or a damaged file): use an earlier checkpoint");
 }
 
 void CheckpointReader::verify() const {

@@ -12,6 +12,7 @@
 
 #include "file_io.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/json_read.h"
 
 namespace meshtrain {
 
@@ -151,12 +152,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   MT_CHECK(static_cast<int64_t>(n) <= kMaxHeader, "safetensors header of ", path, " is too large (", n, " bytes)");
   MT_CHECK(got_header, "cannot read the header of ", path);
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    MT_FAIL("bad safetensors header in ", path, ": ", e.what());
-  }
+  const nlohmann::json header = parse_json_text(text, "the safetensors header of", path);
   MT_CHECK(header.is_object(), "bad safetensors header in ", path, ": not a JSON object");
 
   SafetensorsFile file;

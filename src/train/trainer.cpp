@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/paths.h"
 #include "meshtrain/core/log.h"
@@ -40,7 +41,7 @@ void Trainer::open_run_dir() {
     try {
       run_lock_ = std::make_unique<RunLock>(cfg.run_dir());
       // Found now, not at the first save after hours of training.
-      require_writable_folder(cfg.run_dir() + "/checkpoints", "checkpoint folder");
+      require_checkpoint_root(cfg.run_dir());  // checkpoints/ and its `latest`
       require_writable_folder(cfg.run_dir() + "/tb", "TensorBoard folder");
       const std::string metrics = cfg.run_dir() + "/metrics.jsonl", kind = non_regular_kind(metrics);
       MT_CHECK(kind.empty() || kind == "missing", "the metrics file ", metrics, " is ", kind,

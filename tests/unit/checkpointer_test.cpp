@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include "local_communicator.h"
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/checkpoint_steps.h"
 #include "meshtrain/ckpt/checkpointer.h"
 
 namespace meshtrain {
@@ -191,6 +193,72 @@ TEST_F(CheckpointerTest, ResumingFromFurtherBackSetsNewerOnesAside) {
   EXPECT_TRUE(fs::exists(step_dir(20).string() + ".superseded"));
   EXPECT_TRUE(fs::exists(step_dir(30).string() + ".superseded"));
   EXPECT_EQ(resume(), 15);
+}
+
+// Issue 47: what a run is pointed at is never read when no resume would read
+// it, nor deleted by its next save.
+TEST_F(CheckpointerTest, StagingSupersededAndUnreadableFoldersAreRefusedByName) {
+  save(10);
+  const fs::path root = fs::path(run_) / "checkpoints";
+  fs::copy(step_dir(10), root / "step_00000020.tmp-4242");  // a killed save's leftover, manifest and all
+  fs::copy(step_dir(10), root / "step_00000030.superseded");
+  fs::copy(step_dir(10), root / "step_00000040.unreadable.1");
+  const auto load = [&](const fs::path& dir) {
+    Checkpointer c(run_, world_, 3);
+    c.add("model", weights_);
+    c.add("counter", counter_);
+    return error_of([&] { c.load(dir.string(), {}); });
+  };
+  EXPECT_NE(load(root / "step_00000020.tmp-4242").find("is a staging folder"), std::string::npos);
+  EXPECT_NE(load(root / "step_00000020.tmp-4242/").find("is a staging folder"), std::string::npos);
+  EXPECT_NE(load(root / "step_00000030.superseded").find("set aside as superseded"), std::string::npos);
+  EXPECT_NE(load(root / "step_00000040.unreadable.1").find("set aside as unreadable"), std::string::npos);
+  EXPECT_EQ(load(step_dir(10)), "");
+  // The refused staging folder was not read, so the next save removing it
+  // (a leftover) removes nothing the run loaded.
+  EXPECT_EQ(set_aside_checkpoint(step_dir(10).string()), "");
+  EXPECT_EQ(set_aside_checkpoint((dir_ / "elsewhere" / "my_copy").string()), "");
+}
+
+TEST_F(CheckpointerTest, NonFiniteWeightsAreNamedAndTheOneBeforeLoads) {
+  save(10);
+  weights_.w.fill_(20.0f);
+  weights_.w[1][1] = std::numeric_limits<float>::quiet_NaN();
+  weights_.m.fill_(-20.0f);
+  counter_.value = 20;
+  ckpt_->save(20, {{"step", 20}});
+  // Loaded as the newest, it trained as a run of skipped steps; now it is skipped, naming the tensor.
+  EXPECT_EQ(resume(), 10);
+  ASSERT_EQ(unreadable_.size(), 1u);
+  EXPECT_EQ(unreadable_[0], "step_00000020");
+  Checkpointer c(run_, world_, 3);
+  c.add("model", weights_);
+  c.add("counter", counter_);
+  const std::string err = error_of([&] { c.load(step_dir(20).string(), {}); });
+  EXPECT_NE(err.find("the weights of checkpoint " + step_dir(20).string() + " hold NaN or inf"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("tensor 'model.w' has 1 non-finite value(s) of 8"), std::string::npos) << err;
+  // Any floating-point tensor alike (here the second of the component; optim.* says "the saved state").
+  weights_.w.fill_(30.0f);
+  weights_.m.fill_(std::numeric_limits<float>::infinity());
+  ckpt_->save(30, {{"step", 30}});
+  const std::string err2 = error_of([&] { c.load(step_dir(30).string(), {}); });
+  EXPECT_NE(err2.find("tensor 'model.m' has 8 non-finite value(s) of 8"), std::string::npos) << err2;
+}
+
+TEST_F(CheckpointerTest, LatestThatCannotBeWrittenDoesNotFailACompleteSave) {
+  save(10);
+  const fs::path latest = fs::path(run_) / "checkpoints" / "latest";
+  fs::remove(latest);
+  fs::create_directories(latest / "inside");  // a folder in the way of the pointer
+  EXPECT_EQ(error_of([&] { save(20); }), "");  // was: the save "failed" after the rename
+  EXPECT_TRUE(fs::exists(step_dir(20) / "manifest.json"));
+  EXPECT_EQ(resume(), 20);
+  // Train checks it at start-up instead, before any step.
+  const std::string err = error_of([&] { require_checkpoint_root(run_); });
+  EXPECT_NE(err.find("the checkpoint pointer " + latest.string() + " is a directory"), std::string::npos) << err;
+  fs::remove_all(latest);
+  EXPECT_EQ(error_of([&] { require_checkpoint_root(run_); }), "");
 }
 
 }  // namespace

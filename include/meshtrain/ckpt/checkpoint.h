@@ -74,6 +74,13 @@ void save_checkpoint(const std::string& run_dir, int64_t step, const std::vector
 // newest step first, unverified.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
+// Why a run must not be pointed at `dir` although it may hold a manifest,
+// from its folder name; "" when it may be. A staging dir (step_N.tmp-*: a
+// save in progress, or the leftover of a killed one, which the next save of
+// the run removes), a checkpoint set aside as *.superseded (an abandoned
+// history) or *.unreadable (kept as evidence): none is ever read.
+std::string set_aside_checkpoint(const std::string& dir);
+
 // The newest complete checkpoint whose files all match their sizes and
 // checksums, by step (`latest` may lag behind after a crash). Invalid ones are
 // skipped with a warning. Returns the checkpoint directory.
@@ -95,6 +102,7 @@ class CheckpointReader {
 
   // The chunk `want` describes, cut from the global tensor whatever mesh saved
   // it: resharding for free. Reads only the saved shards that overlap the chunk.
+  // A floating-point chunk holding NaN or inf is refused, naming the tensor.
   at::Tensor read(const std::string& name, const ShardSpec& want) const;
   at::Tensor read(const std::string& name) const;  // the whole tensor
 
@@ -102,6 +110,7 @@ class CheckpointReader {
 
  private:
   const nlohmann::json& tensor_entry(const std::string& name) const;
+  void check_finite(const std::string& name, const at::Tensor& t) const;
 
   std::string dir_;
   int64_t step_ = 0;

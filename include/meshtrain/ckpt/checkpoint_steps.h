@@ -19,6 +19,11 @@ namespace meshtrain {
 
 std::string checkpoints_root(const std::string& run_dir);    // run_dir/checkpoints
 std::string checkpoint_dir_name(int64_t step);                // step_00000100
+// Train's start-up check of what every save writes: run_dir/checkpoints is
+// (made) a writable folder, and `latest` (with the `latest.tmp` it is written
+// through) is a file or missing; throws naming the path in the way, so a run
+// never trains for hours towards a save that cannot complete.
+void require_checkpoint_root(const std::string& run_dir);
 // The step of a complete checkpoint's directory name; nullopt for anything else
 // (staging *.tmp-* dirs, `latest`, stray files).
 std::optional<int64_t> parse_checkpoint_dir_name(const std::string& name);
