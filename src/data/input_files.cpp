@@ -1,6 +1,11 @@
 #include "input_files.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -204,6 +209,52 @@ class JsonArrayDocuments : public DocumentReader {
   int64_t consumed_ = 0;
 };
 
+// "" when p can be opened for reading, else why not (errno's words).
+std::string unreadable(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  return "";
+}
+
+// Appends the regular files under folder (recursively, sorted per folder,
+// hidden folders and links to folders not entered) to found, and what is
+// skipped -- FIFOs, devices, broken links, link loops, unreadable files and
+// folders -- with the reason to skipped. Returns why folder itself cannot be
+// listed, "" when it can.
+std::string list_folder(const fs::path& folder, std::vector<fs::path>& found, std::vector<SkippedFile>& skipped) {
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(it->path());
+  if (ec) return ec.message();
+  std::sort(entries.begin(), entries.end());
+  for (const fs::path& e : entries) {
+    const fs::file_status st = fs::status(e, ec);  // links followed
+    if (ec) {
+      // ELOOP: a link loop; ENOENT: a link to nothing. Either is named, never fatal.
+      skipped.push_back({e.string(), ec == std::errc::too_many_symbolic_link_levels
+                                         ? "a symbolic link loop (" + ec.message() + "), not a regular file"
+                                     : ec == std::errc::no_such_file_or_directory ? "a broken link, not a regular file"
+                                                                                  : "cannot be read: " + ec.message()});
+      continue;
+    }
+    if (fs::is_directory(st)) {
+      // Hidden folders (.git, .cache) hold no corpus; a linked folder may link back (a loop).
+      if (e.filename().string().rfind('.', 0) == 0 || fs::is_symlink(e, ec)) continue;
+      const std::string why = list_folder(e, found, skipped);
+      if (!why.empty()) skipped.push_back({e.string(), "a folder that cannot be read: " + why});
+    } else if (fs::is_regular_file(st)) {
+      const std::string why = unreadable(e);
+      if (why.empty()) found.push_back(e);
+      else skipped.push_back({e.string(), "cannot be read: " + why});
+    } else {
+      // A FIFO or a device would block or never end: listed, never read.
+      skipped.push_back({e.string(), non_regular_kind(e.string()) + ", not a regular file"});
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 const char* format_name(InputFormat f) {
@@ -222,23 +273,21 @@ InputPlan plan_inputs(const std::vector<std::string>& inputs) {
   std::vector<SkippedFile> special;
   for (const auto& input : inputs) {
     fs::path p(input);
-    MT_CHECK(fs::exists(p), "prepare-data: --input '", input, "' does not exist");
-    if (fs::is_directory(p)) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(p, ec);
+    MT_CHECK(!ec || ec == std::errc::no_such_file_or_directory, "prepare-data: --input '", input, "' cannot be ",
+             "read: ", ec.message());
+    MT_CHECK(fs::exists(st), "prepare-data: --input '", input, "' does not exist");
+    if (fs::is_directory(st)) {
       std::vector<fs::path> found;
-      for (auto it = fs::recursive_directory_iterator(p); it != fs::recursive_directory_iterator(); ++it) {
-        // Hidden folders (.git, .cache) hold no corpus.
-        if (it->is_directory() && it->path().filename().string().rfind('.', 0) == 0) {
-          it.disable_recursion_pending();
-          continue;
-        }
-        if (it->is_regular_file()) found.push_back(it->path());
-        // A FIFO or a device would block or never end: listed, never read.
-        else if (!it->is_directory()) special.push_back({it->path().string(), non_regular_kind(it->path().string())});
-      }
+      const std::string why = list_folder(p, found, special);
+      MT_CHECK(why.empty(), "prepare-data: --input '", input, "' cannot be read: ", why);
       std::sort(found.begin(), found.end());
       candidates.insert(candidates.end(), found.begin(), found.end());
     } else {
       require_regular_file(input, "prepare-data: --input");
+      const std::string why = unreadable(p);
+      MT_CHECK(why.empty(), "prepare-data: --input '", input, "' cannot be read: ", why);
       candidates.push_back(p);
     }
   }
@@ -249,10 +298,7 @@ InputPlan plan_inputs(const std::vector<std::string>& inputs) {
     if (!fs::is_symlink(p)) real.insert(fs::canonical(p));
   }
   InputPlan plan;
-  for (auto& sp : special) {
-    sp.reason = (sp.reason == "missing" ? "a broken link" : sp.reason) + ", not a regular file";
-    plan.skipped.push_back(sp);
-  }
+  for (auto& sp : special) plan.skipped.push_back(sp);
   std::set<fs::path> seen;
   for (const auto& p : candidates) {
     const fs::path target = fs::canonical(p);

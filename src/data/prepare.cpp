@@ -33,6 +33,9 @@ namespace fs = std::filesystem;
 namespace meshtrain {
 namespace {
 
+// --workers above this many per core is refused (a typo, not a need).
+constexpr int64_t kWorkersPerCore = 4;
+
 using Clock = std::chrono::steady_clock;
 
 // Documents are assigned to train or val in blocks of this many, in input
@@ -359,6 +362,12 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
            "fraction > 0 gives at least one)" : "");
   MT_CHECK(opt.shard_tokens > 0, "prepare-data: --shard-tokens must be positive, got ", opt.shard_tokens);
   MT_CHECK(opt.workers >= 0, "prepare-data: --workers must be >= 0 (0: all cores), got ", opt.workers);
+  // Each worker is a thread holding documents in flight: thousands of them
+  // (a typo) add memory and switching, never speed.
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  MT_CHECK(opt.workers <= kWorkersPerCore * cores, "prepare-data: --workers ", opt.workers, " is more than ",
+           kWorkersPerCore, " per core of this machine's ", cores, " (", kWorkersPerCore * cores, "); threads beyond ",
+           "the cores add memory and switching, not speed (0 uses every core)");
   MT_CHECK(opt.text_split == "paragraph" || opt.text_split == "line" || opt.text_split == "file",
            "prepare-data: --text-split must be paragraph, line or file, got \"", opt.text_split, "\"");
   MT_CHECK(!opt.text_key.empty(), "prepare-data: --text-key must not be empty");

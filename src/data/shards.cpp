@@ -13,6 +13,8 @@
 #include <limits>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/fs.h"
 #include "meshtrain/data/tokenizer_fingerprint.h"
 
 namespace fs = std::filesystem;
@@ -102,7 +104,7 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
     } else {
       out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
     }
-    MT_CHECK(out.good(), "error writing shard ", tmp, " (disk full?)");
+    MT_CHECK(out.good(), "error writing shard ", tmp, ": ", write_failure(errno));
   }
   fs::rename(tmp, path);
 }
@@ -194,6 +196,41 @@ ShardReader::ShardReader(std::string path, int64_t vocab_size, ShardFormat forma
            " bytes");
 }
 
+void ShardReader::pread_all(int fd, int64_t offset, std::vector<char>& out, int64_t begin, int64_t count) const {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset) + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    MT_CHECK(n > 0, "shard ", path_, ": short read of tokens [", begin, ", ", begin + count, ") (",
+             n < 0 ? std::strerror(errno) : "end of file", ")");
+    done += static_cast<size_t>(n);
+  }
+}
+
+void ShardReader::check_blocks(int fd, int64_t offset, const std::vector<char>& bytes) const {
+  std::lock_guard<std::mutex> lock(sums_->mu);
+  if (sums_->crcs.empty()) {
+    // The first read: the whole file as it is now is the reference, a block
+    // at a time (a nanoGPT train.bin may be larger than memory).
+    std::vector<char> block;
+    for (int64_t b = 0; b < stamp_.size; b += kShardCheckBlock) {
+      block.resize(static_cast<size_t>(std::min(kShardCheckBlock, stamp_.size - b)));
+      pread_all(fd, b, block, 0, num_tokens_);
+      sums_->crcs.push_back(crc32c(block.data(), block.size()));
+    }
+  }
+  for (int64_t b = 0; b < static_cast<int64_t>(bytes.size()); b += kShardCheckBlock) {
+    const int64_t n = std::min<int64_t>(kShardCheckBlock, static_cast<int64_t>(bytes.size()) - b);
+    const auto index = static_cast<size_t>((offset + b) / kShardCheckBlock);
+    MT_CHECK(crc32c(bytes.data() + b, static_cast<size_t>(n)) == sums_->crcs.at(index), "shard ", path_,
+             " changed on disk since training first read it (rewritten in place, its size and modification time ",
+             "kept: bytes [", offset + b, ", ", offset + b + n, ") differ): stopping rather than training on other ",
+             "tokens. Restart the run to use the new data (a checkpoint made with another tokenizer is refused on ",
+             "resume)");
+  }
+}
+
 std::vector<int32_t> ShardReader::read(int64_t begin, int64_t count) const {
   MT_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens_, "shard ", path_, ": tokens [", begin, ", ",
            begin + count, ") are outside its ", num_tokens_, " tokens");
@@ -214,20 +251,19 @@ std::vector<int32_t> ShardReader::read(int64_t begin, int64_t count) const {
            ", ", stamp_.size, " -> ", now.size, " bytes; prepare-data run again over the data?): stopping rather "
            "than training on other tokens. Restart the run to use the new data (a checkpoint made with another "
            "tokenizer is refused on resume)");
-  std::vector<char> raw(static_cast<size_t>(count * item_size_));
-  size_t done = 0;
-  while (done < raw.size()) {
-    const ssize_t n = ::pread(f.fd, raw.data() + done, raw.size() - done,
-                              static_cast<off_t>(data_offset_ + begin * item_size_) + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    MT_CHECK(n > 0, "shard ", path_, ": short read of tokens [", begin, ", ", begin + count, ") (",
-             n < 0 ? std::strerror(errno) : "end of file", ")");
-    done += static_cast<size_t>(n);
-  }
+  // Whole blocks around the tokens, so each can be checked against its sum.
+  const int64_t lo = data_offset_ + begin * item_size_, hi = lo + count * item_size_;
+  const int64_t from = lo / kShardCheckBlock * kShardCheckBlock;
+  const int64_t to =
+      count == 0 ? from : std::min(stamp_.size, (hi + kShardCheckBlock - 1) / kShardCheckBlock * kShardCheckBlock);
+  std::vector<char> block_bytes(static_cast<size_t>(to - from));
+  pread_all(f.fd, from, block_bytes, begin, count);
+  check_blocks(f.fd, from, block_bytes);
+  const char* raw = block_bytes.data() + (lo - from);
   std::vector<int32_t> tokens(static_cast<size_t>(count));
   const int64_t limit = vocab_size_ > 0 ? vocab_size_ : std::numeric_limits<int32_t>::max();
   for (int64_t i = 0; i < count; ++i) {
-    const char* p = raw.data() + i * item_size_;
+    const char* p = raw + i * item_size_;
     int64_t v;
     switch (item_size_) {
       case 1: v = item_signed_ ? int64_t{static_cast<int8_t>(*p)} : int64_t{static_cast<uint8_t>(*p)}; break;

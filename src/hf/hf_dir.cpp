@@ -10,11 +10,13 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <sstream>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/export_guard.h"
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/json_read.h"
 #include "meshtrain/core/paths.h"
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/hf/hf_model.h"
@@ -34,13 +36,11 @@ void write_json(const fs::path& path, const nlohmann::json& j) {
 
 nlohmann::json read_json(const fs::path& path) {
   require_regular_file(path.string(), "file");
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   MT_CHECK(f.good(), "cannot read ", path.string());
-  try {
-    return nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    MT_FAIL(path.string(), " is not valid JSON: ", e.what());
-  }
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_json_text(text.str(), "file", path.string());
 }
 
 // Consecutive tensors into shards of at most max_bytes (a tensor larger than
@@ -309,7 +309,15 @@ Config with_checkpoint_hf_model(Config cfg, const std::string& checkpoint, std::
 std::map<std::string, at::Tensor> load_hf_model(const std::string& dir, const ModelConfig& m) {
   const HfCheckpoint hf(dir);
   hf.check_tensors(m);
-  auto tensors = from_hf_tensors(m, [&](const std::string& name) { return hf.tensor(name).to(at::kFloat); });
+  auto tensors = from_hf_tensors(m, [&](const std::string& name) {
+    at::Tensor t = hf.tensor(name).to(at::kFloat);
+    // NaN or inf weights would train as a run of skipped steps, never named.
+    if (t.numel() > 0 && !at::isfinite(t).all().item<bool>())
+      MT_FAIL("Hugging Face model ", dir, ": tensor '", name, "' holds NaN or inf (",
+              t.numel() - at::isfinite(t).sum().item<int64_t>(), " of ", t.numel(), " values); meshtrain starts ",
+              "only from finite weights");
+    return t;
+  });
   return tensors;
 }
 

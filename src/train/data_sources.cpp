@@ -106,8 +106,15 @@ int64_t data_eot_token(const DataConfig& data) {
   const fs::path manifest = fs::path(data.data_dir) / "manifest.json", tok = fs::path(data.data_dir) / "tokenizer.json";
   if (fs::is_regular_file(manifest)) {
     const nlohmann::json j = detail::read_json_file(manifest.string(), "dataset manifest");
-    if (j.contains("eot") && j.at("eot").is_number_integer() && j.at("eot").get<int64_t>() >= 0)
-      return j.at("eot").get<int64_t>();
+    if (j.contains("eot") && j.at("eot").is_number_integer() && j.at("eot").get<int64_t>() >= 0) {
+      const int64_t eot = j.at("eot").get<int64_t>();
+      const int64_t vocab = j.value("vocab_size", int64_t{0});
+      MT_CHECK(vocab <= 0 || eot < vocab, "dataset manifest ", manifest.string(), ": \"eot\" ", eot,
+               " is not a token of its vocabulary (\"vocab_size\" ", vocab, "), so document_masking would find no ",
+               "document boundary; the manifest was edited or damaged: prepare the data again, or set ",
+               "data_config.eot_token");
+      return eot;
+    }
   }
   if (fs::is_regular_file(tok)) {
     const int64_t eot = Tokenizer::load(tok.string()).eot();

@@ -255,6 +255,40 @@ TEST(DataLoader, ShardChangedUnderTheLoaderStopsIt) {
   EXPECT_TRUE(contains(msg, a) && contains(msg, "cannot be opened")) << msg;
 }
 
+// Issue 47: a shard rewritten in place with its size and modification time
+// kept (cp -p, a restored backup, a tool that resets the time) passed the
+// stat check; the block checksums taken at the first read catch it.
+TEST(DataLoader, ShardRewrittenWithItsSizeAndTimeKeptStopsIt) {
+  TempDir dir;
+  fs::create_directories(dir / "d");
+  std::vector<int32_t> ids(400);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 50);
+  const std::string a = (dir / "d/a.bin").string();
+  write_shard(a, ids);
+  DataLoader loader((dir / "d").string(), 8, 4, 0, 1, 100);
+  DataLoader copy = loader;  // the prefetcher's copy shares the checksums
+  const Batch first = loader.next();
+  EXPECT_EQ(first.inputs[0][1].item<int64_t>(), 1);
+  const auto t = fs::last_write_time(a);
+  {
+    std::fstream f(a, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1024 + 2 * 100);  // token 100, read by a later batch
+    f.write("\x31\x00", 2);
+  }
+  fs::last_write_time(a, t);
+  std::string msg = error_of([&] { loader.next(); });
+  EXPECT_TRUE(contains(msg, a) && contains(msg, "changed on disk since training first read it") &&
+              contains(msg, "size and modification time kept"))
+      << msg;
+  copy.restore(loader.cursor());
+  msg = error_of([&] { copy.next(); });
+  EXPECT_TRUE(contains(msg, "changed on disk since training first read it")) << msg;
+  // Untouched data reads as before, the checksums taken at the first read.
+  write_shard(a, ids);
+  DataLoader fresh((dir / "d").string(), 8, 4, 0, 1, 100);
+  for (int i = 0; i < 20; ++i) fresh.next();
+}
+
 TEST(DataLoader, PrepareDataOverARunningLoadersDataStopsIt) {
   TempDir dir;
   prepare(dir.path(), "a", "Apples and pears");

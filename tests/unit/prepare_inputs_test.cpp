@@ -216,6 +216,37 @@ TEST(PrepareInputs, FolderUsesEveryTextFileAndNamesEverySkip) {
   EXPECT_NE(msg.find("JSONL"), std::string::npos) << msg;
 }
 
+// Issue 47: a link loop in an input folder aborted with a raw filesystem
+// error; --workers 5000 started 5,000 threads.
+TEST(PrepareInputs, LinkLoopsAreSkippedAndWorkersBounded) {
+  TempDir dir;
+  fs::create_directories(dir / "corpus/sub");
+  write_text(dir / "corpus/play.txt", play(20, "p"));
+  fs::create_symlink("loop_b", dir / "corpus/loop_a");
+  fs::create_symlink("loop_a", dir / "corpus/loop_b");
+  fs::create_symlink("self", dir / "corpus/sub/self");
+  fs::create_symlink("nowhere", dir / "corpus/broken");
+  fs::create_directory_symlink("..", dir / "corpus/sub/up");  // a linked folder that leads back: not entered
+  PrepareSummary s = prepare_data(options(dir, {(dir / "corpus").string()}));
+  EXPECT_EQ(s.files, 1);
+  std::map<std::string, std::string> reasons;
+  for (const auto& [f, why] : s.skipped) reasons[fs::path(f).filename().string()] = why;
+  for (std::string f : {"loop_a", "loop_b", "self"})
+    EXPECT_NE(reasons[f].find("a symbolic link loop"), std::string::npos) << f << ": " << reasons[f];
+  EXPECT_NE(reasons["broken"].find("a broken link"), std::string::npos) << reasons["broken"];
+  // Named directly, a loop is refused naming it.
+  std::string msg = error_of([&] { prepare_data(options(dir, {(dir / "corpus/loop_a").string()})); });
+  EXPECT_NE(msg.find("loop_a' cannot be read"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("filesystem error"), std::string::npos) << msg;
+
+  auto opt = options(dir, {(dir / "corpus/play.txt").string()});
+  opt.output_dir = (dir / "many").string();
+  opt.workers = 5000;
+  msg = error_of([&] { prepare_data(opt); });
+  EXPECT_NE(msg.find("--workers 5000 is more than 4 per core"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(dir / "many"));
+}
+
 TEST(PrepareInputs, SplitIsReproducibleAndIndependentOfWorkers) {
   TempDir dir;
   write_text(dir / "input.txt", play(400, "w"));

@@ -12,6 +12,8 @@
 // first. llm.c's readers (llmc/dataloader.h, the Python loaders beside it)
 // check only header[0..2] and the file size, so they read these files as before.
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,13 @@ void write_shard(const std::string& path, const std::vector<int32_t>& tokens, in
 // file is still the one opened (device, inode, size, modification time): a
 // shard replaced under a running train -- prepare-data run again over its
 // data_dir -- stops it with an error naming the file instead of feeding it
-// other tokens.
+// other tokens. A file rewritten in place with its size and time kept passes
+// that check, so the bytes are checked too: the first read() checksums the
+// whole file in blocks of kShardCheckBlock bytes (CRC-32C), and every read()
+// reads whole blocks and compares them with those sums. Copies of a reader
+// (the prefetcher's loader) share the sums.
+constexpr int64_t kShardCheckBlock = int64_t{1} << 20;
+
 class ShardReader {
  public:
   // vocab_size > 0: read() refuses token ids >= vocab_size.
@@ -70,6 +78,19 @@ class ShardReader {
     }
   };
   Stamp stamp_;
+  // out.size() bytes of fd from offset (tokens [begin, begin + count) name
+  // the read in errors).
+  void pread_all(int fd, int64_t offset, std::vector<char>& out, int64_t begin, int64_t count) const;
+  // Checks bytes (whole blocks of fd from offset) against the sums, taking
+  // them from the whole file on the first call.
+  void check_blocks(int fd, int64_t offset, const std::vector<char>& bytes) const;
+  // The file's block checksums as the first read() found them (empty until
+  // then); shared by copies, filled and compared under the mutex.
+  struct BlockSums {
+    std::mutex mu;
+    std::vector<uint32_t> crcs;
+  };
+  std::shared_ptr<BlockSums> sums_ = std::make_shared<BlockSums>();
 };
 
 std::vector<int32_t> read_shard(const std::string& path, int64_t vocab_size = 0,
