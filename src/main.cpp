@@ -30,12 +30,15 @@
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/flight_compare.h"
+#include "meshtrain/core/fs.h"
 #include "meshtrain/core/launch_env.h"
 #include "meshtrain/core/log.h"
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/data/prepare.h"
+#include "meshtrain/dist/device.h"
 #include "meshtrain/dist/runtime.h"
 #include "meshtrain/train/bench.h"
+#include "meshtrain/train/memory_check.h"
 #include "meshtrain/train/meta_bench.h"
 #include "meshtrain/train/plan.h"
 #include "meshtrain/train/test_hooks.h"
@@ -100,6 +103,13 @@ Config model_of_hf_run(Config cfg, const std::string& checkpoint, SessionOptions
     spdlog::info("{} was initialised from the Hugging Face model {}: model_config comes from the checkpoint, not "
                  "the config file", from, o.init_from_hf);
   return cfg;
+}
+
+// Before a Session allocates what the config sizes: a model or batch that
+// cannot fit is refused naming its keys (train/memory_check.h).
+void check_memory(const Config& cfg, const Runtime& rt) {
+  const PlanDevice device = plan_device(cfg);
+  check_memory_fits(cfg, device, rank_memory_budget(device, rt.local_size(), visible_cuda_devices()));
 }
 
 // Flags shared by every subcommand that takes --config (docs/ARCHITECTURE.md, "Command line").
@@ -181,6 +191,11 @@ Runtime& start_mpi(Started& s, const Config* cfg, const LaunchEnv& launch, int* 
     s.watchdog = std::make_unique<Watchdog>(cfg->watchdog_seconds, rank, size,
                                             size > 1 ? cfg->run_dir() + "/heartbeats" : "", launch.job);
   };
+  // Open MPI writes session files under the file-size limit and, past it,
+  // fails in its own words (PMIX, orte_init): say first what the limit is.
+  if (const int64_t limit = file_size_limit(); limit > 0 && launch.rank == 0)
+    spdlog::warn("the file-size limit (ulimit -f) is {} bytes: a file meshtrain or MPI writes past it fails (if MPI "
+                 "start-up fails below, this limit is the likely cause)", limit);
   if (cfg) {
     arm(launch.rank, launch.size);
     TestHooks::from_environment().before_mpi_init(launch.rank);
@@ -240,6 +255,8 @@ struct TrainCommand : Command {
   std::optional<Config> config_to_watch() override {
     cfg = flags.load().config;
     if (!init_from_hf.empty()) cfg = with_hf_model(*cfg, init_from_hf);
+    // Before MPI_Init: under a small limit MPI's start-up fails too, in Open MPI's words only.
+    check_checkpoint_file_limit(*cfg, file_size_limit());
     return cfg;
   }
   void run(Runtime& runtime, Watchdog* watchdog) override {
@@ -251,6 +268,7 @@ struct TrainCommand : Command {
     }
     opts.watchdog = watchdog;
     opts.check_shared_run_dir = true;
+    check_memory(c, runtime);
     Trainer trainer(c, runtime, opts);
     // A run that resumed its own checkpoint continues from it, not from the HF weights again.
     if (!init_from_hf.empty() && trainer.step() == 0) load_hf_weights(trainer.model(), trainer.mesh(), init_from_hf);
@@ -290,7 +308,9 @@ struct EvalCommand : Command {
   std::optional<Config> config_to_watch() override { return cfg = use.flags.load().config; }
   void run(Runtime& runtime, Watchdog* watchdog) override {
     SessionOptions o = use.options(watchdog);
-    Session session(model_of_hf_run(*cfg, use.checkpoint, o), runtime, o);
+    const Config c = model_of_hf_run(*cfg, use.checkpoint, o);
+    check_memory(c, runtime);
+    Session session(c, runtime, o);
     const double v = evaluate(session);
     spdlog::info("step {}: val_loss {:.4f}", session.progress().step, v);
     if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
@@ -321,11 +341,16 @@ struct GenerateCommand : Command {
     if (top_k_opt->count()) c.inference.top_k = top_k;
     if (temperature_opt->count()) c.inference.temperature = temperature;
     validate(c);  // the flags above bypassed load_config's checks (max_tokens bound)
+    // Printing nothing and exiting 0 would look like an empty sample.
+    const std::string why = sample_unavailable(c);
+    MT_CHECK(why.empty(), "generate: ", why);
     return cfg = c;
   }
   void run(Runtime& runtime, Watchdog* watchdog) override {
     SessionOptions o = use.options(watchdog);
-    Session session(model_of_hf_run(*cfg, use.checkpoint, o), runtime, o);
+    const Config c = model_of_hf_run(*cfg, use.checkpoint, o);
+    check_memory(c, runtime);
+    Session session(c, runtime, o);
     const std::string text = sample(session);
     if (runtime.rank() == 0) std::cout << text << std::endl;
   }
@@ -446,7 +471,9 @@ struct BenchCommand : Command {
       if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
       return;
     }
-    const BenchResult r = run_bench(flags.load().config, runtime, opts);
+    const Config c = flags.load().config;
+    check_memory(c, runtime);
+    const BenchResult r = run_bench(c, runtime, opts);
     if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
   }
 };
@@ -506,6 +533,15 @@ struct FlightCommand : Command {
     const auto ranks = read_flights(dir, -1);
     MT_CHECK(!ranks.empty(), "no flight records in ", dir, "/flight nor heartbeats in ", dir, "/heartbeats");
     if (runtime.rank() == 0) std::cout << compare_flights(ranks);
+    // A record that cannot be read is an error, not a rank without a lag.
+    std::string unreadable;
+    for (const auto& r : ranks)
+      if (!r.problem.empty()) unreadable += "\n  " + r.problem;
+    MT_CHECK(unreadable.empty(), "meshtrain flight: the comparison above leaves out what could not be read:",
+             unreadable);
+    bool any = false;
+    for (const auto& r : ranks) any = any || r.known;
+    MT_CHECK(any, "meshtrain flight: no rank's record in ", dir, "/flight or ", dir, "/heartbeats can be read");
   }
 };
 
@@ -559,6 +595,7 @@ int run(int argc, char** argv, Started& started) {
 int main(int argc, char** argv) {
   // Nothing touches MPI before start_mpi (in run): a usage or config error
   // ends every rank alike before MPI_Init, and mpirun ends the job.
+  meshtrain::ignore_file_size_signal();  // a write past `ulimit -f` fails with a message instead
   Started started;
   try {
     const int rc = run(argc, argv, started);

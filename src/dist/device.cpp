@@ -81,6 +81,12 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
+int64_t cuda_device_memory(int index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) return 0;
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 std::string cuda_device_uuid(int index) {
   cudaDeviceProp prop{};
   MT_CHECK(cudaGetDeviceProperties(&prop, index) == cudaSuccess, "CUDA device ", index,
@@ -111,6 +117,8 @@ at::Device use_cuda_device(int index) {
 std::string cuda_device_name(int /*index*/) { return ""; }
 
 std::string cuda_device_uuid(int /*index*/) { return ""; }
+
+int64_t cuda_device_memory(int /*index*/) { return 0; }
 
 #endif
 

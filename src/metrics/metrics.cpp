@@ -1,10 +1,12 @@
 #include "meshtrain/metrics/metrics.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/fs.h"
 #include "meshtrain/core/log.h"
 
 namespace meshtrain {
@@ -83,7 +85,7 @@ void drop_rows_after(const std::string& path, int64_t last_step) {
     std::filesystem::remove(tmp, ec);
     return;
   }
-  MT_CHECK(written, "cannot write '", tmp, "' (disk full?)");
+  MT_CHECK(written, "cannot write '", tmp, "': ", write_failure(errno));
   std::filesystem::rename(tmp, path, ec);
   MT_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
   spdlog::info("{}: dropped {} row(s) after step {}, the step this run continues from (they are trained again)", path,
@@ -144,7 +146,7 @@ void MetricsLogger::log(const nlohmann::json& row) {
   const std::string line = row.dump() + "\n";
   jsonl_.write(line.data(), static_cast<std::streamsize>(line.size()));
   jsonl_.flush();
-  MT_CHECK(jsonl_.good(), "cannot write '", jsonl_path_, "' (disk full?)");
+  MT_CHECK(jsonl_.good(), "cannot write '", jsonl_path_, "': ", write_failure(errno));
   if (!tb_) return;
   const auto step = row["step"].get<int64_t>();
   for (const auto& [key, value] : row.items())

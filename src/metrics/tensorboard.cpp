@@ -2,12 +2,14 @@
 // tensorflow/core/util/event.proto and summary.proto) framed as TFRecords.
 #include "meshtrain/metrics/tensorboard.h"
 
+#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/crc32c.h"
+#include "meshtrain/core/fs.h"
 #include "meshtrain/core/host.h"
 #include "proto_wire.h"
 
@@ -84,7 +86,7 @@ void TensorBoardWriter::add_session_start(int64_t step) {
 
 void TensorBoardWriter::flush() {
   out_.flush();
-  MT_CHECK(out_.good(), "cannot write TensorBoard event file '", path_, "' (disk full?)");
+  MT_CHECK(out_.good(), "cannot write TensorBoard event file '", path_, "': ", write_failure(errno));
 }
 
 // TFRecord framing: uint64 length, masked CRC of those 8 bytes, data, masked CRC of data.
@@ -96,7 +98,7 @@ void TensorBoardWriter::write_record(const std::string& data) {
   rec += data;
   proto::put_le(rec, masked_crc32c(data.data(), data.size()), 4);
   out_.write(rec.data(), static_cast<std::streamsize>(rec.size()));
-  MT_CHECK(out_.good(), "cannot write TensorBoard event file '", path_, "' (disk full?)");
+  MT_CHECK(out_.good(), "cannot write TensorBoard event file '", path_, "': ", write_failure(errno));
 }
 
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -31,15 +32,21 @@ std::string weights_source(const Session& s) {
 
 }  // namespace
 
+std::string sample_unavailable(const Config& cfg) {
+  const std::string tok = (std::filesystem::path(cfg.data.data_dir) / "tokenizer.json").string();
+  if (!std::filesystem::exists(tok))
+    return "there is no tokenizer to encode the prompt and decode the sample: " + tok + " is missing (prepare-data " +
+           "writes it beside the shards; data_config.data_dir names the folder)";
+  if (cfg.sequence_parallel && cfg.device.tp() > 1)
+    return "sampling with sequence_parallel over tp > 1 is not supported yet (set sequence_parallel false to sample)";
+  return "";
+}
+
 std::string sample(Session& s) {
   const Config& cfg = s.config();
   const Tokenizer* tokenizer = s.tokenizer();
-  if (!tokenizer) {
-    spdlog::warn("no tokenizer.json in {}: skipping the sample", cfg.data.data_dir);
-    return {};
-  }
-  if (cfg.sequence_parallel && s.mesh().shape().tp > 1) {
-    spdlog::warn("sampling with sequence_parallel is not supported yet: skipping the sample");
+  if (const std::string why = sample_unavailable(cfg); !why.empty() || !tokenizer) {
+    spdlog::warn("skipping the sample: {}", why.empty() ? "the data has no tokenizer" : why);
     return {};
   }
   SampleOptions so;

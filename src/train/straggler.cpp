@@ -27,13 +27,14 @@ StragglerReport::StragglerReport(double threshold, int64_t log_every)
     : threshold_(threshold), log_every_(std::max<int64_t>(1, log_every)) {}
 
 void StragglerReport::restart(FlightRecorder& flight) {
-  since_ = std::chrono::steady_clock::now();
+  wall_ = 0;
   steps_ = 0;
   flight.take_op_seconds();
   started_ = true;
 }
 
-nlohmann::json StragglerReport::after_step(int64_t step, Communicator& world, FlightRecorder& flight) {
+nlohmann::json StragglerReport::after_step(int64_t step, double step_seconds, Communicator& world,
+                                           FlightRecorder& flight) {
   nlohmann::json out = nlohmann::json::object();
   if (world.size() == 1) return out;
   if (!started_) {  // the first step of this process: nothing measured before it
@@ -41,9 +42,10 @@ nlohmann::json StragglerReport::after_step(int64_t step, Communicator& world, Fl
     return out;
   }
   ++steps_;
+  wall_ += step_seconds;
   if (step % log_every_ != 0) return out;
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
-  const double busy = std::max(0.0, wall - flight.take_op_seconds()) / static_cast<double>(steps_);
+  // The ops of these steps only: step + 1, issued before this one is read, keeps its own.
+  const double busy = std::max(0.0, wall_ - flight.take_op_seconds_through(step)) / static_cast<double>(steps_);
   const at::Tensor all = world.all_gather(at::full({1}, busy, at::kDouble));
   const std::vector<double> seconds(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
   const StragglerStats s = straggler_stats(seconds, threshold_);
@@ -57,7 +59,7 @@ nlohmann::json StragglerReport::after_step(int64_t step, Communicator& world, Fl
                    "median rank {:.4f} s (more than straggler_threshold {} above it)", s.slowest, s.max, steps_,
                    s.median, threshold_);
   }
-  since_ = std::chrono::steady_clock::now();
+  wall_ = 0;
   steps_ = 0;
   return out;
 }

@@ -81,7 +81,7 @@ void Trainer::finish_step(PendingStep& p, double seconds) {
   }
   losses_.push_back(s.loss);
   grad_norms_.push_back(s.grad_norm);
-  const nlohmann::json stragglers = straggler_->after_step(p.number, mesh().cpu_world(), session_.flight());
+  const nlohmann::json stragglers = straggler_->after_step(p.number, seconds, mesh().cpu_world(), session_.flight());
   log_->step(p.number, s, p.lr, seconds, /*pipeline=*/mesh().shape().pp > 1, stragglers);
 }
 

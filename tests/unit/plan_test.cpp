@@ -15,6 +15,7 @@
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/parallelize.h"
 #include "meshtrain/train/bench.h"
+#include "meshtrain/train/memory_check.h"
 #include "meshtrain/train/plan.h"
 #include "meshtrain/train/trainer.h"
 
@@ -347,6 +348,35 @@ TEST(Plan, StaticBytesMatchATinyTrainer) {
     EXPECT_DOUBLE_EQ(w.optimizer, moments) << name(c);
   }
   fs::remove_all(dir);
+}
+
+// Issue 47: d 65536 reached the allocator (a libtorch stack trace); the plan
+// is compared with the memory first, and the message names the keys.
+TEST(MemoryCheck, APlanBeyondTheBudgetIsRefusedNamingTheKeys) {
+  Config c = load_config(std::string(MT_SOURCE_DIR) + "/configs/tiny.json").config;
+  const MemoryBudget gib{1024.0 * 1024 * 1024, "a 1 GiB test budget"};
+  check_memory_fits(c, PlanDevice::Cpu, gib);  // the tiny model fits
+  c.model.model_dimension = 65536;
+  try {
+    check_memory_fits(c, PlanDevice::Cpu, gib);
+    ADD_FAILURE() << "d 65536 fits 1 GiB?";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("more than a 1 GiB test budget"), std::string::npos) << m;
+    EXPECT_NE(m.find("model_config.model_dimension 65536"), std::string::npos) << m;
+  }
+  c = load_config(std::string(MT_SOURCE_DIR) + "/configs/tiny.json").config;
+  c.data.train_batch_size = c.data.micro_batch_size = 4096;
+  try {
+    check_memory_fits(c, PlanDevice::Cpu, gib);
+    ADD_FAILURE() << "4096 sequences fit 1 GiB?";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("data_config.train_batch_size 4096"), std::string::npos) << e.what();
+  }
+  check_memory_fits(c, PlanDevice::Cpu, MemoryBudget{});  // unknown budget: nothing checked
+  const MemoryBudget host = rank_memory_budget(PlanDevice::Cpu, 2, 0);
+  EXPECT_GT(host.bytes, 0);
+  EXPECT_NE(host.source.find("shared by its 2 ranks"), std::string::npos) << host.source;
 }
 
 }  // namespace

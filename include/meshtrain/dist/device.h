@@ -5,6 +5,7 @@
 // schedulers that set it) decide which physical GPUs a host offers.
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ c10::Device use_cuda_device(int index);
 
 // The device's product name ("NVIDIA H100 80GB HBM3"); "" in CPU builds.
 std::string cuda_device_name(int index);
+// The device's memory in bytes (cudaDeviceProp::totalGlobalMem); 0 in CPU
+// builds or when it cannot be read.
+int64_t cuda_device_memory(int index);
 
 // The NCCL library's version at run time (ncclGetVersion), e.g. "2.28.9";
 // "" when meshtrain was built without NCCL.

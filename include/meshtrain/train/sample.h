@@ -9,8 +9,14 @@
 
 namespace meshtrain {
 
-// prompt + sample, printing nothing ("" with a warning when the data has no
-// tokenizer, or under sequence parallelism). Collective.
+// Why cfg's run cannot sample, "" when it can: the data has no tokenizer to
+// encode the prompt and decode the sample (data_config.data_dir's
+// tokenizer.json), or sequence parallelism over tp > 1. The end-of-run
+// sample of train is skipped with it as a warning; `generate` is refused.
+std::string sample_unavailable(const Config& cfg);
+
+// prompt + sample, printing nothing ("" with a warning when
+// sample_unavailable says why). Collective.
 std::string sample(Session& s);
 
 }  // namespace meshtrain
