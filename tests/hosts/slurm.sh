@@ -11,10 +11,12 @@
 #   on_host h1 sbatch ...       # clients run on a host (its munge socket)
 #   slurm_wait_job ID SECS      # until the job has left the queue for good
 #
-# Partitions: "low" (the default, PriorityTier 1) and "high" (PriorityTier
-# 10), both over h1,h2; PreemptType=preempt/partition_prio with
-# PreemptMode=REQUEUE: a job in "high" requeues the "low" job it needs the
-# nodes of. Under `ip netns exec` SLURM needs cgroup/v1 (no cgroup is then
+# Partitions, all over h1,h2: "low" (the default, PriorityTier 1), "graced"
+# (PriorityTier 1, GraceTime=30: a preempted job's tasks get SIGTERM and 30 s
+# to save before SLURM requeues it, as on clusters that let jobs save) and
+# "high" (PriorityTier 10); PreemptType=preempt/partition_prio with
+# PreemptMode=REQUEUE: a job in "high" requeues the "low" or "graced" job it
+# needs the nodes of. Under `ip netns exec` SLURM needs cgroup/v1 (no cgroup is then
 # made), proctrack/linuxproc and task/none.
 
 slurm_up() {
@@ -67,6 +69,7 @@ PreemptMode=REQUEUE
 NodeName=h1 NodeAddr=$(bed_ip 1) CPUs=4 State=UNKNOWN
 NodeName=h2 NodeAddr=$(bed_ip 2) CPUs=4 State=UNKNOWN
 PartitionName=low Nodes=h1,h2 Default=YES PriorityTier=1 MaxTime=INFINITE State=UP
+PartitionName=graced Nodes=h1,h2 PriorityTier=1 GraceTime=30 MaxTime=INFINITE State=UP
 PartitionName=high Nodes=h1,h2 PriorityTier=10 MaxTime=INFINITE State=UP
 CONF
   printf 'CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n' >"$S/cgroup.conf"
