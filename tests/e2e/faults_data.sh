@@ -2,7 +2,9 @@
 # Faults that would lose data, as an operator hits them: a changed model on
 # resume, every checkpoint unreadable, an incomplete manifest, a stale
 # `latest`, corrupt checkpoints given to export/inspect, two runs in one run
-# dir, a half-written metrics.jsonl line, a full disk.
+# dir, a half-written metrics.jsonl line, a full disk, a file-size limit
+# (`ulimit -f`: SIGXFSZ killed train with no message, issue 47), inputs
+# prepare-data cannot read (a link loop, no permission) and --workers 5000.
 source "$(dirname "$0")/common.sh" "$@"
 
 prepare_corpus
@@ -115,5 +117,63 @@ if mount -t tmpfs -o size=4m tmpfs small 2>/dev/null; then
 else
   echo "note - full disk case not run: this machine does not allow mounting a tmpfs (needs root and CAP_SYS_ADMIN)"
 fi
+
+# --- A file-size limit below a checkpoint's size (ulimit -f, set by batch
+# systems): an error naming the file and the limit, like a full disk; it was
+# a death by SIGXFSZ (rc 153) with no message.
+# A limit below the checkpoint's tensors is refused before anything runs;
+# one a few KB short of its file (the tensors fit, not the safetensors
+# header beside them) fails at the write, naming the file and the limit.
+# Output goes through a pipe: a log file would be cut at the limit too.
+ck_bytes=$(stat -c %s runs/base/checkpoints/step_00000004/rank_00000.safetensors)
+limit_kb=$((ck_bytes / 2048))
+(ulimit -f "$limit_kb"; exec "$BIN" train "${T[@]}" --name fsize --training_steps 2 --fresh) 2>&1 | cat > fsize.log
+rc=${PIPESTATUS[0]}
+check "file-size limit below a checkpoint: refused before training (rc $rc)" \
+  bash -c "test $rc -eq 1 && grep -q 'above the file-size limit (ulimit -f) of $((limit_kb * 1024)) bytes' fsize.log"
+check "... nothing trained, nothing saved" bash -c "! grep -q 'Step 1,' fsize.log && test ! -e runs/fsize/checkpoints"
+# (MPI's own start-up files need ~4 MB: a model whose checkpoint is larger.)
+W=(--set model_config.model_dimension=128)
+"$BIN" train "${T[@]}" "${W[@]}" --name wide --training_steps 2 --fresh > wide.log 2>&1 || bad "wide run" "$(tail wide.log)"
+wide_bytes=$(stat -c %s runs/wide/checkpoints/step_00000002/rank_00000.safetensors)
+limit_kb=$(((wide_bytes - 6000) / 1024))
+(ulimit -f "$limit_kb"; exec "$BIN" train "${T[@]}" "${W[@]}" --name fsize3 --training_steps 2 --fresh) 2>&1 |
+  cat > fsize3.log
+rc=${PIPESTATUS[0]}
+check "a write past the file-size limit: exit 1, not a death by SIGXFSZ (rc $rc)" test $rc -eq 1
+check "... leaving no checkpoint nor staging folder" bash -c "! ls -d runs/fsize3/checkpoints/step_* 2>/dev/null"
+check "... naming the file and the limit" \
+  grep -q "cannot write .*: File too large (the file-size limit, ulimit -f, is $((limit_kb * 1024)) bytes" fsize3.log
+(ulimit -f 1; exec "${MPIRUN[@]}" -np 2 "$BIN" train "${T[@]}" --name fsize2 --n_device_axis 2 1 1 --training_steps 2 \
+  --fresh) 2>&1 | cat > fsize2.log
+rc=${PIPESTATUS[0]}
+check "file-size limit under mpirun: non-zero (rc $rc), and meshtrain says what failed" \
+  bash -c "test $rc -ne 0 && grep -q 'file-size limit (ulimit -f)' fsize2.log"
+
+# --- Inputs prepare-data cannot read: named with the reason, never a raw filesystem error.
+mkdir -p loops && cp corpus/computers loops/ && ln -s b loops/a && ln -s a loops/b
+"$BIN" prepare-data --input loops --output loops_out --vocab-size 300 > loops.log 2>&1
+check "a link loop in an input folder: skipped with the reason (rc $?)" \
+  bash -c "grep -q 'a symbolic link loop' loops_out/manifest.json && ! grep -q 'filesystem error' loops.log"
+if command -v setpriv >/dev/null && [ "$(id -u)" = 0 ]; then
+  # As root every file is readable: an unprivileged user meets the permission.
+  mkdir -p locked && cp corpus/computers locked/ && cp corpus/cookie locked/secret && chmod 000 locked/secret
+  chmod 777 . locked
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$BIN" prepare-data --input locked/secret --output locked_out1 \
+    --vocab-size 300 > locked1.log 2>&1
+  rc=$?
+  check "an unreadable --input: refused with the reason (rc $rc)" \
+    bash -c "test $rc -eq 1 && grep -q \"input 'locked/secret' cannot be read: Permission denied\" locked1.log"
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$BIN" prepare-data --input locked --output locked_out2 \
+    --vocab-size 300 > locked2.log 2>&1
+  check "an unreadable file in an input folder: skipped with the reason (rc $?)" \
+    bash -c "grep -q 'cannot be read: Permission denied' locked_out2/manifest.json"
+else
+  echo "note - unreadable inputs not tried: needs root and setpriv to run prepare-data as another user"
+fi
+"$BIN" prepare-data --input corpus --output many --vocab-size 300 --workers 5000 > many.log 2>&1
+rc=$?
+check "--workers 5000: refused naming the flag and the cores (rc $rc), nothing written" \
+  bash -c "test $rc -eq 1 && grep -q -- '--workers 5000 is more than 4 per core' many.log && test ! -e many"
 
 finish

@@ -4,7 +4,11 @@
 # flags a plain export would ignore, a run started --init-from-hf then used
 # with its own config; NaN weights when sampling, pipes and devices as inputs,
 # a garbage tokenizer, an overflowing --max-shard-size, an unknown subcommand,
-# a checkpoints path that is a file. Each refusal names the key, flag or file.
+# a checkpoints path that is a file. Issue 47: an end-of-text id outside the
+# vocabulary, generate without a tokenizer, non-finite weights to resume or
+# start from, a model or batch beyond the memory, a config that is an array
+# or nested 200,000 deep, --init-from-hf on a run that has checkpoints. Each
+# refusal names the key, flag, file or tensor.
 source "$(dirname "$0")/common.sh" "$@"
 
 prepare_corpus
@@ -157,5 +161,84 @@ check "... and the file in the way is untouched" grep -q "not a folder" runs/cpf
 mkdir -p runs/mfile/metrics.jsonl
 refused "a metrics.jsonl that is a folder: refused at start-up naming it" mf.log "metrics file runs/mfile/metrics.jsonl is a directory" \
   "$BIN" train "${T[@]}" --name mfile --training_steps 2
+
+# --- Issue 47: settings that were silently wrong, crashes without a message.
+refused "eot_token at vocab_size with document_masking: refused naming both keys" eot.log \
+  "data_config.eot_token (320) must be below model_config.vocab_size (320)" \
+  "$BIN" train "${T[@]}" --name eot --set data_config.document_masking=true --set data_config.eot_token=320
+cp -r data data_eot
+python3 - <<'PY'
+import json
+m = json.load(open("data_eot/manifest.json")); m["eot"] = m["vocab_size"] + 5
+json.dump(m, open("data_eot/manifest.json", "w"))
+PY
+refused "a manifest whose eot is outside its vocabulary: refused naming the file" eot2.log \
+  "dataset manifest data_eot/manifest.json: \"eot\" 325 is not a token of its vocabulary" \
+  "$BIN" train "${T[@]}" --name eot2 --set data_config.document_masking=true --set data_config.data_dir=data_eot --fresh
+
+cp -r data data_notok && rm data_notok/tokenizer.json
+refused "generate without the data's tokenizer.json: an error naming it, not an empty exit 0" notok.log \
+  "generate: there is no tokenizer to encode the prompt and decode the sample: data_notok/tokenizer.json is missing" \
+  "$BIN" generate "${T[@]}" --name base --set data_config.data_dir=data_notok --max_tokens 3 --prompt "The"
+
+# Non-finite weights to resume: the checkpoint is skipped naming the tensor, never trained on as skipped steps.
+cp -r runs/nanw runs/nanresume
+"$BIN" train "${T[@]}" --name nanresume --training_steps 4 > nanresume.log 2>&1
+rc=$?
+check "resume of a run whose only checkpoint holds NaN: refused (rc $rc), naming the tensor" \
+  bash -c "test $rc -eq 1 && grep -q \"none can be read\" nanresume.log &&
+           grep -qE \"weights of checkpoint runs/nanresume/checkpoints/step_00000002 hold NaN or inf: tensor 'model\\.[a-z_.0-9]+' has [0-9]+ non-finite\" nanresume.log"
+check "... no step trained on it, nothing saved over it" \
+  bash -c "! grep -q 'nan_policy' nanresume.log && test ! -e runs/nanresume/checkpoints/step_00000004"
+# A run whose step 4 was saved with NaN weights (the test hook), step 2 good.
+MESHTRAIN_TEST_NAN_WEIGHTS_AT_STEP=4 "$BIN" train "${T[@]}" --name nanolder --training_steps 4 --fresh \
+  > nanolder0.log 2>&1
+"$BIN" train "${T[@]}" --name nanolder --training_steps 6 > nanolder.log 2>&1
+rc=$?
+check "a NaN checkpoint newer than a good one: skipped naming the tensor, the good one resumes (rc $rc)" \
+  bash -c "test $rc -eq 0 && grep -q 'skipping checkpoint runs/nanolder/checkpoints/step_00000004: .*hold NaN or inf: tensor' nanolder.log &&
+           grep -q 'resumed from runs/nanolder/checkpoints/step_00000002' nanolder.log"
+check "... and the NaN one is kept as evidence (renamed by the save of its step)" \
+  test -d runs/nanolder/checkpoints/step_00000004.unreadable
+"$BIN" checkpoint export runs/base/checkpoints/step_00000002 --format hf --output hf_nan > hfnan.log 2>&1 ||
+  bad "export for the NaN HF model" "$(cat hfnan.log)"
+python3 - hf_nan <<'PY'
+import json, struct, sys, glob
+f = sorted(glob.glob(sys.argv[1] + "/*.safetensors"))[0]
+b = bytearray(open(f, "rb").read()); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+k = sorted(k for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32")[0]
+s, e = h[k]["data_offsets"]; b[8 + n + s:8 + n + s + 4] = b"\x00\x00\xc0\x7f"
+open(f, "wb").write(b); print(k)
+PY
+refused "--init-from-hf with a NaN weight: refused naming the tensor" hfnan2.log "holds NaN or inf (1 of" \
+  "$BIN" train "${T[@]}" --name hfnan --training_steps 2 --init-from-hf hf_nan --fresh
+
+# A model or a batch beyond the memory: refused naming the keys, not an allocator's stack trace.
+refused "d 65536: refused before any allocation, naming the key" mem.log "model_config.model_dimension 65536" \
+  "$BIN" train "${T[@]}" --name mem --set model_config.model_dimension=65536 --fresh
+check "d 65536: says how much it needs and has" grep -q "this config needs .* GiB per rank (meshtrain plan" mem.log
+check "d 65536: no C++ stack trace" no_trace mem.log
+refused "vocab_size 3e9 (beyond 32-bit token ids): refused naming the key" vocab.log \
+  "model_config.vocab_size (3000000000) must be <= 2147483648" \
+  "$BIN" train "${T[@]}" --name vocab --set model_config.vocab_size=3000000000 --fresh
+refused "generate with d 65536: refused too" memg.log "model_config.model_dimension 65536" \
+  "$BIN" generate "${T[@]}" --name base --set model_config.model_dimension=65536 --random_weights --prompt x
+
+# Config files that are not a config.
+echo '[{"name": "x"}]' > array.json
+refused "a JSON array as the config: blamed on the file, not on a flag" arr.log \
+  "config file 'array.json' holds a JSON array, not an object" \
+  "$BIN" train --config array.json --name arr --training_steps 3
+check "... not on --set or a flag" bash -c "! grep -q -- '--set' arr.log"
+python3 -c "open('deep.json','w').write('{\"model_config\": ' + '['*200000 + ']'*200000 + '}')"
+refused "a config nested 200,000 deep: refused naming the file (no segfault)" deep.log \
+  "config file 'deep.json' nests values more than 64 levels deep" "$BIN" plan --config deep.json
+
+# --init-from-hf on a run that already has checkpoints: it resumes them (the same model), not "a different model".
+"$BIN" train "${T[@]}" --name fromhf --training_steps 6 --init-from-hf hf_llama > fromhf-again.log 2>&1
+rc=$?
+check "--init-from-hf again on the run: resumes its checkpoint (rc $rc)" \
+  bash -c "test $rc -eq 0 && grep -q 'resumed from runs/fromhf/checkpoints/step_00000004' fromhf-again.log &&
+           ! grep -q 'different model' fromhf-again.log && test -d runs/fromhf/checkpoints/step_00000006"
 
 finish

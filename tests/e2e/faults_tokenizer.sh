@@ -125,6 +125,35 @@ check "... naming the replaced shard" grep -qE "live/(train|val)/[a-z]+_000000.b
 steps=$(wc -l < runs/live/metrics.jsonl)
 check "... within a step or two of the change ($steps rows)" test "$steps" -lt 1000
 
+# --- A shard rewritten in place with its size and modification time kept (a
+# restored backup, cp -p over it): the stat check passes; the block checksums
+# taken at the first read stop the run, naming the shard (issue 47).
+cp -r data inplace
+"$BIN" train "${T[@]}" --name inplace --set data_config.data_dir=inplace --training_steps 100000 \
+  --checkpoint_steps 100000 --fresh > inplace.log 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  [ "$(cat runs/inplace/metrics.jsonl 2>/dev/null | wc -l)" -ge 3 ] && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.2
+done
+shard=$(ls inplace/train/*.bin | head -1)
+python3 - "$shard" <<'PY'
+import os, sys
+p = sys.argv[1]; st = os.stat(p)
+with open(p, "r+b") as f:  # every token after the header becomes token 7, in place
+    f.seek(1024); n = st.st_size - 1024; f.write(b"\x07\x00" * (n // 2))
+os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+st2 = os.stat(p)
+assert (st2.st_size, st2.st_mtime_ns, st2.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+PY
+for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
+if kill -0 $pid 2>/dev/null; then kill $pid; bad "the train kept training on a shard rewritten in place"; fi
+wait $pid
+rc=$?
+check "shard rewritten in place, same size and time: the train stops non-zero (rc $rc)" test $rc -ne 0 -a $rc -ne 143
+check "... naming the shard and why" grep -q "shard $shard changed on disk since training first read it (rewritten in place" inplace.log
+
 # --- Hugging Face import accounts for every tensor (a GELU Llama exported here).
 "$BIN" checkpoint export runs/base/checkpoints/step_00000002 --format hf --output hf > export.log 2>&1 \
   || bad "export --format hf" "$(cat export.log)"

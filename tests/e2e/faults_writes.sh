@@ -2,8 +2,11 @@
 # Writes that could destroy what meshtrain did not make (issue 28, classes 1
 # and 3): prepare-data into its own inputs, a user's folder, a checkpoint or a
 # dataset; checkpoint export over the checkpoint it reads, a user's file or a
-# folder; leftovers of killed runs; run names that escape output_dir. Every
-# refusal is non-zero, names the path and leaves every byte as it was.
+# folder; leftovers of killed runs; run names that escape output_dir; a run
+# pointed at a checkpoint no resume reads (a staging folder, which its next
+# save would remove, or one set aside as *.superseded / *.unreadable); a
+# `latest` in the way of every save (issue 47). Every refusal is non-zero,
+# names the path and leaves every byte as it was.
 source "$(dirname "$0")/common.sh" "$@"
 
 prepare_corpus
@@ -163,5 +166,36 @@ check "no run dir was made outside output_dir, nor output_dir made a run dir" ba
    -a ! -e runs/a -a ! -e runs/x -a ! -e x -a ! -e abs"
 "$BIN" train "${T[@]}" --name 'ok name.v2' --training_steps 1 --fresh > okname.log 2>&1
 check "a plain name with a space and dots: trains" test -d 'runs/ok name.v2/checkpoints'
+
+# --- A run is never pointed at a checkpoint no resume reads: a staging folder
+# (its next save removed it as a leftover), or one set aside.
+cp -r runs/base runs/pointed
+R=runs/pointed/checkpoints
+cp -r $R/step_00000002 $R/step_00000003.tmp-99999  # a killed save's leftover, manifest and all
+cp -r $R/step_00000002 $R/step_00000004.superseded
+cp -r $R/step_00000002 $R/step_00000005.unreadable
+psum=$(tree_sum runs/pointed)
+refused "train --checkpoint a staging folder: refused naming it" stg.log \
+  "checkpoint $R/step_00000003.tmp-99999: it is a staging folder" \
+  "$BIN" train "${T[@]}" --name pointed --training_steps 6 --checkpoint_steps 2 --checkpoint $R/step_00000003.tmp-99999
+refused "train --checkpoint a *.superseded checkpoint: refused naming it" sup.log "set aside as superseded" \
+  "$BIN" train "${T[@]}" --name pointed --training_steps 6 --checkpoint_steps 2 --checkpoint $R/step_00000004.superseded
+refused "eval --checkpoint a *.unreadable checkpoint: refused naming it" unr.log "set aside as unreadable" \
+  "$BIN" eval "${T[@]}" --name pointed --checkpoint $R/step_00000005.unreadable
+check "the refused runs trained nothing and touched no byte" test "$(tree_sum runs/pointed)" = "$psum"
+"$BIN" train "${T[@]}" --name pointed --training_steps 4 --checkpoint_steps 2 > pointed.log 2>&1
+check "the run resumes from its newest real checkpoint (step 2) and goes on ($?)" \
+  bash -c "grep -q 'resumed from $R/step_00000002' pointed.log && test -d $R/step_00000004"
+
+# --- `latest` in the way of every save: refused at start-up, not after training.
+cp -r runs/base runs/latestdir
+rm runs/latestdir/checkpoints/latest && mkdir -p runs/latestdir/checkpoints/latest/keep
+echo mine > runs/latestdir/checkpoints/latest/keep/notes
+lsum=$(tree_sum runs/latestdir/checkpoints)
+refused "checkpoints/latest a folder: refused at start-up naming it" latest.log \
+  "checkpoint pointer runs/latestdir/checkpoints/latest is a directory" \
+  "$BIN" train "${T[@]}" --name latestdir --training_steps 4 --checkpoint_steps 2
+check "... before any step, the checkpoints as they were" \
+  bash -c "test '$(tree_sum runs/latestdir/checkpoints)' = '$lsum' && ! grep -q 'Step 3,' latest.log"
 
 finish
