@@ -105,21 +105,30 @@ check "nanoGPT data (no fingerprint) trains (rc $?)" grep -q "saved checkpoint o
 check "... with a one-line note that it cannot be checked" test "$(grep -c 'cannot be checked' nano.log)" -eq 1
 
 # --- prepare-data run again over the data_dir of a running train: the train stops, non-zero.
-cp -r data live
-"$BIN" train "${T[@]}" --name live --set data_config.data_dir=live --training_steps 100000 --checkpoint_steps 100000 \
-  --fresh > live.log 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-  [ "$(cat runs/live/metrics.jsonl 2>/dev/null | wc -l)" -ge 3 ] && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.2
-done
+# NAME: a long train on a copy of data/ named NAME, in the background ($pid),
+# once it has logged 3 steps.
+train_on_copy() {
+  cp -r data "$1"
+  "$BIN" train "${T[@]}" --name "$1" --set data_config.data_dir="$1" --training_steps 100000 \
+    --checkpoint_steps 100000 --fresh > "$1.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do
+    [ "$(cat "runs/$1/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.2
+  done
+}
+# WHAT: waits up to 2 minutes for that train to stop by itself (rc: its exit code).
+stops_by_itself() {
+  for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
+  if kill -0 $pid 2>/dev/null; then kill $pid; bad "the train kept running on $1"; fi
+  wait $pid
+  rc=$?
+}
+train_on_copy live
 "$BIN" prepare-data --input corpus2 --output live --vocab-size 320 > live-prepare.log 2>&1
 check "prepare-data over a running train's data_dir runs (rc $?)" test -f live/manifest.json
-for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
-if kill -0 $pid 2>/dev/null; then kill $pid; bad "the train kept running on replaced data"; fi
-wait $pid
-rc=$?
+stops_by_itself "replaced data"
 check "the running train stops non-zero (rc $rc)" test $rc -ne 0 -a $rc -ne 143
 check "... naming the replaced shard" grep -qE "live/(train|val)/[a-z]+_000000.bin (changed on disk|cannot be opened)" live.log
 steps=$(wc -l < runs/live/metrics.jsonl)
@@ -128,15 +137,7 @@ check "... within a step or two of the change ($steps rows)" test "$steps" -lt 1
 # --- A shard rewritten in place with its size and modification time kept (a
 # restored backup, cp -p over it): the stat check passes; the block checksums
 # taken at the first read stop the run, naming the shard (issue 47).
-cp -r data inplace
-"$BIN" train "${T[@]}" --name inplace --set data_config.data_dir=inplace --training_steps 100000 \
-  --checkpoint_steps 100000 --fresh > inplace.log 2>&1 &
-pid=$!
-for _ in $(seq 600); do
-  [ "$(cat runs/inplace/metrics.jsonl 2>/dev/null | wc -l)" -ge 3 ] && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.2
-done
+train_on_copy inplace
 shard=$(ls inplace/train/*.bin | head -1)
 python3 - "$shard" <<'PY'
 import os, sys
@@ -147,10 +148,7 @@ os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
 st2 = os.stat(p)
 assert (st2.st_size, st2.st_mtime_ns, st2.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
 PY
-for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.2; done
-if kill -0 $pid 2>/dev/null; then kill $pid; bad "the train kept training on a shard rewritten in place"; fi
-wait $pid
-rc=$?
+stops_by_itself "a shard rewritten in place"
 check "shard rewritten in place, same size and time: the train stops non-zero (rc $rc)" test $rc -ne 0 -a $rc -ne 143
 check "... naming the shard and why" grep -q "shard $shard changed on disk since training first read it (rewritten in place" inplace.log
 

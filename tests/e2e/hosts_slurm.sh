@@ -18,13 +18,7 @@
 source "$(dirname "$0")/common.sh" "$@"
 source "$SRC/tests/hosts/testbed.sh"
 source "$SRC/tests/hosts/slurm.sh"
-bed_up "$WORK/bed" 2
-slurm_up
-
-prepare_corpus
-write_config tiny.json
-S=(--set lr.warmup_steps=2 --set lr.end_steps=40 --eval_steps 1 --checkpoint_steps 1000
-   --set inference_config.max_tokens=0 --fresh)
+slurm_e2e_setup
 export MESHTRAIN_BINARY="$BIN"
 # The binary with slow steps on a job's first attempt (SLOW_MS each): long
 # enough to be stopped, and the attempt after it quick.

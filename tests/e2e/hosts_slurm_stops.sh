@@ -18,13 +18,7 @@
 source "$(dirname "$0")/common.sh" "$@"
 source "$SRC/tests/hosts/testbed.sh"
 source "$SRC/tests/hosts/slurm.sh"
-bed_up "$WORK/bed" 2
-slurm_up
-
-prepare_corpus
-write_config tiny.json
-S=(--set lr.warmup_steps=2 --set lr.end_steps=40 --eval_steps 1 --checkpoint_steps 1000
-   --set inference_config.max_tokens=0 --fresh)
+slurm_e2e_setup
 # The binary with slow steps (SLOW_MS each) while SLURM's restart count is
 # below SLOW_ATTEMPTS (default 1): long enough to be stopped, later attempts quick.
 cat > slow <<WRAP

@@ -99,6 +99,18 @@ CONF
   exit 1
 }
 
+# The e2e tests' start (tests/e2e/hosts_slurm*.sh, after common.sh): the bed
+# of two hosts, SLURM on it, the tiny corpus and config, and S, the train
+# flags every job of theirs shares.
+slurm_e2e_setup() {
+  bed_up "$WORK/bed" 2
+  slurm_up
+  prepare_corpus
+  write_config tiny.json
+  S=(--set lr.warmup_steps=2 --set lr.end_steps=40 --eval_steps 1 --checkpoint_steps 1000
+     --set inference_config.max_tokens=0 --fresh)
+}
+
 # A job's state and fields, from scontrol (it knows finished jobs for
 # MinJobAge, 300 s by default).
 slurm_job() { on_host h1 scontrol show job "$1" 2>/dev/null; }
