@@ -57,15 +57,14 @@ out=$(same runs/sb/metrics.jsonl runs/one/metrics.jsonl) && ok "sbatch across h1
 # SIGTERM too and killed the ranks 1 s later: nothing saved, the next attempt
 # started over).
 preempted() {  # LAUNCHER NAME
-  local l="$1" n="$2" id hid hst st log out
+  local l="$1" n="$2" id st log out
   id=$(MESHTRAIN_LAUNCHER="$l" MESHTRAIN_BINARY="$PWD/slowfirst" SLOW_MS=200 submit "$SRC/scripts/launch-slurm.sbatch" \
     tiny.json "${S[@]}" --training_steps 50 --name "$n" --n_device_axis 2 1 1)
   log=$(log_of "$id")
-  for _ in $(seq 300); do grep -q "Step 5," "$log" 2>/dev/null && break; sleep 0.2; done
-  hid=$(submit -p high --nodes=2 --wrap "srun hostname")
-  hst=$(slurm_wait_job "$hid" 60)
-  st=$(slurm_wait_job "$id" 120)
-  check "preempted job ($l): the high-priority job ran ($hst; ${SECONDS} s into the test)" test "$hst" = COMPLETED
+  slurm_preempt "$id" "$log"
+  st="$job_state"
+  check "preempted job ($l): the high-priority job ran ($preemptor_state; ${SECONDS} s into the test)" \
+    test "$preemptor_state" = COMPLETED
   check "preempted job ($l): preempted, requeued and COMPLETED ($st, restarts $(field "$id" Restarts))" \
     bash -c "test '$st' = COMPLETED -a '$(field "$id" Restarts)' -ge 1 && grep -q 'DUE TO PREEMPTION' $log"
   check "preempted job ($l): the ranks saved, the second attempt resumed from it" \

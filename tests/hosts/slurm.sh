@@ -111,6 +111,17 @@ slurm_e2e_setup() {
      --set inference_config.max_tokens=0 --fresh)
 }
 
+# Preempts job ID (its output LOG) once it logged step 5: a job in "high"
+# that needs both nodes. Sets preemptor_state and job_state, the last states
+# of the two (slurm_wait_job).
+slurm_preempt() {  # ID LOG
+  local hid
+  for _ in $(seq 300); do grep -q "Step 5," "$2" 2>/dev/null && break; sleep 0.2; done
+  hid=$(on_host h1 sbatch --parsable -p high --nodes=2 --exclusive --wrap "srun hostname")
+  preemptor_state=$(slurm_wait_job "$hid" 90)
+  job_state=$(slurm_wait_job "$1" 120)
+}
+
 # A job's state and fields, from scontrol (it knows finished jobs for
 # MinJobAge, 300 s by default).
 slurm_job() { on_host h1 scontrol show job "$1" 2>/dev/null; }
