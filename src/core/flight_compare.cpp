@@ -46,18 +46,6 @@ std::string op_at(const nlohmann::json& a) {
          std::to_string(l.value("step", int64_t{0})) + (l.value("in_flight", false) ? ", in it" : ", done") + ")";
 }
 
-// A flight file's axes (an object of objects) and records (an array of
-// objects) as FlightRecorder::to_json writes them; anything else cannot be compared.
-bool records_are_objects(const nlohmann::json& j) {
-  for (const auto& [name, a] : j["axes"].items())
-    if (!a.is_object()) return false;
-  if (!j.contains("records")) return true;
-  if (!j["records"].is_array()) return false;
-  for (const auto& e : j["records"])
-    if (!e.is_object()) return false;
-  return true;
-}
-
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::ostringstream os;
@@ -73,6 +61,17 @@ const nlohmann::json* record_at(const RankFlight& r, const std::string& axis, in
 }
 
 }  // namespace
+
+bool is_flight_record(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("axes") || !j["axes"].is_object()) return false;
+  for (const auto& [name, a] : j["axes"].items())
+    if (!a.is_object()) return false;
+  if (!j.contains("records")) return true;
+  if (!j["records"].is_array()) return false;
+  for (const auto& e : j["records"])
+    if (!e.is_object()) return false;
+  return true;
+}
 
 std::string describe_flight_lag(const std::vector<RankFlight>& ranks) {
   std::vector<std::string> found;
@@ -203,9 +202,8 @@ std::vector<RankFlight> read_flights(const std::string& run_dir, int world_size)
     if (fs::exists(file, ec)) {
       std::string why;
       j = try_parse_json_text(read_text(file), &why);
-      if (why.empty() && !(j.is_object() && j.contains("axes") && j["axes"].is_object()))
-        why = "it is not a flight record (no \"axes\" object)";
-      if (why.empty() && !records_are_objects(j)) why = "its \"axes\" and \"records\" are not lists of objects";
+      if (why.empty() && !is_flight_record(j))
+        why = "it is not a flight record (an \"axes\" object of objects, \"records\" a list of objects)";
       if (!why.empty()) f.problem = "flight file " + file.string() + " cannot be read: " + why;
     }
     if (f.problem.empty() && j.is_object() && j.contains("axes")) {
@@ -223,7 +221,7 @@ std::vector<RankFlight> read_flights(const std::string& run_dir, int world_size)
       }
       std::string why;
       const nlohmann::json a = try_parse_json_text(line, &why);
-      if (!line.empty() && a.is_object() && records_are_objects(nlohmann::json{{"axes", a}})) {
+      if (!line.empty() && is_flight_record(nlohmann::json{{"axes", a}})) {
         f.known = true;
         f.source = "heartbeat";
         f.axes = a;

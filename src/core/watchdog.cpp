@@ -6,11 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <iostream>
 #include <map>
 #include <sstream>
 
 #include "meshtrain/core/flight_compare.h"
+#include "meshtrain/core/json_read.h"
 #include "meshtrain/core/host.h"
 #include "meshtrain/core/log.h"
 
@@ -131,9 +133,14 @@ std::string Watchdog::flight_report(const std::vector<RankProgress>& beats) {
   // few seconds to write theirs. A stopped rank writes nothing; its
   // heartbeat's summary stands in for it.
   const auto read_file = [&](int r) {
-    std::ifstream in(fs::path(flight_dir_) / flight_file_name(r));
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    const bool ours = j.is_object() && j.contains("axes") && (job_.empty() || j.value("job", std::string()) == job_);
+    // Another rank's file, perhaps half-written or damaged: this thread must
+    // not throw (nor recurse through a deep value), so it is checked first.
+    std::ifstream in(fs::path(flight_dir_) / flight_file_name(r), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string why;
+    nlohmann::json j = try_parse_json_text(text, &why);
+    const bool ours = is_flight_record(j) &&
+                      (job_.empty() || (j.contains("job") && j["job"].is_string() && j["job"] == job_));
     return ours ? j : nlohmann::json();
   };
   const auto wait_until = std::chrono::steady_clock::now() +
@@ -153,8 +160,10 @@ std::string Watchdog::flight_report(const std::vector<RankProgress>& beats) {
       }
       ++missing;
       const RankProgress& b = beats[static_cast<size_t>(r)];
-      const nlohmann::json a = nlohmann::json::parse(b.flight, nullptr, false);
-      if (b.known && a.is_object()) f = {r, true, "heartbeat", a, nlohmann::json::array()};
+      std::string why;
+      const nlohmann::json a = try_parse_json_text(b.flight, &why);
+      if (b.known && is_flight_record(nlohmann::json{{"axes", a}}))
+        f = {r, true, "heartbeat", a, nlohmann::json::array()};
     }
     if (missing == 0 || std::chrono::steady_clock::now() >= wait_until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -25,6 +25,11 @@ struct RankFlight {
   std::string problem = "";
 };
 
+// Whether j is a flight record as FlightRecorder::to_json writes it: an
+// "axes" object of objects and, when present, "records" a list of objects.
+// Anything else (a damaged or foreign file) is never compared.
+bool is_flight_record(const nlohmann::json& j);
+
 // One sentence for the watchdog: the rank(s) whose sequence number lags on an
 // axis and the op the others wait in ("rank 1 never entered dp op #57
 // (all_reduce, step 5); ranks 0 wait in it"), or the rank stuck in an older op.
