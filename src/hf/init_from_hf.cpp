@@ -24,7 +24,7 @@ void load_hf_weights(ParallelModel& pm, Mesh& mesh, const std::string& dir) {
     // a shorter HF embedding is never padded into shape.
     if (full.dim() == 2 && l.global_shape.size() == 2 && full.size(1) == l.global_shape[1] &&
         full.size(0) == pm.model->config().vocab_size && full.size(0) < l.global_shape[0] &&
-        (l.global_name == "embed.weight" || l.global_name == "head.weight"))
+        l.vocab_rows)
       full = at::cat({full, at::zeros({l.global_shape[0] - full.size(0), full.size(1)}, full.options())}, 0);
     MT_CHECK(full.sizes().vec() == l.global_shape, "Hugging Face model ", dir, ": '", l.global_name, "' has shape ",
              full.sizes(), " but the model needs ", at::IntArrayRef(l.global_shape));

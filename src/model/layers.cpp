@@ -236,14 +236,18 @@ std::shared_ptr<RMSNorm> LayerFactory::norm(const std::string& name, int64_t d, 
 }
 
 std::shared_ptr<Embedding> LayerFactory::embedding(const std::string& name, int64_t vocab, int64_t d, double std) {
-  record_layout(name + ".weight", {{vocab, d}, 0, name + ".weight"});
+  ParamLayout l{{vocab, d}, 0, name + ".weight"};
+  l.vocab_rows = true;
+  record_layout(name + ".weight", l);
   return std::make_shared<PlainEmbedding>(draw(name + ".weight", {vocab, d}, std), precision());
 }
 
 std::shared_ptr<LMHead> LayerFactory::head(const std::string& name, int64_t d, int64_t vocab, double std,
                                            std::shared_ptr<Embedding> tied) {
   if (tied) return std::make_shared<PlainHead>(std::move(tied), precision());
-  record_layout(name + ".weight", {{vocab, d}, 0, name + ".weight"});
+  ParamLayout l{{vocab, d}, 0, name + ".weight"};
+  l.vocab_rows = true;
+  record_layout(name + ".weight", l);
   return std::make_shared<PlainHead>(draw(name + ".weight", {vocab, d}, std), precision());
 }
 

@@ -14,6 +14,17 @@ namespace meshtrain {
 
 namespace {
 
+// The tied embedding's layout says so (ParamLayout::tied_embedding): the
+// first stage's table, or (copy) the last stage's replica of it, saved once.
+void mark_tied_embedding(LayerFactory& factory, bool copy) {
+  const auto it = factory.layouts().find("embed.weight");
+  MT_ASSERT(it != factory.layouts().end(), "the tied embedding's layout was not recorded");
+  ParamLayout layout = it->second;
+  layout.tied_embedding = true;
+  layout.tied_copy = copy;
+  factory.record_layout("embed.weight", layout);
+}
+
 at::Tensor accumulate(const at::Tensor& sum, const at::Tensor& x) { return sum.defined() ? sum + x : x; }
 
 }  // namespace
@@ -58,7 +69,10 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
            cfg.model_dimension, ") must be a multiple of n_head (", cfg.n_head, ")");
   const int64_t d = cfg.model_dimension, V = cfg.vocab_size;
 
-  if (range_.has_embedding) embedding_ = register_module("embed", factory.embedding("embed", V, d, cfg.init_std));
+  if (range_.has_embedding) {
+    embedding_ = register_module("embed", factory.embedding("embed", V, d, cfg.init_std));
+    if (cfg.tie_embeddings) mark_tied_embedding(factory, /*copy=*/false);
+  }
 
   // A child "layers" with children "<i>" gives the dotted global names
   // ("layers.4.attn.wq.weight"); torch forbids dots in one module name.
@@ -80,10 +94,7 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
       // The last stage's copy of the tied weight: same name, same draw as the
       // first stage's embedding; saved once (from the first stage).
       head_ = register_module("embed", factory.head("embed", d, V, cfg.init_std, nullptr));
-      const auto it = factory.layouts().find("embed.weight");
-      ParamLayout layout = it != factory.layouts().end() ? it->second : ParamLayout{{V, d}, 0, "embed.weight"};
-      layout.tied_copy = true;
-      factory.record_layout("embed.weight", layout);
+      mark_tied_embedding(factory, /*copy=*/true);
     }
   }
 }

@@ -1,4 +1,7 @@
 // ops/paths.h: a fused operator's path as a user-scope RecordFunction event.
+#ifndef NDEBUG
+#error "paths.cpp must be compiled with NDEBUG, as libtorch is (see CMakeLists.txt)"
+#endif
 #include "meshtrain/ops/paths.h"
 
 #include <ATen/record_function.h>

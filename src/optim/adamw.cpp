@@ -52,6 +52,13 @@ AdamW::AdamW(std::vector<OptimParam> params, const LrConfig& cfg, at::ScalarType
   step_ = at::zeros({}, params_.front().param.options().dtype(at::kFloat).requires_grad(false));
 }
 
+AdamW::AdamW(std::vector<OptimParam> slots, const LrConfig& cfg, const at::Device& device)
+    : params_(std::move(slots)), cfg_(cfg) {
+  for (const auto& p : params_)
+    MT_ASSERT(p.exp_avg.defined() && p.exp_avg_sq.defined(), "AdamW slot '", p.name, "' without its moments");
+  step_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+}
+
 int64_t AdamW::steps_taken() const { return static_cast<int64_t>(step_.item<float>()); }
 
 void AdamW::set_steps_taken(int64_t s) {
@@ -61,7 +68,19 @@ void AdamW::set_steps_taken(int64_t s) {
 
 void AdamW::step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale,
                  const std::vector<at::Tensor>& casts) {
+  std::vector<at::Tensor> values, grads;
+  for (const OptimParam& o : params_) {
+    values.push_back(o.param);
+    grads.push_back(o.param.grad());
+  }
+  step(values, grads, lr, found_inf, grad_scale, casts);
+}
+
+void AdamW::step(const std::vector<at::Tensor>& values, const std::vector<at::Tensor>& grads, const LearningRate& lr,
+                 const at::Tensor& found_inf, const at::Tensor& grad_scale, const std::vector<at::Tensor>& casts) {
   at::NoGradGuard no_grad;
+  MT_ASSERT(values.size() == params_.size() && grads.size() == params_.size(), "AdamW::step: ", values.size(),
+            " tensors and ", grads.size(), " gradients for ", params_.size(), " slots");
   MT_ASSERT(casts.empty() || casts.size() == params_.size(), "AdamW::step: ", casts.size(), " casts for ",
             params_.size(), " parameters");
   // [decay][has a cast]: one call per group (a call's casts are all or
@@ -71,10 +90,10 @@ void AdamW::step(const LearningRate& lr, const at::Tensor& found_inf, const at::
   std::vector<at::Tensor> p[2][2], g[2][2], m[2][2], v[2][2], c[2][2];
   for (size_t k = 0; k < params_.size(); ++k) {
     const OptimParam& o = params_[k];
-    const at::Tensor& grad = o.param.grad();
+    const at::Tensor& grad = grads[k];
     if (!grad.defined()) continue;
     const int i = o.decay ? 1 : 0, j = ours && casts[k].defined() ? 1 : 0;
-    p[i][j].push_back(o.param);
+    p[i][j].push_back(values[k]);
     g[i][j].push_back(grad);
     m[i][j].push_back(o.exp_avg);
     v[i][j].push_back(o.exp_avg_sq);

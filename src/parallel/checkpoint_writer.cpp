@@ -9,6 +9,7 @@
 #endif
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fsdp.h"
 
 namespace meshtrain {
@@ -123,10 +124,11 @@ void gather_to_writer(const ParallelModel& pm, const std::vector<size_t>& params
 std::vector<at::Tensor> params_to_save(ParallelModel& pm, const Mesh& mesh, HostCopies& host) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> out(pm.params.size());
-  const bool sharded = pm.fsdp && pm.fsdp->stage() == 3;
+  Fsdp* fsdp = pm.data_parallel ? pm.data_parallel->fsdp() : nullptr;
+  const bool sharded = fsdp && fsdp->stage() == 3;
   std::vector<bool> in_unit(pm.params.size(), false);
   if (sharded)
-    for (Fsdp::Unit& u : pm.fsdp->units())
+    for (Fsdp::Unit& u : fsdp->units())
       for (Fsdp::Flat& f : u.flats) {
         std::vector<bool> written;
         for (size_t i : f.params) {

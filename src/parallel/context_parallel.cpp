@@ -29,18 +29,16 @@ bool uses_token_layouts(const Config& cfg, const Mesh& mesh) {
   return mesh.shape().cp > 1 || cfg.data.document_masking;
 }
 
-void lay_out_tokens(std::vector<Microbatch>& mbs, const at::Tensor& host_inputs, const Config& cfg, Mesh& mesh) {
+void lay_out_tokens(std::vector<Microbatch>& mbs, const Config& cfg, Mesh& mesh) {
   const int64_t cp = mesh.shape().cp, rank = mesh.cp_rank();
   // The meta device's synthetic batches come without the data's eot: one document per row.
   const int64_t eot = cfg.data.document_masking ? cfg.data.eot_token : -1;
-  const std::vector<Microbatch> host = split_microbatches(cfg, host_inputs, host_inputs);
-  MT_ASSERT(host.size() == mbs.size(), "token layouts: ", host.size(), " host microbatches for ", mbs.size());
   Communicator* group = &mesh.cp();
-  for (size_t i = 0; i < mbs.size(); ++i) {
-    Microbatch& m = mbs[i];
+  for (Microbatch& m : mbs) {
+    MT_ASSERT(m.host_inputs.defined(), "token layouts need the microbatch's inputs on the host");
     const at::Device device = m.inputs.device();
     auto layout = std::make_shared<TokenLayout>(
-        make_token_layout(host[i].inputs, eot, rank, cp, device, /*varlen=*/device.is_cuda()));
+        make_token_layout(m.host_inputs, eot, rank, cp, device, /*varlen=*/device.is_cuda()));
     if (cp > 1) layout->gather = [group](const at::Tensor& x, int64_t dim) { return gather_context(x, dim, *group); };
     m.layout = std::move(layout);
     m.inputs = context_chunks(m.inputs, 1, rank, cp);

@@ -55,23 +55,21 @@ at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, 
   return out;
 }
 
-void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                     const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
-                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, const LearningRate& lr, const LrConfig& cfg,
-                     const at::Tensor& found_inf, const at::Tensor& grad_scale) {
-  std::vector<at::Tensor> p[2], g[2], m[2], v[2];
-  for (size_t k = 0; k < params.size(); ++k)
-    for (const auto& [lo, hi, decay] : runs[k]->runs) {
-      const int i = decay ? 1 : 0;
-      p[i].push_back(params[k].narrow(0, lo, hi - lo));
-      g[i].push_back(grads[k].narrow(0, lo, hi - lo));
-      m[i].push_back(exp_avg[k].narrow(0, lo, hi - lo));
-      v[i].push_back(exp_avg_sq[k].narrow(0, lo, hi - lo));
-    }
-  step.add_(1);
-  for (int i = 0; i < 2; ++i)
-    fused_adamw(p[i], g[i], m[i], v[i], step, lr, cfg, i == 1 ? cfg.weight_decay : 0.0, found_inf, grad_scale);
-  if (found_inf.defined()) step.sub_(found_inf);
+std::vector<OptimParam> slice_slots(const std::vector<const SliceRuns*>& runs, const std::vector<at::Tensor>& exp_avg,
+                                    const std::vector<at::Tensor>& exp_avg_sq) {
+  std::vector<OptimParam> slots;
+  for (size_t k = 0; k < runs.size(); ++k)
+    for (const auto& [lo, hi, decay] : runs[k]->runs)
+      slots.push_back({"", at::Tensor(), decay, exp_avg[k].narrow(0, lo, hi - lo), exp_avg_sq[k].narrow(0, lo, hi - lo)});
+  return slots;
+}
+
+std::vector<at::Tensor> slice_run_views(const std::vector<const SliceRuns*>& runs,
+                                        const std::vector<at::Tensor>& slices) {
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < runs.size(); ++k)
+    for (const auto& [lo, hi, decay] : runs[k]->runs) out.push_back(slices[k].narrow(0, lo, hi - lo));
+  return out;
 }
 
 }  // namespace meshtrain

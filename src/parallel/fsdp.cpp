@@ -14,6 +14,7 @@
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/flat_slices.h"
+#include "gradient_sums.h"
 
 namespace meshtrain {
 
@@ -119,7 +120,6 @@ Fsdp::Fsdp(ParallelModel& pm, Mesh& mesh, int stage, bool keep_gathered)
     // The root unit (embedding, head) is gathered once per step: fp32.
     const bool cast = split && u != 0 && p.layout.compute_cast;
     spaces[u][(ep && p.layout.expert_split ? 2 : 0) + (cast ? 1 : 0)].push_back(i);
-    p.fsdp_reduced = u != 0;
   }
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t k = 0; k < 4; ++k) {
@@ -385,14 +385,21 @@ void Fsdp::zero_grad() {
     for (Flat& f : u.flats) f.grad.zero_();
 }
 
+namespace {
+
+Fsdp* fsdp_of(ParallelModel& pm) { return pm.data_parallel ? pm.data_parallel->fsdp() : nullptr; }
+
+}  // namespace
+
 void gather_params(ParallelModel& pm) {
-  if (pm.fsdp) pm.fsdp->gather_all();
+  if (Fsdp* f = fsdp_of(pm)) f->gather_all();
 }
 
 void release_params(ParallelModel& pm, bool written) {
-  if (!pm.fsdp) return;
-  if (written) pm.fsdp->params_written();
-  pm.fsdp->release_all();
+  Fsdp* f = fsdp_of(pm);
+  if (!f) return;
+  if (written) f->params_written();
+  f->release_all();
 }
 
 }  // namespace meshtrain

@@ -31,13 +31,13 @@ int64_t chunk_of(const std::string& path, const std::vector<LayerSpan>& chunks) 
 }
 
 // Whether the dp sum of p can run during backward: the parameters whose
-// gradient needs another group or another sum first stay with
-// synchronize_gradients (see grad_buckets.h).
-bool bucketable(const ParamInfo& p, const Mesh& mesh, bool tied) {
-  if (!p.tensor.requires_grad() || p.fsdp_reduced) return false;
+// gradient needs another group or another sum first are summed after it
+// (see grad_buckets.h).
+bool bucketable(const ParamInfo& p, const Mesh& mesh) {
+  if (!p.tensor.requires_grad()) return false;
   if (p.sequence_parallel_grad && mesh.shape().tp > 1) return false;
   if (p.layout.expert_split && mesh.shape().ep > 1) return false;  // expert_dp(), not dp
-  if (tied && mesh.shape().pp > 1 && p.layout.global_name == "embed.weight") return false;
+  if (p.layout.tied_embedding && mesh.shape().pp > 1) return false;
   return true;
 }
 
@@ -59,11 +59,10 @@ GradBuckets::GradBuckets(ParallelModel& pm, Mesh& mesh, int64_t bucket_bytes) : 
   armed_.assign(n, 0);
   ready_.assign(n, 0);
   const std::vector<LayerSpan> chunks = pm.model->range().chunks();
-  const bool tied = pm.model->config().tie_embeddings;
   int64_t bytes = 0;
   for (size_t k = n; k-- > 0;) {
     ParamInfo& p = pm.params[k];
-    if (!bucketable(p, mesh, tied)) continue;
+    if (!bucketable(p, mesh)) continue;
     chunk_of_[k] = chunk_of(p.path, chunks);
     const auto nbytes = static_cast<int64_t>(p.tensor.nbytes());
     const bool same_dtype =
@@ -75,7 +74,6 @@ GradBuckets::GradBuckets(ParallelModel& pm, Mesh& mesh, int64_t bucket_bytes) : 
     buckets_.back().params.push_back(k);
     bytes += nbytes;
     bucket_of_[k] = static_cast<int64_t>(buckets_.size()) - 1;
-    p.bucket_reduced = true;
     torch::autograd::impl::set_post_acc_grad_hooks(p.tensor,
                                                    std::make_unique<ReadyHook>([this, k] { on_grad_ready(k); }));
   }

@@ -40,12 +40,19 @@ double RoundSums::wait_seconds() const {
 
 double sum_value(const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; }
 
-std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets) {
+std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets,
+                                           const at::Tensor& host_inputs) {
   const int64_t b = inputs.size(0);
   const int64_t mb = cfg.data.micro_batch_size > 0 ? std::min<int64_t>(cfg.data.micro_batch_size, b) : b;
   MT_CHECK(b % mb == 0, "data_config.micro_batch_size=", mb, " must divide the per-dp-rank batch ", b);
+  MT_ASSERT(!host_inputs.defined() || host_inputs.size(0) == b, "microbatches: ", host_inputs.size(0),
+            " host rows for ", b);
   std::vector<Microbatch> out;
-  for (int64_t s = 0; s < b; s += mb) out.push_back({inputs.narrow(0, s, mb), targets.narrow(0, s, mb)});
+  for (int64_t s = 0; s < b; s += mb) {
+    Microbatch m{inputs.narrow(0, s, mb), targets.narrow(0, s, mb)};
+    if (host_inputs.defined()) m.host_inputs = host_inputs.narrow(0, s, mb);
+    out.push_back(std::move(m));
+  }
   return out;
 }
 

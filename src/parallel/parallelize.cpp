@@ -1,8 +1,10 @@
+// parallelize(): the one place parallelism is applied (see parallelize.h).
 #include "meshtrain/parallel/parallelize.h"
 
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/expert_parallel.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 
@@ -39,8 +41,11 @@ int64_t virtual_stages(const Config& cfg, int64_t pp) {
   return cfg.pipeline_schedule == PipelineSchedule::Interleaved && pp > 1 ? cfg.virtual_stages : 1;
 }
 
-ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
-  ParallelModel pm;
+ParallelModel::~ParallelModel() = default;
+
+std::unique_ptr<ParallelModel> build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
+  auto owned = std::make_unique<ParallelModel>();
+  ParallelModel& pm = *owned;
   pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp, virtual_stages(cfg, mesh.shape().pp))[mesh.coord().pp];
   MT_CHECK(!meta || mesh.shape().tp == 1, "the meta device models one unsharded rank (tp = 1), got tp = ",
            mesh.shape().tp);
@@ -73,6 +78,18 @@ ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
     p.sequence_parallel_grad = pm.factory->sequence_parallel() && p.layout.reads_sequence_shard;
     pm.params.push_back(std::move(p));
   }
+  return owned;
+}
+
+std::unique_ptr<ParallelModel> parallelize(const Config& cfg, Mesh& mesh, const at::Device& device, bool meta) {
+  // 1-3: tp through the layer factory, this rank's pipeline stage(s), and
+  // activation recomputation in the blocks (activation_checkpointing).
+  std::unique_ptr<ParallelModel> pm = build_parallel_model(cfg, mesh, meta);
+  // 4: the device; the parameter list follows the moved tensors.
+  pm->model->to(device);
+  for (auto& p : pm->params) p.tensor = pm->model->named_parameters()[p.path];
+  // 5: the data-parallel strategy over what this rank holds.
+  pm->data_parallel = make_data_parallel(*pm, mesh, cfg);
   return pm;
 }
 

@@ -4,7 +4,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/parallel/context_parallel.h"
-#include "meshtrain/parallel/grad_buckets.h"
+#include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/schedules.h"
 
 namespace meshtrain {
@@ -20,7 +20,7 @@ RoundSums run_single_stage(ParallelModel& pm, const std::vector<Microbatch>& mbs
     at::Tensor losses = pm.model->token_losses(h, mb.targets);
     accumulate_losses(sums, losses);
     accumulate_aux(sums, aux, mb.inputs.size(0));
-    if (spec.backward && spec.final_round && pm.grad_buckets && &mb == &mbs.back()) pm.grad_buckets->arm(0);
+    if (spec.backward && spec.final_round && pm.data_parallel && &mb == &mbs.back()) pm.data_parallel->arm(0);
     if (spec.backward) run_backward(spec, {stage_loss(losses, aux, mb.inputs.size(0), spec)}, {});
     sums.peak_live_microbatches = std::max<int64_t>(sums.peak_live_microbatches, 1);
   }
@@ -33,9 +33,11 @@ RoundSums run_round(ParallelModel& pm, Mesh& mesh, const Config& cfg, const at::
                     const at::Tensor& targets, const RoundSpec& spec, const at::Tensor& host_inputs) {
   std::optional<at::NoGradGuard> no_grad;
   if (!spec.backward) no_grad.emplace();
-  std::vector<Microbatch> mbs = split_microbatches(cfg, inputs, targets);
-  if (uses_token_layouts(cfg, mesh))
-    lay_out_tokens(mbs, host_inputs.defined() ? host_inputs : inputs.cpu(), cfg, mesh);
+  // Token layouts are built on the host from the same split rows, once.
+  const bool layouts = uses_token_layouts(cfg, mesh);
+  const at::Tensor host = !layouts ? at::Tensor() : host_inputs.defined() ? host_inputs : inputs.cpu();
+  std::vector<Microbatch> mbs = split_microbatches(cfg, inputs, targets, host);
+  if (layouts) lay_out_tokens(mbs, cfg, mesh);
   if (mesh.shape().pp == 1) return run_single_stage(pm, mbs, spec);
   return run_pipeline(pm, mesh, cfg, std::move(mbs), spec);
 }

@@ -22,7 +22,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
-#include "meshtrain/parallel/grad_buckets.h"
+#include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/pipeline_plan.h"
 #include "wait_clock.h"
 
@@ -76,10 +76,10 @@ class StageRunner {
                 " on a stage of ", chunks_);
       if (plan[i].step == PipeStep::Backward) last_backward[static_cast<size_t>(plan[i].chunk)] = i;
     }
-    const bool arm = spec_.backward && spec_.final_round && pm_.grad_buckets;
+    const bool arm = spec_.backward && spec_.final_round && pm_.data_parallel;
     for (size_t i = 0; i < plan.size(); ++i) {
       const PipeOp& op = plan[i];
-      if (arm && i == last_backward[static_cast<size_t>(op.chunk)]) pm_.grad_buckets->arm(op.chunk);
+      if (arm && i == last_backward[static_cast<size_t>(op.chunk)]) pm_.data_parallel->arm(op.chunk);
       // A send next to a receive go as one send_recv (never a compute step,
       // so i + 1 is no backward to arm).
       if (i + 1 < plan.size() && paired_transfers(op, plan[i + 1])) {

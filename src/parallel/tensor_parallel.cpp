@@ -148,7 +148,9 @@ class TensorParallelFactory : public LayerFactory {
   std::shared_ptr<Embedding> embedding(const std::string& name, int64_t vocab, int64_t d, double std) override {
     const std::string w = name + ".weight";
     const VocabRange r = vocab_range(vocab, tp_size(), tp_rank());
-    record_layout(w, {{r.padded, d}, 0, w});
+    ParamLayout l{{r.padded, d}, 0, w};
+    l.vocab_rows = true;
+    record_layout(w, l);
     return make_vocab_parallel_embedding(vocab_shard(seed(), w, d, std, r), r, this);
   }
 
@@ -159,7 +161,9 @@ class TensorParallelFactory : public LayerFactory {
     const VocabRange r = vocab_range(vocab, tp_size(), tp_rank());
     if (tied) return make_vocab_parallel_head(at::Tensor(), std::move(tied), r, this, &tp_);
     const std::string w = name + ".weight";
-    record_layout(w, {{r.padded, d}, 0, w});
+    ParamLayout l{{r.padded, d}, 0, w};
+    l.vocab_rows = true;
+    record_layout(w, l);
     return make_vocab_parallel_head(vocab_shard(seed(), w, d, std, r), nullptr, r, this, &tp_);
   }
 

@@ -8,14 +8,13 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/flat_slices.h"
+#include "gradient_sums.h"
 
 namespace meshtrain {
 
-ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype)
+ZeroDataParallel::ZeroDataParallel(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype)
     : pm_(pm), mesh_(mesh), cfg_(cfg), state_dtype_(state_dtype) {
   MT_CHECK(!pm.params.empty(), "zero_stage 1: this rank has no parameters");
-  const auto opts = pm.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
-  step_t_ = at::zeros({}, opts);
   const bool ep = mesh.shape().ep > 1;
   Group dense, experts;
   for (size_t i = 0; i < pm.params.size(); ++i)
@@ -26,9 +25,17 @@ ZeroOptimizer::ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg,
     init_group(experts, mesh.expert_dp(), mesh.coord().dp / mesh.shape().ep, mesh.shape().dp / mesh.shape().ep);
     groups_.push_back(std::move(experts));
   }
+  std::vector<const SliceRuns*> runs;
+  std::vector<at::Tensor> m, v;
+  for (const Group& g : groups_) {
+    runs.push_back(&g.slices);
+    m.push_back(g.exp_avg);
+    v.push_back(g.exp_avg_sq);
+  }
+  opt_ = std::make_unique<AdamW>(slice_slots(runs, m, v), cfg, pm.params.front().tensor.device());
 }
 
-void ZeroOptimizer::init_group(Group& g, Communicator& comm, int rank, int size) {
+void ZeroDataParallel::init_group(Group& g, Communicator& comm, int rank, int size) {
   g.comm = &comm;
   int64_t total = 0;
   for (size_t i : g.params) {
@@ -45,7 +52,7 @@ void ZeroOptimizer::init_group(Group& g, Communicator& comm, int rank, int size)
   g.slices = slice_runs(pm_, mesh_, g.params, g.offsets, g.begin, g.slice);
 }
 
-at::Tensor ZeroOptimizer::flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const {
+at::Tensor ZeroDataParallel::flat_of(const Group& g, const std::vector<at::Tensor>& per_param) const {
   at::Tensor flat = at::zeros({g.padded}, g.grad.options());
   for (size_t j = 0; j < g.params.size(); ++j) {
     const size_t i = g.params[j];
@@ -58,16 +65,17 @@ at::Tensor ZeroOptimizer::flat_of(const Group& g, const std::vector<at::Tensor>&
   return flat;
 }
 
-at::Tensor ZeroOptimizer::owned_slice(const Group& g, const std::vector<at::Tensor>& per_param) const {
+at::Tensor ZeroDataParallel::owned_slice(const Group& g, const std::vector<at::Tensor>& per_param) const {
   return slice_of(pm_, g.params, g.offsets, g.begin, g.slice, per_param, g.grad.options());
 }
 
-void ZeroOptimizer::unflatten(const Group& g, const at::Tensor& flat, std::vector<at::Tensor>& out) const {
+void ZeroDataParallel::unflatten(const Group& g, const at::Tensor& flat, std::vector<at::Tensor>& out) const {
   meshtrain::unflatten(pm_, g.params, g.offsets, flat, out);
 }
 
-at::Tensor ZeroOptimizer::reduce_gradients() {
+void ZeroDataParallel::reduce() {
   at::NoGradGuard no_grad;
+  sum_partial_gradients(pm_, mesh_, all_params(pm_));
   std::vector<at::Tensor> grads;
   for (const auto& p : pm_.params) grads.push_back(p.tensor.grad());
   std::vector<at::Tensor> flats;
@@ -75,39 +83,39 @@ at::Tensor ZeroOptimizer::reduce_gradients() {
   grads.clear();
   // The full gradients are no longer needed: free them before the collective.
   for (auto& p : pm_.params) p.tensor.mutable_grad() = at::Tensor();
-  at::Tensor sq;
   for (size_t k = 0; k < groups_.size(); ++k) {
     Group& g = groups_[k];
     g.grad = g.comm->size() > 1 ? g.comm->reduce_scatter(flats[k], 0) : flats[k];
+  }
+}
+
+at::Tensor ZeroDataParallel::grad_norm() {
+  at::NoGradGuard no_grad;
+  at::Tensor sq;
+  for (const Group& g : groups_) {
     const at::Tensor part = (g.grad.to(at::kDouble).pow(2) * g.slices.norm_mask).sum().reshape({1});
     sq = sq.defined() ? sq + part : part;
   }
   // Each dp rank holds a different part of the summed gradient: dp adds up
-  // too, unlike grad_norm (data_parallel.h) where dp replicas are identical. (The expert
-  // slices partition each ep rank's experts over expert_dp, and the ep ranks
-  // hold different experts: summing over dp counts every element once.)
-  if (mesh_.shape().dp > 1) mesh_.dp().all_reduce(sq);
-  if (mesh_.shape().tp > 1) mesh_.tp().all_reduce(sq);
-  if (mesh_.shape().pp > 1) mesh_.pp().all_reduce(sq);
-  return sq.sqrt().squeeze(0);
+  // too, unlike the replicated strategy's norm where dp replicas are
+  // identical. (The expert slices partition each ep rank's experts over
+  // expert_dp, and the ep ranks hold different experts: summing over dp
+  // counts every element once.)
+  return global_norm(sq, mesh_, /*sharded_over_dp=*/true);
 }
 
-void ZeroOptimizer::step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) {
+void ZeroDataParallel::update(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> params;
   for (const auto& p : pm_.params) params.push_back(p.tensor.detach());
-  std::vector<at::Tensor> owned;
-  for (const Group& g : groups_) owned.push_back(owned_slice(g, params));
-
-  std::vector<at::Tensor> grads, m, v;
+  std::vector<at::Tensor> owned, grads;
   std::vector<const SliceRuns*> runs;
   for (const Group& g : groups_) {
+    owned.push_back(owned_slice(g, params));
     grads.push_back(g.grad);
-    m.push_back(g.exp_avg);
-    v.push_back(g.exp_avg_sq);
     runs.push_back(&g.slices);
   }
-  adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf, grad_scale);
+  opt_->step(slice_run_views(runs, owned), slice_run_views(runs, grads), lr, found_inf, grad_scale);
 
   std::vector<at::Tensor> updated(pm_.params.size());
   for (size_t k = 0; k < groups_.size(); ++k) {
@@ -121,20 +129,17 @@ void ZeroOptimizer::step(const LearningRate& lr, const at::Tensor& found_inf, co
   }
 }
 
-int64_t ZeroOptimizer::steps_taken() const { return static_cast<int64_t>(step_t_.item<float>()); }
+int64_t ZeroDataParallel::steps_taken() const { return opt_->steps_taken(); }
 
-void ZeroOptimizer::set_steps_taken(int64_t s) {
-  at::NoGradGuard no_grad;
-  step_t_.fill_(static_cast<double>(s));
-}
+void ZeroDataParallel::set_steps_taken(int64_t s) { opt_->set_steps_taken(s); }
 
-int64_t ZeroOptimizer::state_numel() const {
+int64_t ZeroDataParallel::state_numel() const {
   int64_t n = 0;
   for (const Group& g : groups_) n += g.exp_avg.numel() + g.exp_avg_sq.numel();
   return n;
 }
 
-ResidentBytes ZeroOptimizer::resident_bytes() const {
+ResidentBytes ZeroDataParallel::resident_bytes() const {
   ResidentBytes b = parameter_bytes(pm_);
   for (const Group& g : groups_) {
     b.grads += static_cast<int64_t>(g.grad.nbytes());
@@ -143,7 +148,7 @@ ResidentBytes ZeroOptimizer::resident_bytes() const {
   return b;
 }
 
-std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::moments_to_save(HostCopies& host) {
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroDataParallel::moments_to_save(HostCopies& host) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> m(pm_.params.size()), v(pm_.params.size());
   for (Group& g : groups_) {
@@ -155,7 +160,7 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> ZeroOptimizer::momen
   return {m, v};
 }
 
-void ZeroOptimizer::load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) {
+void ZeroDataParallel::load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) {
   at::NoGradGuard no_grad;
   MT_CHECK(exp_avg.size() == pm_.params.size() && exp_avg_sq.size() == pm_.params.size(),
            "zero_stage 1: moments for ", exp_avg.size(), " parameters, this rank has ", pm_.params.size());

@@ -69,97 +69,83 @@ double peak_tflops_for(const std::string& name) {
   return 0.0;
 }
 
-BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions& opts) {
-  MT_CHECK(opts.steps >= 1, "bench --steps must be >= 1, got ", opts.steps);
-  MT_CHECK(opts.warmup >= 0, "bench --warmup must be >= 0, got ", opts.warmup);
-  TempDir tmp;
-  Config cfg = cfg_in;
-  cfg.output_dir = tmp.path();
-  cfg.name = "bench";
-  // No loop runs, so nothing is ever evaluated or saved; the step count only
-  // keeps the config valid and the schedule's lr meaningful.
-  cfg.training_steps = std::max<int64_t>(cfg.training_steps, opts.warmup + opts.steps);
-  SessionOptions so;
-  so.fresh = true;
-  Session session(cfg, runtime, so);
-  ParallelModel& pm = session.model();
-  const at::Device dev = pm.params.empty() ? at::Device(at::kCPU) : pm.params.front().tensor.device();
+namespace {
 
-  double last_loss = 0;
-  int64_t step = 0;
-  // As train() does: a step's statistics are read (its one host read) once
-  // the next step is enqueued; drain() reads the last one.
-  std::optional<StepStats> unread;
-  auto drain = [&] {
-    if (!unread) return;
-    unread->read();
-    last_loss = unread->loss;
-    unread.reset();
-  };
-  // device_config.cuda_graphs: the steps train() would run, the graph
-  // captured during the warm-up so that the timed steps are replays.
-  std::unique_ptr<StepGraph> graph;
-  int64_t warmup = opts.warmup;
-  if (cfg.device.cuda_graphs) {
-    graph = std::make_unique<StepGraph>(session);
-    warmup = std::max<int64_t>(warmup, kGraphEagerSteps + 1);
+// The steps bench times, as train() runs them: a step's statistics are read
+// (its one host read) once the next step is enqueued; drain() reads the last.
+class BenchSteps {
+ public:
+  BenchSteps(Session& session, const Config& cfg) : session_(session), cfg_(cfg) {
+    // device_config.cuda_graphs: the graph is captured during the warm-up,
+    // so the timed steps are replays.
+    if (cfg.device.cuda_graphs) graph_ = std::make_unique<StepGraph>(session);
   }
-  auto one_step = [&] {
-    session.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
-    const double lr = learning_rate(cfg.lr, step++);
+  int64_t warmup(int64_t asked) const { return graph_ ? std::max<int64_t>(asked, kGraphEagerSteps + 1) : asked; }
+  bool graphed() const { return graph_ != nullptr; }
+  std::string graph_mode() const { return graph_ ? graph_->last_mode() : ""; }
+  double last_loss() const { return last_loss_; }
+
+  void run(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) one();
+    drain();
+  }
+
+ private:
+  void one() {
+    session_.stop_point("bench");  // a signal ends the bench between steps, on every rank alike
+    const double lr = learning_rate(cfg_.lr, step_++);
     StepStats s;
-    if (graph) {
-      s = graph->step(lr);
+    if (graph_) {
+      s = graph_->step(lr);
     } else {
-      s = train_step(session);
+      s = train_step(session_);
       // Norm, clipping, the update and the MoE balancing exactly as train() does them.
-      apply_update(session, s, lr);
-      update_score_bias(session, s);
+      apply_update(session_, s, lr);
+      update_score_bias(session_, s);
     }
     s.start_read();  // queued behind this step: the previous one's read waits for nothing later
     drain();
-    unread = std::move(s);
-  };
-  BenchResult r;
-  // Which path each fused operator took: over the timed steps, or with a
-  // graph over every step that ran the host's code (a replay runs none).
-  std::optional<PathCounter> paths;
-  if (graph) paths.emplace();
-  for (int64_t i = 0; i < warmup; ++i) one_step();
-  drain();
-  session.mesh().cpu_world().barrier();
-  session.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
-  if (!graph) paths.emplace();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < opts.steps; ++i) one_step();
-  drain();
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.paths = paths->counts();
-  paths.reset();
-  r.cuda_graphs = graph ? graph->last_mode() : "";
-
-  r.device = device_name(dev);
-  r.fused_kernels = dev.is_cuda() ? ops::have_cuda_kernels() : true;
-  if (dev.is_cuda()) {
-    // One layer's query, key and value as the model shapes them (MLA: the
-    // rope dims in q and k, v padded as far as the kernel needs, and how far).
-    const ModelConfig& m = cfg.model;
-    const int64_t hd = m.head_dim(), D = hd + (m.attention == AttentionKind::Mla ? m.dhR : 0);
-    const auto opts = at::TensorOptions()
-                          .dtype(m.model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat)
-                          .device(dev)
-                          .requires_grad(true);
-    const auto heads = [&](int64_t width) { return at::empty({1, m.n_head, cfg.data.T, width}, opts); };
-    const at::Tensor q = heads(D);
-    const int64_t width = D == hd ? D : value_width_for(q, q, heads(hd), m.dropout_rate);
-    r.attention_backend = attention_backend_for(q, q, heads(width));
-    if (width != D) r.attention_backend += " (v " + std::to_string(width) + " of " + std::to_string(D) + " columns)";
+    unread_ = std::move(s);
   }
-  r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
+  void drain() {
+    if (!unread_) return;
+    unread_->read();
+    last_loss_ = unread_->loss;
+    unread_.reset();
+  }
+
+  Session& session_;
+  const Config& cfg_;
+  std::unique_ptr<StepGraph> graph_;
+  std::optional<StepStats> unread_;
+  double last_loss_ = 0;
+  int64_t step_ = 0;
+};
+
+// CUDA: the kernel sdpa runs for one layer's query, key and value as the
+// model shapes them (MLA: the rope dims in q and k, v padded as far as the
+// kernel needs, and how far).
+std::string attention_backend(const Config& cfg, const at::Device& dev) {
+  const ModelConfig& m = cfg.model;
+  const int64_t hd = m.head_dim(), D = hd + (m.attention == AttentionKind::Mla ? m.dhR : 0);
+  const auto opts = at::TensorOptions()
+                        .dtype(m.model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat)
+                        .device(dev)
+                        .requires_grad(true);
+  const auto heads = [&](int64_t width) { return at::empty({1, m.n_head, cfg.data.T, width}, opts); };
+  const at::Tensor q = heads(D);
+  const int64_t width = D == hd ? D : value_width_for(q, q, heads(hd), m.dropout_rate);
+  std::string name = attention_backend_for(q, q, heads(width));
+  if (width != D) name += " (v " + std::to_string(width) + " of " + std::to_string(D) + " columns)";
+  return name;
+}
+
+// The timed seconds, peak memory and every axis's communication, each the
+// max over ranks (one host all-reduce, the same entries on every rank).
+void reduce_over_ranks(BenchResult& r, Mesh& mesh, double secs, int64_t steps) {
   double a2a = 0;
-  for (const auto& [op, s] : session.mesh().ep().seconds_by_op())
+  for (const auto& [op, s] : mesh.ep().seconds_by_op())
     if (op.rfind("all_to_all", 0) == 0) a2a += s;
-  Mesh& mesh = session.mesh();
   std::vector<std::pair<std::string, Communicator*>> axes = {
       {"dp", &mesh.dp()}, {"pp", &mesh.pp()}, {"tp", &mesh.tp()}, {"ep", &mesh.ep()}};
   if (mesh.shape().ep > 1) axes.emplace_back("expert_dp", &mesh.expert_dp());
@@ -181,47 +167,93 @@ BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions
   maxed.push_back(cpx);
   at::Tensor t = at::tensor(maxed, at::kDouble);
   mesh.cpu_world().all_reduce(t, ReduceOp::Max);
-  r.cp_exchange_seconds = t[t.size(0) - 1].item<double>();
-  secs = t[0].item<double>();
+  const double per_step = 1.0 / static_cast<double>(steps);
+  r.seconds = t[0].item<double>();
   r.peak_memory_bytes = t[1].item<double>();
   r.all_to_all_seconds = t[2].item<double>();
+  r.cp_exchange_seconds = t[t.size(0) - 1].item<double>();
   for (size_t i = 0; i < axes.size(); ++i)
-    r.comm_bytes_per_step[axes[i].first] = t[static_cast<int64_t>(3 + i)].item<double>() / static_cast<double>(opts.steps);
+    r.comm_bytes_per_step[axes[i].first] = t[static_cast<int64_t>(3 + i)].item<double>() * per_step;
   for (size_t i = 0; i < axes.size(); ++i) {
     std::map<std::string, double>& by = r.comm_bytes_by_dtype[axes[i].first];
     for (size_t k = 0; k < dtypes.size(); ++k) {
       const auto at = static_cast<int64_t>(3 + axes.size() + i * dtypes.size() + k);
-      const double b = t[at].item<double>() / static_cast<double>(opts.steps);
+      const double b = t[at].item<double>() * per_step;
       if (b > 0) by[dtypes[k].second] = b;
     }
   }
+}
+
+// profile_steps more steps under the profiler (after the timed ones, so
+// their timing stays clean); each rank writes its trace into the folder.
+void profile_steps(BenchResult& r, BenchSteps& steps, Session& session, const BenchOptions& opts, int rank,
+                   bool cuda) {
+  MT_CHECK(opts.profile_steps >= 1, "bench --profile-steps must be >= 1, got ", opts.profile_steps);
+  fs::create_directories(opts.profile_dir);
+  char file[32];
+  std::snprintf(file, sizeof file, "trace_rank_%05d.json", rank);
+  session.mesh().cpu_world().barrier();
+  StepProfiler profiler(cuda);
+  const auto p0 = std::chrono::steady_clock::now();
+  steps.run(opts.profile_steps);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+  r.profile = profiler.stop(opts.profile_steps, wall, (fs::path(opts.profile_dir) / file).string(), opts.profile_top);
+  r.profiled = true;
+}
+
+}  // namespace
+
+BenchResult run_bench(const Config& cfg_in, Runtime& runtime, const BenchOptions& opts) {
+  MT_CHECK(opts.steps >= 1, "bench --steps must be >= 1, got ", opts.steps);
+  MT_CHECK(opts.warmup >= 0, "bench --warmup must be >= 0, got ", opts.warmup);
+  TempDir tmp;
+  Config cfg = cfg_in;
+  cfg.output_dir = tmp.path();
+  cfg.name = "bench";
+  // No loop runs, so nothing is ever evaluated or saved; the step count only
+  // keeps the config valid and the schedule's lr meaningful.
+  cfg.training_steps = std::max<int64_t>(cfg.training_steps, opts.warmup + opts.steps);
+  SessionOptions so;
+  so.fresh = true;
+  Session session(cfg, runtime, so);
+  ParallelModel& pm = session.model();
+  const at::Device dev = pm.params.empty() ? at::Device(at::kCPU) : pm.params.front().tensor.device();
+
+  BenchSteps steps(session, cfg);
+  BenchResult r;
+  // Which path each fused operator took: over the timed steps, or with a
+  // graph over every step that ran the host's code (a replay runs none).
+  std::optional<PathCounter> paths;
+  if (steps.graphed()) paths.emplace();
+  steps.run(steps.warmup(opts.warmup));
+  session.mesh().cpu_world().barrier();
+  session.mesh().reset_bytes();  // and the per-op timers: only the timed steps count
+  if (!paths) paths.emplace();
+  const auto t0 = std::chrono::steady_clock::now();
+  steps.run(opts.steps);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.paths = paths->counts();
+  paths.reset();
+  r.cuda_graphs = steps.graph_mode();
+
+  r.device = device_name(dev);
+  r.fused_kernels = dev.is_cuda() ? ops::have_cuda_kernels() : true;
+  if (dev.is_cuda()) r.attention_backend = attention_backend(cfg, dev);
+  r.peak_memory_bytes = peak_memory(dev, r.peak_memory_kind);
+  reduce_over_ranks(r, session.mesh(), secs, opts.steps);
   r.expert_parallel = cfg.device.expert_parallel;
   r.context_parallel = cfg.device.cp();
-  if (!opts.profile_dir.empty()) {
-    MT_CHECK(opts.profile_steps >= 1, "bench --profile-steps must be >= 1, got ", opts.profile_steps);
-    fs::create_directories(opts.profile_dir);
-    char file[32];
-    std::snprintf(file, sizeof file, "trace_rank_%05d.json", runtime.rank());
-    session.mesh().cpu_world().barrier();
-    StepProfiler profiler(dev.is_cuda());
-    const auto p0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < opts.profile_steps; ++i) one_step();
-    drain();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
-    r.profile = profiler.stop(opts.profile_steps, wall, (fs::path(opts.profile_dir) / file).string(), opts.profile_top);
-    r.profiled = true;
-  }
+  if (!opts.profile_dir.empty()) profile_steps(r, steps, session, opts, runtime.rank(), dev.is_cuda());
 
   r.world = cfg.device.world();
   r.steps = opts.steps;
-  r.seconds = secs;
   r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
-  r.tokens_per_sec = static_cast<double>(r.tokens_per_step * r.steps) / secs;
+  r.tokens_per_sec = static_cast<double>(r.tokens_per_step * r.steps) / r.seconds;
   r.flops_per_token = flops_per_token(cfg.model);
   r.tflops_per_device = r.flops_per_token * r.tokens_per_sec / static_cast<double>(r.world) / 1e12;
   r.peak_tflops = opts.peak_tflops > 0 ? opts.peak_tflops : peak_tflops_for(r.device);
   if (r.peak_tflops > 0) r.mfu = r.tflops_per_device / r.peak_tflops;
-  r.last_loss = last_loss;
+  r.last_loss = steps.last_loss();
   return r;
 }
 

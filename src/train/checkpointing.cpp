@@ -41,8 +41,8 @@ void Session::setup_checkpointing() {
     checkpointer_->add(name, *c);
     components_.push_back(std::move(c));
   };
-  add("model", std::make_unique<ModelState>(pm_, *mesh_, vocab));
-  add("optim", std::make_unique<OptimizerState>(pm_, *mesh_, vocab, *opt_));
+  add("model", std::make_unique<ModelState>(*pm_, *mesh_, vocab));
+  add("optim", std::make_unique<OptimizerState>(*pm_, *mesh_, vocab, *pm_->data_parallel));
   add("data", std::make_unique<DataState>(*train_loader_, *val_loader_));
   add("rng", std::make_unique<RngState>(at::detail::getDefaultCPUGenerator()));
   // On GPU, dropout draws from the device's CUDA generator: saved as well, so a

@@ -42,19 +42,18 @@ std::string shape_difference(const std::vector<int64_t>& saved, const std::vecto
   return "same shape " + shape_str(saved);
 }
 
-// This rank's chunk of `name`. The vocabulary is padded to a multiple of tp
-// (padding rows are zero), so embedding/head tables saved under another tp
-// may have a different row count: their first `vocab` rows are what matters.
-at::Tensor read_chunk(const ComponentReader& in, const std::string& name, const ShardSpec& want, int64_t vocab) {
+// This rank's chunk of `name`, the tensor of (or the moment of) a parameter
+// laid out as `l`. The vocabulary is padded to a multiple of tp (padding rows
+// are zero), so embedding/head tables (ParamLayout::vocab_rows) saved under
+// another tp may have a different row count: their first `vocab` rows are
+// what matters.
+at::Tensor read_chunk(const ComponentReader& in, const std::string& name, const ParamLayout& l, const ShardSpec& want,
+                      int64_t vocab) {
   MT_CHECK(in.has(name), "checkpoint ", in.dir(), " is incomplete: it has no tensor '", in.full_name(name), "'");
   const auto saved = in.global_shape(name);
   if (saved == want.global_shape) return in.read(name, want);
   const auto& g = want.global_shape;
-  const auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  const bool vocab_rows = ends_with("embed.weight") || ends_with("head.weight");
-  MT_CHECK(vocab_rows && saved.size() == 2 && g.size() == 2 && saved[1] == g[1] && saved[0] >= vocab && g[0] >= vocab,
+  MT_CHECK(l.vocab_rows && saved.size() == 2 && g.size() == 2 && saved[1] == g[1] && saved[0] >= vocab && g[0] >= vocab,
            "checkpoint ", in.dir(), ": tensor '", in.full_name(name), "': ", shape_difference(saved, g),
            ": it was saved from a different model (check model_config)");
   at::Tensor padded = at::zeros(g, at::TensorOptions().dtype(in.dtype(name)));
@@ -95,7 +94,7 @@ ComponentState ModelState::state() const {
 void ModelState::load_state(const ComponentReader& in) {
   gather_params(pm_);
   for (const ParamInfo& p : pm_.params) {
-    const at::Tensor t = read_chunk(in, p.layout.global_name, spec_of(p.layout, mesh_), vocab_);
+    const at::Tensor t = read_chunk(in, p.layout.global_name, p.layout, spec_of(p.layout, mesh_), vocab_);
     p.tensor.detach().copy_(t.to(p.tensor.device(), p.tensor.scalar_type()));
   }
   release_params(pm_, /*written=*/true);
@@ -123,8 +122,8 @@ void OptimizerState::load_state(const ComponentReader& in) {
   std::vector<at::Tensor> exp_avg, exp_avg_sq;
   for (const ParamInfo& p : pm_.params) {
     const ShardSpec spec = spec_of(p.layout, mesh_);
-    exp_avg.push_back(read_chunk(in, "exp_avg." + p.layout.global_name, spec, vocab_));
-    exp_avg_sq.push_back(read_chunk(in, "exp_avg_sq." + p.layout.global_name, spec, vocab_));
+    exp_avg.push_back(read_chunk(in, "exp_avg." + p.layout.global_name, p.layout, spec, vocab_));
+    exp_avg_sq.push_back(read_chunk(in, "exp_avg_sq." + p.layout.global_name, p.layout, spec, vocab_));
   }
   const int64_t steps = in.values().at("steps").get<int64_t>();
   opt_.load_moments(exp_avg, exp_avg_sq);  // ZeRO-1 keeps this rank's dp slice

@@ -1,5 +1,8 @@
 // The path counter (see path_counter.h): a user-scope RecordFunction callback
 // that parses the events of ops::note_path.
+#ifndef NDEBUG
+#error "path_counter.cpp must be compiled with NDEBUG, as libtorch is (see CMakeLists.txt)"
+#endif
 #include "meshtrain/train/path_counter.h"
 
 #include <ATen/record_function.h>

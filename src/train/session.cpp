@@ -124,23 +124,20 @@ void Session::build_data() {
 
 void Session::build_model() {
   torch::manual_seed(cfg_.seed);
-  parallelize(pm_, cfg_, *mesh_, device_, opts_.meta);
-  opt_ = make_optimizer(pm_, *mesh_, cfg_);
+  pm_ = parallelize(cfg_, *mesh_, device_, opts_.meta);
 
   const ParamCount pc = count_params(cfg_.model);
   spdlog::info("model: {} layers, d {}, {} heads, {} / {} | parameters: {:.3f}M total, {:.3f}M active per token",
                cfg_.model.n_layers(), cfg_.model.model_dimension, cfg_.model.n_head, choice_name(cfg_.model.attention),
                choice_name(cfg_.model.ffn), pc.total / 1e6, pc.active / 1e6);
   std::string stage_layers;
-  for (const LayerSpan& c : pm_.range.chunks())
+  for (const LayerSpan& c : pm_->range.chunks())
     stage_layers += (stage_layers.empty() ? "[" : " [") + std::to_string(c.first) + ", " + std::to_string(c.end) + ")";
   const MeshShape& shape = mesh_->shape();
   const std::string cp = shape.cp > 1 ? fmt::format(" x cp {}", shape.cp) : "";
   spdlog::info("mesh: dp {} x pp {} x tp {}{} on {} ({}), stage layers {}", shape.data_dp(), shape.pp, shape.tp, cp,
                device_.str(), mesh_->backend(), stage_layers);
-  spdlog::info("precision: {}", pm_.model->precision().policy().describe());
-  if (cfg_.zero_stage > 0 && cfg_.zero_stage_on(shape.dp) == 0)
-    spdlog::info("zero_stage {}: nothing to shard with dp 1, runs as zero_stage 0", cfg_.zero_stage);
+  spdlog::info("precision: {}", pm_->model->precision().policy().describe());
 }
 
 int Session::stop_agreed() {

@@ -183,9 +183,9 @@ StepStats run_step(Session& s, const StepBatches& b) {
       return w.item<double>();
     };
   }
-  // Under ZeRO-1 the dp sum is a reduce-scatter, done with the norm in apply_update().
-  synchronize_gradients(pm, mesh, /*dp=*/cfg.zero_stage_on(mesh.shape().dp) == 0);
   s.test_hooks().after_backward(step, pm);
+  // The gradients' remaining sums (tp, pp, dp): the data-parallel strategy's.
+  s.data_parallel().reduce();
   StepStats stats = reduce_stats(s, total, global_tokens, b.seq_len);
   stats.pipeline_wait = std::move(wait);
   stats.batch_size = b.batch;
@@ -205,7 +205,7 @@ StepStats train_step(Session& s) {
 
 void apply_update(Session& s, StepStats& st, const LearningRate& lr) {
   at::NoGradGuard ng;
-  const at::Tensor norm = s.optimizer().reduce_gradients();
+  const at::Tensor norm = s.data_parallel().grad_norm();
   st.grad_norm_t = norm;
   // Everything below stays on the device. A non-finite loss or norm skips
   // the update there (found_inf); nan_policy acts when the step is read.
@@ -219,7 +219,7 @@ void apply_update(Session& s, StepStats& st, const LearningRate& lr) {
     const at::Tensor clip = at::full({}, clip_norm, norm.options());
     grad_scale = at::where(norm > clip, (norm + 1e-6) / clip, at::ones_like(norm)).to(at::kFloat);
   }
-  s.optimizer().step(lr, found_inf, grad_scale);
+  s.data_parallel().update(lr, found_inf, grad_scale);
 }
 
 }  // namespace meshtrain

@@ -57,8 +57,9 @@ struct StepGraph::Impl {
       f = recorder.finish();
     }
     const std::string why = graph_unsafe_reason(first ? f : prev, f);
-    MT_CHECK(why.empty(), "device_config.cuda_graphs: step ", s.progress().step + 1, " (this process's step ", steps,
-             ") cannot be captured as a CUDA graph: ", why, " (set device_config.cuda_graphs false to train without)");
+    MT_CHECK(why.empty(), "device_config.cuda_graphs: step ", s.progress().step + 1,
+             " cannot be captured as a CUDA graph: ", why, " (step ", steps,
+             " of this process; set device_config.cuda_graphs false to train without)");
     prev = std::move(f);
     return st;
   }

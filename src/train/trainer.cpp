@@ -25,9 +25,9 @@ Trainer::Trainer(const Config& cfg, Runtime& runtime, SessionOptions opts, const
 Trainer::~Trainer() = default;
 
 AdamW& Trainer::adamw() {
-  AdamW* a = session_.optimizer().adamw();
-  MT_CHECK(a, "zero_stage ", config().zero_stage, ": the optimizer state is sharded, there is no replicated AdamW ",
-           "(Trainer::optimizer(), Trainer::zero_optimizer())");
+  AdamW* a = session_.data_parallel().adamw();
+  MT_CHECK(a, "the optimizer state is sharded (ZeRO-1 or FSDP): there is no AdamW over whole parameters ",
+           "(Trainer::data_parallel(), Trainer::zero_optimizer())");
   return *a;
 }
 

@@ -133,7 +133,7 @@ TEST(CkptSave, OnlyWritersHoldWhatTheyWrite) {
       t.train();
       Mesh& mesh = t.mesh();
       ParallelModel& pm = t.model();
-      Optimizer& opt = t.optimizer();
+      DataParallel& opt = t.data_parallel();
 
       int64_t written_params = 0, written_moments = 0;
       for (const ParamInfo& p : pm.params)

@@ -133,7 +133,7 @@ TEST(Fsdp, GatherAndReduceBytesFollowTheFormula) {
       ASSERT_GE(n_micro, 1);
       Communicator& dp = t.mesh().dp();
       int64_t gather = 0, reduce = 0, in_bf16 = 0, layers = 0;
-      for (const Fsdp::Unit& u : t.model().fsdp->units())
+      for (const Fsdp::Unit& u : t.model().data_parallel->fsdp()->units())
         for (const Fsdp::Flat& f : u.flats) {
           ASSERT_EQ(f.comm, &dp);
           if (u.layer < 0 || !bf16) ASSERT_EQ(f.dtype, at::kFloat);

@@ -38,14 +38,14 @@ Run run(Config cfg, bool overlap) {
   // its own, as on CUDA (the off run keeps the forward's thread).
   o.backward_thread = overlap;
   Trainer t(cfg, test_runtime(), o);
-  EXPECT_EQ(t.model().grad_buckets != nullptr, overlap && cfg.device.dp() > 1 && cfg.device.expert_parallel == 1)
+  EXPECT_EQ(t.model().data_parallel->buckets() != nullptr, overlap && cfg.device.dp() > 1 && cfg.device.expert_parallel == 1)
       << cfg.name;
   Run r;
   for (int64_t step = 0; step < cfg.training_steps; ++step) {
     StepStats s = t.train_step();
-    if (t.model().grad_buckets) {
-      r.bucketed = t.model().grad_buckets->bucketed_params();
-      r.in_buckets = t.model().grad_buckets->grads_in_buckets();
+    if (t.model().data_parallel->buckets()) {
+      r.bucketed = t.model().data_parallel->buckets()->bucketed_params();
+      r.in_buckets = t.model().data_parallel->buckets()->grads_in_buckets();
     }
     std::vector<at::Tensor> g;
     for (const ParamInfo& p : t.model().params)
@@ -55,9 +55,9 @@ Run run(Config cfg, bool overlap) {
     s.read();
     r.norms.push_back(s.grad_norm);
     r.losses.push_back(s.loss);
-    if (t.model().grad_buckets) {
-      r.buckets = t.model().grad_buckets->num_buckets();
-      r.launched_in_backward = std::max(r.launched_in_backward, t.model().grad_buckets->launched_in_backward());
+    if (t.model().data_parallel->buckets()) {
+      r.buckets = t.model().data_parallel->buckets()->num_buckets();
+      r.launched_in_backward = std::max(r.launched_in_backward, t.model().data_parallel->buckets()->launched_in_backward());
     }
   }
   return r;

@@ -103,7 +103,8 @@ TEST(Interleaved, MisconfigurationThrowsOnEveryRank) {
   EXPECT_THROW(build_parallel_model(cfg, mesh), Error);
   cfg.virtual_stages = 2;
   cfg.data.micro_batch_size = 8;  // one microbatch: not a multiple of pp
-  ParallelModel pm = build_parallel_model(cfg, mesh);
+  const auto pm_owned = build_parallel_model(cfg, mesh);
+  ParallelModel& pm = *pm_owned;
   const at::Tensor tokens = at::zeros({8, 16}, at::kLong);
   EXPECT_THROW(run_round(pm, mesh, cfg, tokens, tokens, RoundSpec{}), Error);
   world->barrier();  // every rank got here: nobody waits in a send or recv
@@ -169,7 +170,8 @@ TEST(Interleaved, ReportsBubbleAgainst1f1b) {
     if (8 % (n * v) != 0) continue;  // 8 layers
     cfg.pipeline_schedule = v == 1 ? PipelineSchedule::OneFOneB : PipelineSchedule::Interleaved;
     cfg.virtual_stages = v;
-    ParallelModel pm = build_parallel_model(cfg, mesh);
+    const auto pm_owned = build_parallel_model(cfg, mesh);
+    ParallelModel& pm = *pm_owned;
     run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
     world->barrier();
     double wait = 0;

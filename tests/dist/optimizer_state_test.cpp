@@ -57,8 +57,8 @@ test::Curve resume(const Config& c, int64_t steps, int64_t expect_from, ModelDty
   EXPECT_EQ(t.step(), expect_from);
   t.train();
   if (moments) {
-    ResidentBytes r = t.optimizer().resident_bytes();
-    *moments = r.optimizer == t.optimizer().state_numel() * 2 ? ModelDtype::Bfloat16 : ModelDtype::Float32;
+    ResidentBytes r = t.data_parallel().resident_bytes();
+    *moments = r.optimizer == t.data_parallel().state_numel() * 2 ? ModelDtype::Bfloat16 : ModelDtype::Float32;
   }
   return test::curve_of(t);
 }
@@ -74,7 +74,7 @@ TEST(OptimizerState, Bf16MomentsTrainAlikeOnZeroStages0123) {
     t.train();
     test::expect_same_curve(ref, test::curve_of(t), 1e-5, "bf16 moments");
     // Half the bytes of fp32 moments for as many elements.
-    const int64_t numel = t.optimizer().state_numel(), bytes = t.optimizer().resident_bytes().optimizer;
+    const int64_t numel = t.data_parallel().state_numel(), bytes = t.data_parallel().resident_bytes().optimizer;
     EXPECT_GT(numel, 0);
     EXPECT_EQ(bytes, 2 * numel);
   }

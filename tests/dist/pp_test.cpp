@@ -118,10 +118,12 @@ TEST(Pipeline, TiedHeadCopyStartsEqualToEmbedding) {
   Config cfg = base_config("pp-tied-init");
   auto world = test_runtime().world();
   Mesh mesh(*world, MeshShape{1, n, 1});
-  ParallelModel pm = build_parallel_model(cfg, mesh);
+  const auto pm_owned = build_parallel_model(cfg, mesh);
+  ParallelModel& pm = *pm_owned;
   auto self = split_communicator(*world, world->rank(), 0);
   Mesh one(*self, MeshShape{1, 1, 1});
-  ParallelModel ref = build_parallel_model(cfg, one);
+  const auto ref_owned = build_parallel_model(cfg, one);
+  ParallelModel& ref = *ref_owned;
   const auto ref_params = ref.model->named_parameters();
   const at::Tensor want = ref_params["embed.weight"];
   const bool owns = mesh.is_first_stage() || mesh.is_last_stage();
@@ -227,7 +229,8 @@ TEST(Pipeline, InFlightMicrobatchesPerSchedule) {
     for (const auto& schedule : kSchedules) {
       cfg.pipeline_schedule = schedule;
       cfg.data.micro_batch_size = micro;
-      ParallelModel pm = build_parallel_model(cfg, mesh);
+      const auto pm_owned = build_parallel_model(cfg, mesh);
+      ParallelModel& pm = *pm_owned;
       const RoundSums s = run_round(pm, mesh, cfg, inputs, targets, spec);
       const int64_t want = schedule == PipelineSchedule::Gpipe ? n_mb : std::min<int64_t>(n - stage, n_mb);
       EXPECT_EQ(s.peak_live_microbatches, want) << schedule << " stage " << stage << ", " << n_mb << " microbatches";
@@ -256,7 +259,8 @@ TEST(Pipeline, BadMicrobatchThrowsOnEveryRankWithoutHanging) {
   Mesh mesh(*world, MeshShape{1, n, 1});
   Config cfg = base_config("pp-bad");
   cfg.data.micro_batch_size = 3;  // does not divide 8
-  ParallelModel pm = build_parallel_model(cfg, mesh);
+  const auto pm_owned = build_parallel_model(cfg, mesh);
+  ParallelModel& pm = *pm_owned;
   const at::Tensor tokens = at::zeros({8, 16}, at::kLong);
   EXPECT_THROW(run_round(pm, mesh, cfg, tokens, tokens, RoundSpec{}), Error);
   world->barrier();  // every rank got here: nobody waits in a send or recv
@@ -280,7 +284,8 @@ TEST(Pipeline, ReportsStepTimeAndBubble) {
   spec.ce_scale = 1.0 / static_cast<double>(batch * 16);
   for (const auto& schedule : kSchedules) {
     cfg.pipeline_schedule = schedule;
-    ParallelModel pm = build_parallel_model(cfg, mesh);
+    const auto pm_owned = build_parallel_model(cfg, mesh);
+    ParallelModel& pm = *pm_owned;
     run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
     world->barrier();
     double wait = 0;

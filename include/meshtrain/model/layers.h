@@ -81,6 +81,14 @@ struct ParamLayout {
   int64_t split_dim = -1;
   std::string global_name;
   bool tied_copy = false;  // a replica of another stage's parameter: never saved twice
+  // The embedding shared with the LM head (tie_embeddings): the first
+  // stage's table and the last stage's copy (tied_copy) of it; under
+  // pipeline parallelism their gradients are summed over pp.
+  bool tied_embedding = false;
+  // Rows by vocabulary id (the embedding and the head), padded past
+  // vocab_size to a multiple of tp: a checkpoint or Hugging Face table with
+  // another padding is read by its first vocab_size rows.
+  bool vocab_rows = false;
   // A routed-expert tensor: dim 0 indexes the experts and is split over the
   // token dispatcher's ranks (expert parallelism) on top of split_dim's tp
   // split; its gradient is summed over the ranks holding the same experts.

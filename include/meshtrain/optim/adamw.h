@@ -54,10 +54,20 @@ void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Te
                  const at::Tensor& step, const LearningRate& lr, const LrConfig& cfg, double weight_decay,
                  const at::Tensor& found_inf, const at::Tensor& grad_scale = {});
 
+// AdamW only updates: which tensors it updates from which gradients is its
+// caller's (the data-parallel strategy, parallel/data_parallel.h: whole
+// parameters, or this rank's slices of flat spaces). It keeps the moments
+// of a fixed list of slots and the step counter.
 class AdamW {
  public:
-  // Moments the caller leaves undefined start as zeros of state_dtype.
+  // One slot per entry. Moments the caller leaves undefined start as zeros
+  // of state_dtype shaped like `param`; given moments may be views into the
+  // caller's flat state (a slice's runs), then `param` may be undefined.
   AdamW(std::vector<OptimParam> params, const LrConfig& cfg, at::ScalarType state_dtype = at::kFloat);
+  // Slots whose moments are all given (views of a slice's state); none at
+  // all is allowed (a rank whose slices hold only padding). The step counter
+  // lives on `device`.
+  AdamW(std::vector<OptimParam> slots, const LrConfig& cfg, const at::Device& device);
 
   // One update with learning rate lr from each parameter's .grad(). Parameters
   // without a gradient are left alone (their moments too). found_inf and
@@ -66,6 +76,12 @@ class AdamW {
   // bf16 copies the update writes (ops/adamw.h); with any, every parameter
   // goes through meshtrain::adamw_, so all take the same arithmetic.
   void step(const LearningRate& lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {},
+            const std::vector<at::Tensor>& casts = {});
+  // The same over tensors given now: values[k] (slot k's place in this
+  // step, e.g. a slice of the parameters) updated in place from grads[k];
+  // an undefined gradient leaves slot k alone.
+  void step(const std::vector<at::Tensor>& values, const std::vector<at::Tensor>& grads, const LearningRate& lr,
+            const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {},
             const std::vector<at::Tensor>& casts = {});
 
   // Reads the device's step counter (a host sync: checkpoints only).

@@ -30,8 +30,8 @@ at::Tensor gather_context(const at::Tensor& x, int64_t dim, Communicator& cp);
 bool uses_token_layouts(const Config& cfg, const Mesh& mesh);
 
 // Gives each microbatch its layout, built from its whole sequences' tokens on
-// the host (host_inputs: the round's inputs, rows as in mbs), and keeps this
-// cp rank's chunks of its inputs and targets.
-void lay_out_tokens(std::vector<Microbatch>& mbs, const at::Tensor& host_inputs, const Config& cfg, Mesh& mesh);
+// the host (Microbatch::host_inputs, split with its rows), and keeps this cp
+// rank's chunks of its inputs and targets.
+void lay_out_tokens(std::vector<Microbatch>& mbs, const Config& cfg, Mesh& mesh);
 
 }  // namespace meshtrain

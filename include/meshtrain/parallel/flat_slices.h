@@ -35,13 +35,14 @@ void unflatten(const ParallelModel& pm, const std::vector<size_t>& params, const
 at::Tensor slice_of(const ParallelModel& pm, const std::vector<size_t>& params, const std::vector<int64_t>& offsets,
                     int64_t begin, int64_t slice, const std::vector<at::Tensor>& per_param, const at::TensorOptions& opts);
 
-// AdamW's fused update (optim/adamw.h fused_adamw) over owned slices, each cut
-// into its runs with and without weight decay (two groups, as AdamW::step):
-// slice k is params[k] with grads[k], exp_avg[k], exp_avg_sq[k] and runs[k].
-// step (0-dim fp32) advances unless found_inf is set; grad_scale: see fused_adamw.
-void adamw_on_slices(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                     const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq,
-                     const std::vector<const SliceRuns*>& runs, at::Tensor& step, const LearningRate& lr, const LrConfig& cfg,
-                     const at::Tensor& found_inf, const at::Tensor& grad_scale);
+// AdamW's slots (optim/adamw.h) over owned slices: one per run of each,
+// with its weight decay; the moments are views of exp_avg[k] and
+// exp_avg_sq[k], slice k's state ([slice] each), cut by runs[k].
+std::vector<OptimParam> slice_slots(const std::vector<const SliceRuns*>& runs, const std::vector<at::Tensor>& exp_avg,
+                                    const std::vector<at::Tensor>& exp_avg_sq);
+// The same runs of per-slice tensors (the values to update, their
+// gradients), as views in slice_slots' order.
+std::vector<at::Tensor> slice_run_views(const std::vector<const SliceRuns*>& runs,
+                                        const std::vector<at::Tensor>& slices);
 
 }  // namespace meshtrain

@@ -23,10 +23,11 @@
 // stream wait for the side stream. On CPU (MPI) the all-reduce is synchronous
 // inside the hook.
 //
-// Left to synchronize_gradients after backward (different groups or an extra
-// sum first): sequence-parallel norm gradients (tp sum), the tied embedding
-// across pipeline stages (pp sum), everything under expert parallelism
-// (apply_data_parallel in parallel/apply_parallelism.cpp says why) and under zero_stage >= 1.
+// Left to the replicated strategy's reduce() after backward (different groups
+// or an extra sum first): sequence-parallel norm gradients (tp sum), the tied
+// embedding across pipeline stages (pp sum), and everything under expert
+// parallelism (make_data_parallel in parallel/data_parallel.cpp says why).
+// The sharded strategies (ZeRO-1, FSDP) use no buckets.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Stream.h>
 
@@ -41,7 +42,7 @@ namespace meshtrain {
 
 class GradBuckets {
  public:
-  // Marks the covered parameters (ParamInfo::bucket_reduced) and hooks them.
+  // Hooks the parameters it covers (covers()).
   GradBuckets(ParallelModel& pm, Mesh& mesh, int64_t bucket_bytes);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
@@ -52,8 +53,10 @@ class GradBuckets {
   // embedding belongs to chunk 0, the final norm and head to the last chunk.
   void arm(int64_t chunk);
   // Launches the buckets not launched yet, waits for every bucket and disarms.
-  // Collective over dp; synchronize_gradients() calls it.
+  // Collective over dp; the replicated strategy's reduce() calls it.
   void finish();
+  // Whether parameter k (an index into ParallelModel::params) is summed here.
+  bool covers(size_t k) const { return bucket_of_[k] >= 0; }
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   // Buckets launched from hooks, i.e. during backward, in the last step (tests).

@@ -59,12 +59,18 @@ struct RoundSpec {
 
 struct Microbatch {
   at::Tensor inputs, targets;
+  // The same rows' inputs on the host, where token layouts are built from
+  // (undefined where none are).
+  at::Tensor host_inputs;
   // Packed documents / context parallelism (parallel/context_parallel.h):
   // inputs and targets are then this cp rank's chunks. Null: plain rows.
   std::shared_ptr<const TokenLayout> layout;
 };
 
-std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets);
+// The round's rows in microbatches of data_config.micro_batch_size, each
+// with its rows of host_inputs (when given): one split for both.
+std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& inputs, const at::Tensor& targets,
+                                           const at::Tensor& host_inputs = {});
 // Adds one microbatch's MoE statistics to the round's sums (on the device);
 // aux.expert_tokens[l] is the stage's MoE layer first_moe_layer + l (a later
 // chunk of an interleaved stage starts after the earlier chunks' layers).

@@ -20,26 +20,30 @@ struct ParamInfo {
   ParamLayout layout;  // global shape, tp split, saved name
   bool decay = true;   // weight decay applies (matrices; not norms)
   bool sequence_parallel_grad = false;  // grad is partial over tp: layout.reads_sequence_shard under sequence parallelism
-  // FSDP (zero_stage 2/3) reduces this gradient itself, during backward: the
-  // step's gradient synchronisation and norm leave it alone.
-  bool fsdp_reduced = false;
-  // zero_stage 0 with overlap_grad_reduce: the dp sum runs during backward
-  // (parallel/grad_buckets.h); synchronize_gradients only waits for it.
-  bool bucket_reduced = false;
 };
 
-class Fsdp;
-class GradBuckets;
+class DataParallel;
 
+// This rank's piece of the model and what parallelism made of it. It cannot
+// move or be copied: the data-parallel strategy (its FSDP units, its
+// gradient buckets' hooks) keeps references into it, so parallelize() hands
+// it out behind a pointer.
 struct ParallelModel {
+  ParallelModel() = default;
+  ParallelModel(const ParallelModel&) = delete;
+  ParallelModel& operator=(const ParallelModel&) = delete;
+  ParallelModel(ParallelModel&&) = delete;
+  ParallelModel& operator=(ParallelModel&&) = delete;
+  ~ParallelModel();
+
   std::unique_ptr<LayerFactory> factory;
   std::shared_ptr<Transformer> model;
   StageRange range;
   std::vector<ParamInfo> params;
-  std::shared_ptr<Fsdp> fsdp;  // zero_stage 2/3 (parallel/fsdp.h), else nullptr
-  // zero_stage 0, dp > 1, overlap_grad_reduce (parallel/grad_buckets.h), else nullptr.
-  // Last: destroyed first, it unhooks the parameters.
-  std::shared_ptr<GradBuckets> grad_buckets;
+  // The one owner of the gradients after backward and of the update
+  // (parallel/data_parallel.h); null before step 5 of parallelize().
+  // Last: destroyed first, it unhooks the model and the parameters.
+  std::unique_ptr<DataParallel> data_parallel;
 };
 
 // Layer ranges per pipeline rank. v = 1: contiguous, n_layers split as evenly
@@ -55,20 +59,17 @@ int64_t virtual_stages(const Config& cfg, int64_t pp);
 
 // meta: parameters are meta tensors, nothing drawn (the performance model; tp = 1).
 // Steps 1-3 of parallelize() below, on the CPU, without data parallelism.
-ParallelModel build_parallel_model(const Config& cfg, Mesh& mesh, bool meta = false);
+std::unique_ptr<ParallelModel> build_parallel_model(const Config& cfg, Mesh& mesh, bool meta = false);
 
 // The one place parallelism is applied to a model, in a fixed order (as
 // torchtitan's parallelize): 1. tp: layers built sharded through the
 // LayerFactory; 2. the pipeline: this rank's stage (or interleaved chunks);
 // 3. activation recomputation (activation_checkpointing, in the blocks);
-// 4. the device; 5. data parallelism: FSDP units and layer hooks
-// (zero_stage 2/3, pm.fsdp) or DDP gradient buckets (zero_stage 0 with
-// overlap_grad_reduce, pm.grad_buckets). ZeRO-1 needs nothing installed: its
-// optimizer (parallel/optimizer.h, make_optimizer) owns the sharded slices.
-// Fills pm in place: FSDP and the buckets keep a reference to it, so pm must
-// stay where it is (never moved or copied afterwards).
-void parallelize(ParallelModel& pm, const Config& cfg, Mesh& mesh, const at::Device& device, bool meta = false);
-// Step 5 alone, on a model built by build_parallel_model and moved to its device.
-void apply_data_parallel(ParallelModel& pm, Mesh& mesh, const Config& cfg);
+// 4. the device; 5. the data-parallel strategy (make_data_parallel): the
+// one owner of gradient reduction and of the update -- replicated with DDP
+// buckets, ZeRO-1, or FSDP units with their layer hooks -- chosen from
+// zero_stage.
+std::unique_ptr<ParallelModel> parallelize(const Config& cfg, Mesh& mesh, const at::Device& device,
+                                           bool meta = false);
 
 }  // namespace meshtrain

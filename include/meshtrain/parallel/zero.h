@@ -4,13 +4,14 @@
 //
 // This rank's parameters (its pipeline stage, its tp shard) are laid out in
 // one flat fp32 space, in ParallelModel::params order, padded to a multiple of
-// dp; dp rank r owns the contiguous slice [r*S, (r+1)*S). Per step:
-//   synchronize_gradients(pm, mesh, /*dp=*/false)   tp/pp syncs only
-//   reduce_gradients()   reduce-scatter of the flat gradient over dp + global norm
-//   step(lr, .., c)      AdamW on the owned slice (clipped by c inside the
+// dp; dp rank r owns the contiguous slice [r*S, (r+1)*S). Per step (the
+// data-parallel strategy of zero_stage 1, parallel/data_parallel.h):
+//   reduce()             the tp/pp sums, the reduce-scatter of the flat
+//                        gradient over dp, the global norm
+//   update(lr, .., c)    AdamW on the owned slice (clipped by c inside the
 //                        fused update), all-gather of the slices
-// The update is AdamW's own (optim/adamw.h fused_adamw, decay and no-decay
-// groups), so zero_stage 0 and 1 give the same losses. Under expert
+// The update is AdamW's own (optim/adamw.h, slots by weight decay over the
+// slice's runs), so zero_stage 0 and 1 give the same losses. Under expert
 // parallelism the routed experts form a second flat space, sharded over the
 // ranks that hold the same experts (Mesh::expert_dp()). Moments are saved per parameter by
 // global name (moments_to_save / load_moments), so checkpoints do not depend on
@@ -18,31 +19,33 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/mesh.h"
+#include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/flat_slices.h"
-#include "meshtrain/parallel/optimizer.h"
 #include "meshtrain/parallel/parallelize.h"
 
 namespace meshtrain {
 
-class ZeroOptimizer : public Optimizer {
+class ZeroDataParallel : public DataParallel {
  public:
   // state_dtype: the moments' (optim/adamw.h state_dtype).
-  ZeroOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype = at::kFloat);
+  ZeroDataParallel(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype = at::kFloat);
 
-  // Sums the parameters' .grad() over dp, keeping this rank's slice, and
-  // returns the global L2 norm with each parameter counted once (tp replicas
-  // once, tied copies never), identical on every rank. Collective.
-  at::Tensor reduce_gradients() override;
-  // Multiplies the owned gradient slice (clipping).
+  // Sums the parameters' .grad() over tp/pp where partial, then over dp,
+  // keeping this rank's slice (the whole gradients are freed). Collective.
+  void reduce() override;
+  // The global L2 norm from the owned slices, each parameter counted once
+  // (tp replicas once, tied copies never), identical on every rank. Collective.
+  at::Tensor grad_norm() override;
   // AdamW with learning rate lr on the owned slice, then every rank gets every
   // updated slice back into its parameters. Collective.
-  void step(const LearningRate& lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) override;
+  void update(const LearningRate& lr, const at::Tensor& found_inf = {}, const at::Tensor& grad_scale = {}) override;
 
   int64_t steps_taken() const override;
   void set_steps_taken(int64_t s) override;
@@ -80,8 +83,8 @@ class ZeroOptimizer : public Optimizer {
   Mesh& mesh_;
   LrConfig cfg_;
   at::ScalarType state_dtype_;
-  at::Tensor step_t_;  // 0-dim fp32 step counter on the device
   std::vector<Group> groups_;
+  std::unique_ptr<AdamW> opt_;  // over the groups' runs (flat_slices.h slice_slots)
 };
 
 }  // namespace meshtrain

@@ -42,7 +42,7 @@ class ModelState : public Stateful {
 // resuming with zeroed moments.
 class OptimizerState : public Stateful {
  public:
-  OptimizerState(ParallelModel& pm, Mesh& mesh, int64_t vocab, Optimizer& opt)
+  OptimizerState(ParallelModel& pm, Mesh& mesh, int64_t vocab, DataParallel& opt)
       : pm_(pm), mesh_(mesh), vocab_(vocab), opt_(opt) {}
   ComponentState state() const override;  // collective under ZeRO-1/FSDP (moments to their writers)
   void load_state(const ComponentReader& in) override;
@@ -51,7 +51,7 @@ class OptimizerState : public Stateful {
   ParallelModel& pm_;
   Mesh& mesh_;
   int64_t vocab_;
-  Optimizer& opt_;
+  DataParallel& opt_;  // it defines where the moments live
 };
 
 // Values "train_cursor", "val_cursor": positions in the global token stream, so

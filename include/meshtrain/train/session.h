@@ -22,7 +22,7 @@
 #include "meshtrain/data/tokenizer.h"
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/dist/runtime.h"
-#include "meshtrain/parallel/optimizer.h"
+#include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/parallelize.h"
 #include "meshtrain/train/test_hooks.h"
 
@@ -82,9 +82,10 @@ class Session {
   bool is_rank0() const { return is_rank0_; }
   int world_rank() const { return world_rank_; }
   Mesh& mesh() { return *mesh_; }
-  ParallelModel& model() { return pm_; }
-  // AdamW, ZeRO-1 or FSDP's sharded AdamW behind one interface (parallel/optimizer.h).
-  Optimizer& optimizer() { return *opt_; }
+  ParallelModel& model() { return *pm_; }
+  // The one owner of the gradients and of the update: replicated, ZeRO-1 or
+  // FSDP behind one interface (parallel/data_parallel.h).
+  DataParallel& data_parallel() { return *pm_->data_parallel; }
   Watchdog& watchdog() { return *watchdog_; }
   // This rank's collective flight recorder (core/flight_recorder.h).
   FlightRecorder& flight() { return *flight_; }
@@ -145,8 +146,7 @@ class Session {
   std::unique_ptr<BatchPrefetcher> prefetcher_;  // over train_loader_; declared after it, destroyed before it
   std::unique_ptr<Tokenizer> tokenizer_;
   DataTokenizer data_tokenizer_;  // which tokenizer made the data (checked at start-up, saved, checked on resume)
-  ParallelModel pm_;
-  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<ParallelModel> pm_;  // made by parallelize(), never moved
   std::unique_ptr<Checkpointer> checkpointer_;
   std::vector<std::unique_ptr<Stateful>> components_;
   RunProgress progress_;

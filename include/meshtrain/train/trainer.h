@@ -41,12 +41,12 @@ class Trainer {
   const Config& config() const { return session_.config(); }
   Mesh& mesh() { return session_.mesh(); }
   ParallelModel& model() { return session_.model(); }
-  Optimizer& optimizer() { return session_.optimizer(); }
+  DataParallel& data_parallel() { return session_.data_parallel(); }
   // The replicated AdamW (zero_stage 0); zero_stage 1 and FSDP have none.
   AdamW& adamw();
-  ZeroOptimizer* zero_optimizer() { return dynamic_cast<ZeroOptimizer*>(&session_.optimizer()); }
+  ZeroDataParallel* zero_optimizer() { return dynamic_cast<ZeroDataParallel*>(&session_.data_parallel()); }
   // Parameter, gradient and optimizer-state bytes this rank holds now (plan.h models them).
-  ResidentBytes resident_bytes() const { return const_cast<Session&>(session_).optimizer().resident_bytes(); }
+  ResidentBytes resident_bytes() const { return const_cast<Session&>(session_).data_parallel().resident_bytes(); }
   // Sequences trained on so far (drives the batch-size rampup; saved in checkpoints).
   int64_t consumed_samples() const { return session_.progress().consumed_samples; }
   // Losses and global gradient norms (before clipping) of every step trained by this object, in order (tests).

@@ -1,73 +1,87 @@
-// AdamW over FSDP's owned slices (zero_stage 2 and 3, parallel/fsdp.h). A step:
-//   reduce_gradients()  the root unit's reduce-scatter (the layers' ran during
-//                       backward) and the global norm from the owned slices
-//   step(lr, .., c)     AdamW on the owned slices, clipped by c inside the
-//                       fused update (the same update as
-//                       zero_stage 0 and 1); stage 2 all-gathers them back
-//                       into the whole parameters, stage 3 keeps them and
-//                       frees the root unit gathered during the step.
+// The FSDP strategy (zero_stage 2 and 3, parallel/data_parallel.h) over the
+// units of parallel/fsdp.h. A step:
+//   reduce()          the root unit's sums over tp / pp and its reduce-scatter
+//                     (the layers' ran during backward), and the global norm
+//                     from the owned slices
+//   update(lr, .., c) AdamW on the owned slices, clipped by c inside the
+//                     fused update (the same update as zero_stage 0 and 1);
+//                     stage 2 all-gathers them back into the whole
+//                     parameters, stage 3 keeps them and frees the root unit
+//                     gathered during the step.
 #include <torch/torch.h>
 
+#include "gradient_sums.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/flat_slices.h"
 #include "meshtrain/parallel/fsdp.h"
-#include "meshtrain/parallel/optimizer.h"
+#include "strategies.h"
 
 namespace meshtrain {
 
 namespace {
 
-class FsdpOptimizer : public Optimizer {
+class FsdpDataParallel : public DataParallel {
  public:
-  FsdpOptimizer(ParallelModel& pm, Mesh& mesh, const LrConfig& cfg, at::ScalarType state_dtype)
-      : pm_(pm), mesh_(mesh), cfg_(cfg) {
-    MT_CHECK(pm.fsdp, "FSDP optimizer without FSDP units");
-    const auto opts = pm.params.front().tensor.options().dtype(at::kFloat).requires_grad(false);
-    step_t_ = at::zeros({}, opts);
-    for (Fsdp::Unit& u : pm.fsdp->units())
+  FsdpDataParallel(ParallelModel& pm, Mesh& mesh, const Config& cfg, int stage)
+      : pm_(pm), mesh_(mesh), fsdp_(std::make_shared<Fsdp>(pm, mesh, stage, cfg.fsdp_keep_gathered)) {
+    pm.model->set_layer_hooks(fsdp_);
+    const auto opts = pm.params.front().tensor.options().dtype(state_dtype(cfg)).requires_grad(false);
+    std::vector<const SliceRuns*> runs;
+    std::vector<at::Tensor> m, v;
+    for (Fsdp::Unit& u : fsdp_->units())
       for (Fsdp::Flat& f : u.flats) {
         State s;
         s.flat = &f;
-        s.exp_avg = at::zeros({f.slice}, opts.dtype(state_dtype));
-        s.exp_avg_sq = at::zeros({f.slice}, opts.dtype(state_dtype));
+        s.exp_avg = at::zeros({f.slice}, opts);
+        s.exp_avg_sq = at::zeros({f.slice}, opts);
         s.slices = slice_runs(pm, mesh, f.params, f.offsets, f.begin, f.slice);
         states_.push_back(std::move(s));
       }
+    for (const State& s : states_) {
+      runs.push_back(&s.slices);
+      m.push_back(s.exp_avg);
+      v.push_back(s.exp_avg_sq);
+    }
+    opt_ = std::make_unique<AdamW>(slice_slots(runs, m, v), cfg.lr, pm.params.front().tensor.device());
+    // The root unit's parameters are summed here after backward; the
+    // layers' are FSDP's own, during it.
+    for (const Fsdp::Flat& f : fsdp_->units().front().flats) root_.insert(root_.end(), f.params.begin(), f.params.end());
   }
 
-  at::Tensor reduce_gradients() override {
+  ~FsdpDataParallel() override { pm_.model->set_layer_hooks(nullptr); }
+
+  void reduce() override {
     at::NoGradGuard no_grad;
-    pm_.fsdp->reduce_root();
-    at::Tensor sq = at::zeros({1}, step_t_.options().dtype(at::kDouble));
+    sum_partial_gradients(pm_, mesh_, root_);
+    fsdp_->reduce_root();
+  }
+
+  at::Tensor grad_norm() override {
+    at::NoGradGuard no_grad;
+    at::Tensor sq = at::zeros({1}, pm_.params.front().tensor.options().dtype(at::kDouble));
     for (const State& s : states_) sq = sq + (s.flat->grad.to(at::kDouble).pow(2) * s.slices.norm_mask).sum().reshape({1});
     // Each dp rank holds a different part of every summed gradient (the
     // experts' slices partition each ep rank's experts over expert_dp, and the
     // ep ranks hold different experts): summing over dp counts each once.
-    if (mesh_.shape().dp > 1) mesh_.dp().all_reduce(sq);
-    if (mesh_.shape().tp > 1) mesh_.tp().all_reduce(sq);
-    if (mesh_.shape().pp > 1) mesh_.pp().all_reduce(sq);
-    return sq.sqrt().squeeze(0);
+    return global_norm(sq, mesh_, /*sharded_over_dp=*/true);
   }
 
-  void step(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
+  void update(const LearningRate& lr, const at::Tensor& found_inf, const at::Tensor& grad_scale) override {
     at::NoGradGuard no_grad;
-    const bool sharded = pm_.fsdp->stage() == 3;
+    const bool sharded = fsdp_->stage() == 3;
     // Stage 2's whole parameters are the truth: their owned slices are updated.
-    std::vector<at::Tensor> owned;
-    for (const State& s : states_) owned.push_back(sharded ? s.flat->shard : owned_slice(pm_, *s.flat));
-    std::vector<at::Tensor> grads, m, v;
+    std::vector<at::Tensor> owned, grads;
     std::vector<const SliceRuns*> runs;
     for (const State& s : states_) {
+      owned.push_back(sharded ? s.flat->shard : owned_slice(pm_, *s.flat));
       grads.push_back(s.flat->grad);
-      m.push_back(s.exp_avg);
-      v.push_back(s.exp_avg_sq);
       runs.push_back(&s.slices);
     }
-    adamw_on_slices(owned, grads, m, v, runs, step_t_, lr, cfg_, found_inf, grad_scale);
+    opt_->step(slice_run_views(runs, owned), slice_run_views(runs, grads), lr, found_inf, grad_scale);
     if (sharded) {
-      pm_.fsdp->release_all();
+      fsdp_->release_all();
     } else {
       for (size_t k = 0; k < states_.size(); ++k) {
         const Fsdp::Flat& f = *states_[k].flat;
@@ -77,14 +91,12 @@ class FsdpOptimizer : public Optimizer {
         for (size_t i : f.params) pm_.params[i].tensor.detach().copy_(updated[i]);
       }
     }
-    pm_.fsdp->zero_grad();
+    fsdp_->zero_grad();
   }
 
-  int64_t steps_taken() const override { return static_cast<int64_t>(step_t_.item<float>()); }
-  void set_steps_taken(int64_t s) override {
-    at::NoGradGuard no_grad;
-    step_t_.fill_(static_cast<double>(s));
-  }
+  int64_t steps_taken() const override { return opt_->steps_taken(); }
+  void set_steps_taken(int64_t s) override { opt_->set_steps_taken(s); }
+  Fsdp* fsdp() override { return fsdp_.get(); }
   int64_t state_numel() const override {
     int64_t n = 0;
     for (const State& s : states_) n += s.exp_avg.numel() + s.exp_avg_sq.numel();
@@ -118,7 +130,7 @@ class FsdpOptimizer : public Optimizer {
   void load_moments(const std::vector<at::Tensor>& exp_avg, const std::vector<at::Tensor>& exp_avg_sq) override {
     at::NoGradGuard no_grad;
     MT_CHECK(exp_avg.size() == pm_.params.size() && exp_avg_sq.size() == pm_.params.size(), "zero_stage ",
-             pm_.fsdp->stage(), ": moments for ", exp_avg.size(), " parameters, this rank has ", pm_.params.size());
+             fsdp_->stage(), ": moments for ", exp_avg.size(), " parameters, this rank has ", pm_.params.size());
     for (State& s : states_) {
       const Fsdp::Flat& f = *s.flat;
       s.exp_avg.copy_(slice_of(pm_, f.params, f.offsets, f.begin, f.slice, exp_avg, s.exp_avg.options()));
@@ -146,16 +158,16 @@ class FsdpOptimizer : public Optimizer {
 
   ParallelModel& pm_;
   Mesh& mesh_;
-  LrConfig cfg_;
-  at::Tensor step_t_;  // 0-dim fp32 step counter on the device
+  std::shared_ptr<Fsdp> fsdp_;  // shared with the model's layer hooks
   std::vector<State> states_;
+  std::unique_ptr<AdamW> opt_;  // over the states' runs (flat_slices.h slice_slots)
+  std::vector<size_t> root_;    // the root unit's parameters (indices into pm.params)
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_fsdp_optimizer(ParallelModel& pm, Mesh& mesh, const Config& cfg) {
-  MT_CHECK(pm.fsdp, "zero_stage ", cfg.zero_stage, ": the model has no FSDP units (parallelize() installs them)");
-  return std::make_unique<FsdpOptimizer>(pm, mesh, cfg.lr, state_dtype(cfg));
+std::unique_ptr<DataParallel> make_fsdp(ParallelModel& pm, Mesh& mesh, const Config& cfg, int stage) {
+  return std::make_unique<FsdpDataParallel>(pm, mesh, cfg, stage);
 }
 
 }  // namespace meshtrain
