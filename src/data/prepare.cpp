@@ -350,8 +350,10 @@ std::vector<std::string> skipped_summary(const PrepareSummary& s) {
   return lines;
 }
 
-PrepareSummary prepare_data(const PrepareOptions& opt) {
-  const auto start = Clock::now();
+namespace {
+
+// The options' values and combinations, before anything is read or written.
+void check_prepare_options(const PrepareOptions& opt) {
   MT_CHECK(!opt.output_dir.empty(), "prepare-data: --output is required");
   MT_CHECK((opt.vocab_size > 0) != !opt.tokenizer_file.empty(),
            "prepare-data: give exactly one of --vocab-size (train a tokenizer) and --tokenizer (a vocabulary file)");
@@ -371,6 +373,39 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
   MT_CHECK(opt.text_split == "paragraph" || opt.text_split == "line" || opt.text_split == "file",
            "prepare-data: --text-split must be paragraph, line or file, got \"", opt.text_split, "\"");
   MT_CHECK(!opt.text_key.empty(), "prepare-data: --text-key must not be empty");
+}
+
+// The manifest of a dataset: what went in, what was skipped, the tokenizer
+// and the shards.
+nlohmann::json dataset_manifest(const PrepareOptions& opt, const detail::InputPlan& plan, const Tokenizer& tok,
+                                const SplitResult& r) {
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& s : plan.skipped) skipped.push_back({{"path", s.path}, {"reason", s.reason}});
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& f : plan.files) files.push_back({{"path", f.path}, {"format", detail::format_name(f.format)}});
+  return {
+      {"format", "meshtrain-data"},
+      {"version", 2},
+      {"tokenizer", "tokenizer.json"},
+      {"tokenizer_fingerprint", tokenizer_fingerprint(tok)},
+      {"vocab_size", tok.vocab_size()},
+      {"eot", tok.eot()},
+      {"shard_version", tok.vocab_size() > 65536 ? kShardVersionU32 : kShardVersionU16},
+      {"seed", opt.seed},
+      {"val_fraction", opt.val_fraction},
+      {"inputs", opt.inputs},
+      {"files", files},
+      {"skipped", skipped},
+      {"train", {{"documents", r.train_docs}, {"tokens", r.train_tokens}, {"shards", r.train_shards}}},
+      {"val", {{"documents", r.val_docs}, {"tokens", r.val_tokens}, {"shards", r.val_shards}}},
+  };
+}
+
+}  // namespace
+
+PrepareSummary prepare_data(const PrepareOptions& opt) {
+  const auto start = Clock::now();
+  check_prepare_options(opt);
   fs::path out = fs::absolute(opt.output_dir).lexically_normal();
   if (out.filename().empty()) out = out.parent_path();  // "dir/" names dir
   detail::check_prepare_output(out, opt.inputs);
@@ -395,26 +430,7 @@ PrepareSummary prepare_data(const PrepareOptions& opt) {
     MT_CHECK(r.train_docs + r.val_docs >= 2, "prepare-data: the inputs hold ", r.train_docs + r.val_docs,
              " documents; need at least 2 (one for train, one for val). A single text file is split at blank "
              "lines (--text-split paragraph) or lines (--text-split line)");
-    nlohmann::json skipped = nlohmann::json::array();
-    for (const auto& s : plan.skipped) skipped.push_back({{"path", s.path}, {"reason", s.reason}});
-    nlohmann::json files = nlohmann::json::array();
-    for (const auto& f : plan.files) files.push_back({{"path", f.path}, {"format", detail::format_name(f.format)}});
-    nlohmann::json manifest = {
-        {"format", "meshtrain-data"},
-        {"version", 2},
-        {"tokenizer", "tokenizer.json"},
-        {"tokenizer_fingerprint", tokenizer_fingerprint(tok)},
-        {"vocab_size", tok.vocab_size()},
-        {"eot", tok.eot()},
-        {"shard_version", tok.vocab_size() > 65536 ? kShardVersionU32 : kShardVersionU16},
-        {"seed", opt.seed},
-        {"val_fraction", opt.val_fraction},
-        {"inputs", opt.inputs},
-        {"files", files},
-        {"skipped", skipped},
-        {"train", {{"documents", r.train_docs}, {"tokens", r.train_tokens}, {"shards", r.train_shards}}},
-        {"val", {{"documents", r.val_docs}, {"tokens", r.val_tokens}, {"shards", r.val_shards}}},
-    };
+    const nlohmann::json manifest = dataset_manifest(opt, plan, tok, r);
     {
       std::ofstream m(tmp / "manifest.json");
       MT_CHECK(m, "cannot write ", (tmp / "manifest.json").string());
