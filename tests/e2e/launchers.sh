@@ -208,7 +208,9 @@ expect_has "slurm: mpirun fallback" "$out" '^mpirun -np 8 --map-by ppr:4:node .*
 
 # A stop signal reaches the ranks as SIGUSR1 (srun and mpirun forward it;
 # SIGTERM would make them kill the ranks), the job waits for them to save and
-# requeues itself; a run that ends by itself is not requeued.
+# requeues itself -- unless SLURM says the SIGTERM was a cancel; a run that
+# ends by itself is not requeued, unless SLURM says it was preempted inside a
+# GraceTime. (The real cluster: e2e.hosts_slurm_stops.)
 mkdir -p "$WORK/fake"
 cat >"$WORK/fake/mpirun" <<'STUB'
 #!/usr/bin/env bash
@@ -218,16 +220,20 @@ echo started >"$TERM_SEEN.started"
 [ -n "${FINISH_AT_ONCE:-}" ] && exit 0
 while :; do sleep 0.1; done
 STUB
-printf '#!/bin/sh\necho "scontrol $*" >>"%s"\n' "$WORK/scontrol.log" >"$WORK/fake/scontrol"
+# scontrol: `show job` answers $FAKE_JOB; anything else (requeue) is logged.
+printf '#!/bin/sh\nif [ "$1" = show ]; then echo "$FAKE_JOB"; else echo "scontrol $*" >>"%s"; fi\n' \
+  "$WORK/scontrol.log" >"$WORK/fake/scontrol"
 # squeue -o %L: the job's time left, which tells what a SIGUSR1 meant.
 printf '#!/bin/sh\necho "$FAKE_LEFT"\n' >"$WORK/fake/squeue"
 chmod +x "$WORK/fake/mpirun" "$WORK/fake/scontrol" "$WORK/fake/squeue"
 export TERM_SEEN="$WORK/term_seen"
 # SIGUSR1 is "time limit near" only with little time left (it was printed on any).
-for sig_left in "TERM 19:58:00 SIGTERM (scancel --signal=TERM or preemption)" \
+# A preemption: SLURM has already counted the restart when the SIGTERM comes.
+preempted_job="JobId=42 JobState=COMPLETING Reason=None Restarts=1 PreemptTime=None"
+for sig_left in "TERM 19:58:00 SIGTERM: preempted (SLURM has requeued the job: restart 1, JobState COMPLETING)" \
   "USR1 1:30 time limit near (SIGUSR1, 1:30 left)" "USR1 19:58:00 SIGUSR1, not the time limit (19:58:00 left)"; do
   read -r sig left cause <<<"$sig_left"
-  export FAKE_LEFT="$left"
+  export FAKE_LEFT="$left" FAKE_JOB="$preempted_job"
   rm -f "$TERM_SEEN" "$TERM_SEEN.started" "$WORK/scontrol.log"
   PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" SLURM_JOB_ID=42 \
     SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1 &
@@ -244,15 +250,44 @@ for sig_left in "TERM 19:58:00 SIGTERM (scancel --signal=TERM or preemption)" \
     bad "slurm: SIG$sig (exit $rc, scontrol: $(cat "$WORK/scontrol.log" 2>/dev/null))" "$(cat "$WORK/slurm.out")"
   fi
 done
-rm -f "$WORK/scontrol.log"
-PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" SLURM_JOB_ID=42 FINISH_AT_ONCE=1 \
-  SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1
+# scancel: SLURM has marked the job COMPLETING, its restart count unchanged.
+rm -f "$TERM_SEEN" "$TERM_SEEN.started" "$WORK/scontrol.log"
+FAKE_JOB="JobId=42 JobState=COMPLETING Reason=None Restarts=0 PreemptTime=None" PATH="$WORK/fake:$PATH" \
+  MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" SLURM_JOB_ID=42 SLURM_SUBMIT_DIR="$WORK" \
+  bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1 &
+job=$!
+for _ in $(seq 50); do [ -e "$TERM_SEEN.started" ] && break; sleep 0.1; done
+kill -TERM "$job"
+wait "$job"
 rc=$?
-if ((rc == 0)) && [ ! -e "$WORK/scontrol.log" ] && grep -q 'done (exit 0)' "$WORK/slurm.out"; then
-  ok "slurm: a run that ends by itself is not requeued"
+if ((rc == 0)) && [ "$(cat "$TERM_SEEN" 2>/dev/null)" = usr1 ] && [ ! -e "$WORK/scontrol.log" ] &&
+  grep -qF "SIGTERM: the job was cancelled (scancel; JobState COMPLETING)" "$WORK/slurm.out" &&
+  grep -q "not requeueing job 42: stopped by SIGTERM, cancelled" "$WORK/slurm.out"; then
+  ok "slurm: scancel's SIGTERM: the ranks save (SIGUSR1), the job is not requeued, and says why"
 else
-  bad "slurm: finished run (exit $rc)" "$(cat "$WORK/slurm.out")"
+  bad "slurm: scancel (exit $rc, scontrol: $(cat "$WORK/scontrol.log" 2>/dev/null))" "$(cat "$WORK/slurm.out")"
 fi
+# A run that ends by itself; then one whose ranks SLURM stopped inside a
+# preemption's GraceTime (no signal to the script, PreemptTime set).
+for job_now in "JobId=42 JobState=RUNNING Reason=None Restarts=0 PreemptTime=None" \
+  "JobId=42 JobState=RUNNING Reason=None Restarts=0 PreemptTime=2026-11-28T08:33:47"; do
+  rm -f "$WORK/scontrol.log"
+  FAKE_JOB="$job_now" PATH="$WORK/fake:$PATH" MESHTRAIN_LAUNCHER=mpirun MESHTRAIN_BINARY="$WORK/fake/mpirun" \
+    SLURM_JOB_ID=42 FINISH_AT_ONCE=1 SLURM_SUBMIT_DIR="$WORK" bash "$SLURM" run.json >"$WORK/slurm.out" 2>&1
+  rc=$?
+  if [[ "$job_now" == *PreemptTime=None ]]; then
+    if ((rc == 0)) && [ ! -e "$WORK/scontrol.log" ] && grep -q 'done (exit 0)' "$WORK/slurm.out"; then
+      ok "slurm: a run that ends by itself is not requeued"
+    else
+      bad "slurm: finished run (exit $rc)" "$(cat "$WORK/slurm.out")"
+    fi
+  elif ((rc == 0)) && [ "$(cat "$WORK/scontrol.log" 2>/dev/null)" = "scontrol requeue 42" ] &&
+    grep -q "requeueing job 42: preempted at 2026-11-28T08:33:47 (the partition's GraceTime" "$WORK/slurm.out"; then
+    ok "slurm: ranks stopped inside a preemption's GraceTime: the script requeues the job"
+  else
+    bad "slurm: GraceTime preemption (exit $rc)" "$(cat "$WORK/slurm.out")"
+  fi
+done
 
 echo "$passed passed, $failed failed"
 ((failed == 0))
