@@ -10,7 +10,7 @@
 
 #include "meshtrain/core/log.h"
 #include "meshtrain/parallel/pipeline_generate.h"
-#include "meshtrain/train/generate.h"
+#include "meshtrain/sampling/generate.h"
 
 namespace meshtrain {
 

@@ -14,7 +14,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/core/log.h"
-#include "meshtrain/train/graph_safety.h"
+#include "meshtrain/perf/graph_safety.h"
 
 namespace meshtrain {
 

@@ -14,7 +14,7 @@
 #include "meshtrain/core/stop_signal.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/train/evaluate.h"
-#include "meshtrain/train/generate.h"
+#include "meshtrain/sampling/generate.h"
 #include "meshtrain/train/sample.h"
 
 namespace meshtrain {

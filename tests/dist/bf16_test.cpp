@@ -43,7 +43,7 @@
 
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/parallel/pipeline_generate.h"
-#include "meshtrain/train/generate.h"
+#include "meshtrain/sampling/generate.h"
 #include "parity.h"
 
 using namespace meshtrain;

@@ -13,7 +13,7 @@
 
 #include "meshtrain/data/shards.h"
 #include "meshtrain/model/attention.h"
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 #include "parity.h"
 
 using namespace meshtrain;

@@ -13,7 +13,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/parallel/expert_parallel.h"
-#include "meshtrain/train/op_observer.h"
+#include "meshtrain/perf/op_observer.h"
 #include "parity.h"
 
 using namespace meshtrain;

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "meshtrain/parallel/fsdp.h"
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 #include "parity.h"
 
 using namespace meshtrain;

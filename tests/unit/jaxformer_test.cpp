@@ -12,7 +12,7 @@
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/model/transformer.h"
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 
 namespace meshtrain {
 namespace {

@@ -10,7 +10,7 @@
 #include "meshtrain/model/layers.h"
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/model/transformer.h"
-#include "meshtrain/train/generate.h"
+#include "meshtrain/sampling/generate.h"
 
 namespace meshtrain {
 namespace {

@@ -14,9 +14,9 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/parallelize.h"
-#include "meshtrain/train/bench.h"
+#include "meshtrain/bench/bench.h"
 #include "meshtrain/train/memory_check.h"
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {

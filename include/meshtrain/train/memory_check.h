@@ -10,7 +10,7 @@
 #include <string>
 
 #include "meshtrain/config/config.h"
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 
 namespace meshtrain {
 

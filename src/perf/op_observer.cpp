@@ -4,7 +4,7 @@
 #ifndef NDEBUG
 #error "op_observer.cpp must be compiled with NDEBUG, as libtorch is (see CMakeLists.txt)"
 #endif
-#include "meshtrain/train/op_observer.h"
+#include "meshtrain/perf/op_observer.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>

@@ -3,7 +3,7 @@
 #ifndef NDEBUG
 #error "path_counter.cpp must be compiled with NDEBUG, as libtorch is (see CMakeLists.txt)"
 #endif
-#include "meshtrain/train/path_counter.h"
+#include "meshtrain/perf/path_counter.h"
 
 #include <ATen/record_function.h>
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "meshtrain/core/check.h"
-#include "meshtrain/train/generate.h"
+#include "meshtrain/sampling/generate.h"
 
 namespace meshtrain {
 

@@ -11,8 +11,8 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/runtime.h"
-#include "meshtrain/train/path_counter.h"
-#include "meshtrain/train/profile.h"
+#include "meshtrain/perf/path_counter.h"
+#include "meshtrain/perf/profile.h"
 
 namespace meshtrain {
 

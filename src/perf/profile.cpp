@@ -1,5 +1,5 @@
 // Step profiles (see profile.h): torch's Kineto profiler, summed by category.
-#include "meshtrain/train/profile.h"
+#include "meshtrain/perf/profile.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 

@@ -1,5 +1,5 @@
 // Parameter, memory and FLOP estimates of a config (see plan.h for the model).
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 
 #include <torch/torch.h>
 

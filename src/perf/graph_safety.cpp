@@ -2,7 +2,7 @@
 // operator observer, allocations through c10's memory-reporting hook (the
 // allocators report to the thread's PROFILER_STATE debug info, which
 // autograd's threads inherit).
-#include "meshtrain/train/graph_safety.h"
+#include "meshtrain/perf/graph_safety.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -11,7 +11,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "meshtrain/train/op_observer.h"
+#include "meshtrain/perf/op_observer.h"
 
 namespace meshtrain {
 

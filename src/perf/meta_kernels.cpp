@@ -1,6 +1,6 @@
 // Meta kernels for CUDA-only ops (see meta_kernels.h). Each returns empty
 // tensors of the shapes, dtypes and layouts the CUDA kernel returns.
-#include "meshtrain/train/meta_kernels.h"
+#include "meshtrain/perf/meta_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>

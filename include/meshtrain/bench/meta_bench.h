@@ -24,7 +24,7 @@
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/dist/runtime.h"
-#include "meshtrain/train/op_observer.h"
+#include "meshtrain/perf/op_observer.h"
 
 namespace meshtrain {
 

@@ -1,5 +1,5 @@
 // `bench --device meta`: one observed training step on the meta device (see meta_bench.h).
-#include "meshtrain/train/meta_bench.h"
+#include "meshtrain/bench/meta_bench.h"
 
 #include <torch/torch.h>
 
@@ -11,7 +11,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/optim/schedule.h"
-#include "meshtrain/train/meta_kernels.h"
+#include "meshtrain/perf/meta_kernels.h"
 #include "meshtrain/train/session.h"
 #include "meshtrain/train/step.h"
 #include "temp_dir.h"

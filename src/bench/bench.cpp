@@ -1,5 +1,5 @@
 // `meshtrain bench`: timed training steps (see bench.h).
-#include "meshtrain/train/bench.h"
+#include "meshtrain/bench/bench.h"
 
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -22,7 +22,7 @@
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/parallel/data_parallel.h"
-#include "meshtrain/train/plan.h"
+#include "meshtrain/perf/plan.h"
 #include "meshtrain/train/session.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/train/step_graph.h"
