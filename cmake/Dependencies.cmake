@@ -121,11 +121,11 @@ target_link_libraries(mt_mpi INTERFACE MPI::MPI_C)
 
 # ---- prepare-data: PCRE2 (tiktoken's regexes), zlib and zstd (compressed inputs)
 # Each is looked for, in order, in MESHTRAIN_DEPS_PREFIX (where
-# scripts/gpu-carry.sh unpacks Debian's -dev packages for a machine that lacks
+# scripts/gpu/gpu-carry.sh unpacks Debian's -dev packages for a machine that lacks
 # them, e.g. an offline Ubuntu GPU image: their static archives are linked, so
 # the binary needs nothing more there), through pkg-config when it is
 # installed, then in the compiler's usual places. pkg-config is optional.
-set(MESHTRAIN_DEPS_PREFIX "" CACHE PATH "A local prefix (usr/) holding carried -dev packages (scripts/gpu-carry.sh)")
+set(MESHTRAIN_DEPS_PREFIX "" CACHE PATH "A local prefix (usr/) holding carried -dev packages (scripts/gpu/gpu-carry.sh)")
 find_package(PkgConfig QUIET)
 add_library(mt_textio INTERFACE)
 # mt_find_c_library(NAME HEADER LIB PKGCONFIG_MODULE DEBIAN_PACKAGE): adds it to mt_textio.
@@ -154,7 +154,7 @@ function(mt_find_c_library name header lib module deb)
   if(NOT MT_${name}_HEADER OR NOT MT_${name}_LIBRARY)
     message(FATAL_ERROR "${name} (${header} and lib${lib}) was not found (searched MESHTRAIN_DEPS_PREFIX="
                         "'${MESHTRAIN_DEPS_PREFIX}', pkg-config module ${module}, the system paths). Install "
-                        "${deb}, or on an offline machine carry it: scripts/gpu-carry.sh (README, GPU machines).")
+                        "${deb}, or on an offline machine carry it: scripts/gpu/gpu-carry.sh (README, GPU machines).")
   endif()
   message(STATUS "${name}: ${MT_${name}_LIBRARY}")
   target_include_directories(mt_textio SYSTEM INTERFACE ${MT_${name}_HEADER})

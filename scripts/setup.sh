@@ -38,7 +38,7 @@ quietly() {
 }
 # Packages the build does not need (the demo corpus, the shell lint test,
 # build caching, commit names, creating .deps/pyenv, the multi-host tests):
-# offline, missing ones are a warning. scripts/gpu-preflight.sh checks a GPU
+# offline, missing ones are a warning. scripts/gpu/gpu-preflight.sh checks a GPU
 # machine's build needs by their files instead of package names.
 # openssh-server, tmux and SLURM (slurmctld, slurmd, slurm-client, munge): the
 # multi-host tests (tests/hosts/testbed.sh) run an sshd per test host and a

@@ -15,12 +15,12 @@ BUILD="${BUILD_DIR:-$ROOT/build}"
 "$ROOT/scripts/build.sh"
 # The Python reference libraries (tiktoken, tokenizers, ...) the parity tests
 # compare against: installed once here, not inside a timed test.
-"$ROOT/scripts/setup-pyenv.sh" >/dev/null
+"$ROOT/scripts/dev/setup-pyenv.sh" >/dev/null
 export OMP_NUM_THREADS=1
 # Root in containers: mpirun needs these to run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rc=0
 ctest --test-dir "$BUILD" --output-on-failure -j "${TEST_JOBS:-2}" "${select[@]}" "$@" || rc=$?
 # ctest counts skipped GoogleTest cases as passed: name them and their reasons.
-"$ROOT/scripts/skipped-tests.sh" "$BUILD"
+"$ROOT/scripts/dev/skipped-tests.sh" "$BUILD"
 exit "$rc"

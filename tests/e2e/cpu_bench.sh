@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# The PyTorch anchor of scripts/cpu-bench.py (and gpu-check.sh) on the CPU:
+# The PyTorch anchor of scripts/dev/cpu-bench.py (and gpu-check.sh) on the CPU:
 #  - tiny MoE + MLA: meshtrain and the PyTorch model both train 2 steps and
 #    report tokens/s, with the same parameter count;
 #  - the moe1B one-GPU shape and the dense tiny model, counted on the meta
 #    device: the PyTorch model's parameters equal meshtrain's `plan` count;
 #  - a setting the PyTorch model lacks is refused by name.
-# Needs the reference venv's torch (scripts/setup-pyenv.sh, never installed
+# Needs the reference venv's torch (scripts/dev/setup-pyenv.sh, never installed
 # here): without it the test is skipped (exit 77) with the reason printed.
 source "$(dirname "$0")/common.sh" "$@"
 
-if ! PY=$(MESHTRAIN_OFFLINE=1 "$SRC/scripts/setup-pyenv.sh" 2>setup-pyenv.err | tail -1) || [ ! -x "$PY" ]; then
-  echo "SKIPPED: no PyTorch for the anchor: scripts/setup-pyenv.sh (offline) says: $(cat setup-pyenv.err)"
+if ! PY=$(MESHTRAIN_OFFLINE=1 "$SRC/scripts/dev/setup-pyenv.sh" 2>setup-pyenv.err | tail -1) || [ ! -x "$PY" ]; then
+  echo "SKIPPED: no PyTorch for the anchor: scripts/dev/setup-pyenv.sh (offline) says: $(cat setup-pyenv.err)"
   exit 77
 fi
-BENCH="$SRC/scripts/cpu-bench.py"
+BENCH="$SRC/scripts/dev/cpu-bench.py"
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1].splitlines()[-1])[sys.argv[2]])" "$1" "$2"; }
 plan_params() { "$BIN" plan --config "$1" --json 2>/dev/null | tail -n 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["total_params"])'; }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh --preflight on faked machines: it lists every missing
+# scripts/gpu/gpu-check.sh --preflight on faked machines: it lists every missing
 # build need with its fix in seconds, without building; optional tools
 # (ccache, git, shellcheck, ...) never fail it; nvcc is found through
 # CUDA_HOME when not on PATH; carried -dev packages (.carry/, gpu-carry.sh)
@@ -9,9 +9,9 @@
 # (MESHTRAIN_CUDA_ROOTS) and a python whose torch import fails.
 source "$(dirname "$0")/common.sh" "$@"
 
-mkdir -p fake/scripts bin root/include root/lib/cmake nocuda notorch/torch
-cp "$SRC"/scripts/gpu-check.sh "$SRC"/scripts/gpu-preflight.sh "$SRC"/scripts/gpu-carry.sh \
-  "$SRC"/scripts/gpu-summary.py fake/scripts/
+mkdir -p fake/scripts/gpu bin root/include root/lib/cmake nocuda notorch/torch
+cp "$SRC"/scripts/gpu/gpu-check.sh "$SRC"/scripts/gpu/gpu-preflight.sh "$SRC"/scripts/gpu/gpu-carry.sh \
+  "$SRC"/scripts/gpu/gpu-summary.py fake/scripts/gpu/
 # Tools of the faked machine: no nvcc, ccache, shellcheck, git, pkg-config, nvidia-smi.
 for t in bash sh env dirname basename cat cut date grep head tail tr sed sort mkdir rm ls nproc sha256sum \
          gcc g++ cc c++ cmake make mpicc mpirun python3; do
@@ -28,7 +28,7 @@ FAKE=(env -i "PATH=$WORK/bin" "HOME=$WORK" "MESHTRAIN_SYSTEM_PREFIXES=$WORK/root
       "PYTHON=python3")
 
 start=$(date +%s)
-out="$("${FAKE[@]}" "MESHTRAIN_CUDA_ROOTS=$WORK/nocuda" bash fake/scripts/gpu-check.sh --preflight 2>&1)"
+out="$("${FAKE[@]}" "MESHTRAIN_CUDA_ROOTS=$WORK/nocuda" bash fake/scripts/gpu/gpu-check.sh --preflight 2>&1)"
 rc=$?
 secs=$(( $(date +%s) - start ))
 check "missing needs: exit 1" test "$rc" -eq 1
@@ -50,7 +50,7 @@ mkdir -p cuda/bin fake/.carry/prefix/usr/include fake/.carry/prefix/usr/lib
 printf '#!/bin/sh\necho nvcc stub\n' > cuda/bin/nvcc && chmod +x cuda/bin/nvcc
 touch fake/.carry/prefix/usr/include/pcre2.h fake/.carry/prefix/usr/lib/libpcre2-8.a \
       fake/.carry/prefix/usr/include/zstd.h fake/.carry/prefix/usr/lib/libzstd.a
-out="$("${FAKE[@]}" "CUDA_HOME=$WORK/cuda" bash fake/scripts/gpu-check.sh --preflight 2>&1)"
+out="$("${FAKE[@]}" "CUDA_HOME=$WORK/cuda" bash fake/scripts/gpu/gpu-check.sh --preflight 2>&1)"
 check "nvcc found in CUDA_HOME/bin" bash -c 'grep -qE "^  ok +nvcc .*'"$WORK"'/cuda/bin/nvcc" <<<"$1"' _ "$out"
 check "carried PCRE2 and zstd count" bash -c 'grep -qE "^  ok +PCRE2" <<<"$1" && grep -qE "^  ok +zstd" <<<"$1"' _ "$out"
 check "only PyTorch and what is found through it are still missing" bash -c \
@@ -62,12 +62,12 @@ touch cputorch/torch/share/cmake/Torch/TorchConfig.cmake
 printf '__version__ = "2.11.0+cpu"\nclass version:\n    cuda = None\n' > cputorch/torch/__init__.py
 printf 'import os\ncmake_prefix_path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "share", "cmake")\n' \
   > cputorch/torch/utils/__init__.py
-out="$("${FAKE[@]}" "PYTHONPATH=$WORK/cputorch" "CUDA_HOME=$WORK/cuda" bash fake/scripts/gpu-check.sh --preflight 2>&1)"
+out="$("${FAKE[@]}" "PYTHONPATH=$WORK/cputorch" "CUDA_HOME=$WORK/cuda" bash fake/scripts/gpu/gpu-check.sh --preflight 2>&1)"
 check "CPU-only PyTorch: missing, its version shown" bash -c \
   'grep -qE "^  MISSING +PyTorch with CUDA" <<<"$1" && grep -qE "^  ok +libtorch CMake files" <<<"$1"' _ "$out"
 
 # The whole gpu-check stops before building when the pre-flight fails.
-"${FAKE[@]}" "MESHTRAIN_CUDA_ROOTS=$WORK/nocuda" "BUILD_DIR=$WORK/build-gpu" bash fake/scripts/gpu-check.sh out \
+"${FAKE[@]}" "MESHTRAIN_CUDA_ROOTS=$WORK/nocuda" "BUILD_DIR=$WORK/build-gpu" bash fake/scripts/gpu/gpu-check.sh out \
   > full.log 2>&1
 rc=$?
 check "gpu-check with needs missing: non-zero exit" test "$rc" -ne 0

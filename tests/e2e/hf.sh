@@ -10,8 +10,8 @@
 #    mesh with the losses of one process.
 source "$(dirname "$0")/common.sh" "$@"
 
-PY=$("$SRC/scripts/setup-pyenv.sh" | tail -1)
-if [ ! -x "$PY" ]; then bad "the Python venv of scripts/setup-pyenv.sh is missing ($PY)"; finish; fi
+PY=$("$SRC/scripts/dev/setup-pyenv.sh" | tail -1)
+if [ ! -x "$PY" ]; then bad "the Python venv of scripts/dev/setup-pyenv.sh is missing ($PY)"; finish; fi
 CHECK="$SRC/tests/e2e/hf_check.py"
 
 prepare_corpus

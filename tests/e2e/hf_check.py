@@ -1,4 +1,4 @@
-"""The Hugging Face side of tests/e2e/hf.sh (run with the venv of scripts/setup-pyenv.sh).
+"""The Hugging Face side of tests/e2e/hf.sh (run with the venv of scripts/dev/setup-pyenv.sh).
 
   compare DIR CLASS DATA_VAL B STEPS T VAL_LOSS PROMPT N GEN_FILE
       load DIR with AutoModelForCausalLM (stock class CLASS, no remote code),

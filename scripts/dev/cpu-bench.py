@@ -2,7 +2,7 @@
 """meshtrain's training step vs plain PyTorch on the same model.
 
 Runs `meshtrain bench` on a config and the same model written in PyTorch
-(scripts/torch_anchor_model.py: pre-norm RMSNorm, half-split RoPE, tanh-GELU,
+(scripts/dev/torch-anchor-model.py: pre-norm RMSNorm, half-split RoPE, tanh-GELU,
 tied embeddings, MHA or MLA, a dense MLP or capacity-dispatched MoE with
 shared experts and the aux loss; per-token cross-entropy, global-norm
 clipping, AdamW over decay / no-decay groups), both on the CPU with the same
@@ -10,11 +10,11 @@ number of threads, and prints the tokens/s and parameter count of each
 (meshtrain's from `plan --json`). Usage (from the repo root, after
 scripts/build.sh):
 
-  $(scripts/setup-pyenv.sh | tail -1) scripts/cpu-bench.py [--config configs/tiny.json]
+  $(scripts/dev/setup-pyenv.sh | tail -1) scripts/dev/cpu-bench.py [--config configs/tiny.json]
       [--threads 1] [--steps 10] [--warmup 2] [--bin build/meshtrain] [--set key=value ...]
 
 `--torch-only --device cuda [--compile]` times only the PyTorch model, on the
-GPU, as the anchors of scripts/gpu-check.sh: the config's model_dtype
+GPU, as the anchors of scripts/gpu/gpu-check.sh: the config's model_dtype
 bfloat16 becomes autocast to bf16 over fp32 weights (meshtrain's precision
 policy), AdamW is the fused one, attention is SDPA (flash on H100), and
 `--compile` wraps the loss in torch.compile (the anchor llm.c compares to).
@@ -23,6 +23,7 @@ It prints one JSON line: {"anchor": "eager"|"compile", "tokens_per_sec": ...,
 parameters, built on the meta device (any size, nothing allocated).
 """
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -73,11 +74,21 @@ def meshtrain_tokens_per_sec(binary, cfg, data, threads, steps, warmup, work):
     return row["tokens_per_sec"]
 
 
+def anchor_model():
+    """scripts/dev/torch-anchor-model.py, loaded by its path (a hyphenated name is no module name)."""
+    spec = importlib.util.spec_from_file_location(
+        "torch_anchor_model", os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch-anchor-model.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # torch.compile and pickling look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
 def torch_model(cfg, device, bf16=False):
-    """The PyTorch model of cfg (scripts/torch_anchor_model.py): params and the
+    """The PyTorch model of cfg (scripts/dev/torch-anchor-model.py): params and the
     summed loss of one microbatch (cross-entropy + alpha-weighted aux loss)."""
     import torch
-    import torch_anchor_model as model
+    model = anchor_model()
 
     why = model.unsupported(cfg)
     if why:
@@ -153,7 +164,7 @@ def meshtrain_params(binary, cfg, work):
 
 
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=os.path.join(root, "configs", "tiny.json"))
     ap.add_argument("--bin", default=os.path.join(root, "build", "meshtrain"))

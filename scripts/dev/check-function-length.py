@@ -9,7 +9,7 @@ mutable) or a constructor's initializer list. Its length counts the lines
 from its head's first line to its closing brace. Comments and string
 literals are blanked first; brace initializers (`x_{..}`, `T{..}`) inside a
 head are part of it. Lambdas and blocks count with the function they are in.
-Usage: scripts/check-function-length.py [SOURCE_DIR] [--limit N] [--list]
+Usage: scripts/dev/check-function-length.py [SOURCE_DIR] [--limit N] [--list]
 """
 import os
 import re
@@ -107,7 +107,7 @@ def main():
     if "--limit" in args:
         limit = int(args[args.index("--limit") + 1])
     roots = [a for a in args if not a.startswith("--") and not a.isdigit()]
-    root = roots[0] if roots else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    root = roots[0] if roots else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     long_ones = []
     for dirpath, _, files in os.walk(os.path.join(root, "src")):
         for f in sorted(files):

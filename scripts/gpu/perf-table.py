@@ -2,8 +2,8 @@
 """The README's measured-performance table, generated from bench/results.
 
 Renders a markdown table from the newest results folder under bench/results
-(newest by the date its name starts with, then by name; scripts/gpu-check.sh
-writes one per GPU run through scripts/gpu-summary.py) and puts it in the
+(newest by the date its name starts with, then by name; scripts/gpu/gpu-check.sh
+writes one per GPU run through scripts/gpu/gpu-summary.py) and puts it in the
 README between the lines
 
   <!-- perf-table:begin -->
@@ -12,9 +12,9 @@ README between the lines
 With no results folder yet, the text between them says so and how to make one.
 
 Usage:
-  scripts/perf-table.py [--readme README.md] [--results-root bench/results]
-  scripts/perf-table.py --check    exit 1 naming the README when its table is stale
-  scripts/perf-table.py --print    the generated text only, nothing written
+  scripts/gpu/perf-table.py [--readme README.md] [--results-root bench/results]
+  scripts/gpu/perf-table.py --check    exit 1 naming the README when its table is stale
+  scripts/gpu/perf-table.py --print    the generated text only, nothing written
 """
 import argparse
 import json
@@ -23,13 +23,13 @@ import re
 import sys
 import textwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BEGIN = "<!-- perf-table:begin -->"
 END = "<!-- perf-table:end -->"
 FOLDER = re.compile(r"^(\d{4}-\d{2}-\d{2})-(.+?)(?:-(\d{1,3}))?$")
-HOW = ("`scripts/gpu-check.sh OUT_DIR` on a GPU machine (or `scripts/gpu-check.sh OUT_DIR --bin "
+HOW = ("`scripts/gpu/gpu-check.sh OUT_DIR` on a GPU machine (or `scripts/gpu/gpu-check.sh OUT_DIR --bin "
        ".carry/bin/meshtrain` with a binary built here) writes `bench/results/<date>-<device>-<commit>/`; "
-       "commit that folder and run `scripts/perf-table.py` to put it here.")
+       "commit that folder and run `scripts/gpu/perf-table.py` to put it here.")
 
 
 def newest(results_root):
@@ -126,7 +126,7 @@ def main():
         return 0
     if a.check:
         print(f"perf-table: {a.readme} is stale: its perf-table section differs from what "
-              f"{newest(root) or root} gives; run scripts/perf-table.py and commit the README",
+              f"{newest(root) or root} gives; run scripts/gpu/perf-table.py and commit the README",
               file=sys.stderr)
         return 1
     with open(a.readme, "w") as f:

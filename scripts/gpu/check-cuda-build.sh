@@ -2,14 +2,14 @@
 # The CUDA build on a machine without a GPU (not part of CI: it compiles
 # everything against the full CUDA PyTorch wheel, ~5 GB, and takes a while).
 # Builds with MESHTRAIN_CUDA=ON against the torch of .deps/pyenv
-# (scripts/setup-pyenv.sh) into build-cuda/, then runs the whole ctest suite
+# (scripts/dev/setup-pyenv.sh) into build-cuda/, then runs the whole ctest suite
 # with that build; without a GPU the CUDA-only tests skip visibly and every
 # other test runs on CPU. Extra arguments go to ctest (e.g. -R unit).
 # Env: BUILD_DIR (default build-cuda), BUILD_JOBS, TEST_JOBS (default 1).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-cuda}"
-PY="$("$ROOT/scripts/setup-pyenv.sh" | tail -n 1)"
+PY="$("$ROOT/scripts/dev/setup-pyenv.sh" | tail -n 1)"
 PREFIX="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' ||
   { echo "check-cuda-build: the torch of $PY is not a CUDA build" >&2; exit 1; }
@@ -21,10 +21,10 @@ if command -v ccache >/dev/null; then
 fi
 # The fused kernels are part of a CUDA build: no nvcc (PATH, CUDA_HOME,
 # /usr/local/cuda) fails the configure. Carried -dev packages
-# (scripts/gpu-carry.sh) are used when .carry/ holds some.
+# (scripts/gpu/gpu-carry.sh) are used when .carry/ holds some.
 extra=(-DMESHTRAIN_REQUIRE_CUDA_KERNELS=ON)
 if compgen -G "$ROOT/.carry/debs/*.deb" >/dev/null; then
-  "$ROOT/scripts/gpu-carry.sh" --unpack
+  "$ROOT/scripts/gpu/gpu-carry.sh" --unpack
   extra+=(-DMESHTRAIN_DEPS_PREFIX="$ROOT/.carry/prefix/usr")
 fi
 echo "check-cuda-build: configuring $BUILD against $PREFIX (MESHTRAIN_CUDA=ON)"
@@ -45,7 +45,7 @@ ldd "$BUILD/meshtrain" | grep -E 'libtorch|libc10|libnccl|libcudart' | sed 's/^/
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 rc=0
 ctest --test-dir "$BUILD" --output-on-failure -j "${TEST_JOBS:-1}" "$@" || rc=$?
-"$ROOT/scripts/skipped-tests.sh" "$BUILD"
+"$ROOT/scripts/dev/skipped-tests.sh" "$BUILD"
 if [ "$rc" -ne 0 ]; then
   echo "check-cuda-build: FAILED: some tests failed ($BUILD)" >&2
   exit "$rc"

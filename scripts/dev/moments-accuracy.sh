@@ -4,12 +4,12 @@
 # data, and prints the train loss of both every EVERY steps, their
 # difference, and the mean over the last 20 steps (and the last validation
 # loss, when the runs evaluated).
-# Usage: scripts/moments-accuracy.sh [CONFIG (configs/tiny.json)] [STEPS (300)] [EVERY (50)] [--set KEY=VALUE ...]
+# Usage: scripts/dev/moments-accuracy.sh [CONFIG (configs/tiny.json)] [STEPS (300)] [EVERY (50)] [--set KEY=VALUE ...]
 # Env: BIN (build/meshtrain), DATA (data_config.data_dir; default the
 # config's), OUT (scratch dir for the two runs; default a new temp dir),
 # TABLE_ONLY=1 (print the table of the runs already in OUT, train nothing).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CONFIG="${1:-$ROOT/configs/tiny.json}"
 STEPS="${2:-300}"
 EVERY="${3:-50}"

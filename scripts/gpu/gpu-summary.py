@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The table and summaries of one scripts/gpu-check.sh run.
+"""The table and summaries of one scripts/gpu/gpu-check.sh run.
 
 Reads the run's OUT_DIR: steps.tsv (one row per step: name, status, seconds,
 log) and the step logs, whose JSON lines are `meshtrain bench`'s (the
 performance model's estimate with "est_tokens_per_sec", then the measured
 step with "tokens_per_sec" and, with --profile, "profile") and the PyTorch
-anchors' (scripts/cpu-bench.py --torch-only: {"anchor": "eager"|"compile",
+anchors' (scripts/dev/cpu-bench.py --torch-only: {"anchor": "eager"|"compile",
 "tokens_per_sec": ...}). It prints the table gpu-check.sh shows, writes
 OUT_DIR/summary.json (every step and bench row, as before), and keeps the
 run in the repository: RESULTS_ROOT/<date>-<device>-<commit>/ (-2, -3 ...
@@ -21,11 +21,11 @@ when that folder exists; never overwritten) with small text files only:
                         and the largest kernels
 
 Usage:
-  scripts/gpu-summary.py OUT_DIR [--results-root DIR] [--date YYYY-MM-DD]
+  scripts/gpu/gpu-summary.py OUT_DIR [--results-root DIR] [--date YYYY-MM-DD]
       [--commit SHA] [--commit-file FILE] [--device NAME] [--no-results]
 
 --results-root defaults to bench/results of this repository (what
-scripts/perf-table.py renders into the README). The commit is --commit, else
+scripts/gpu/perf-table.py renders into the README). The commit is --commit, else
 the first word of --commit-file (gpu-carry.sh --binary writes .carry/bin/COMMIT
 beside the binary it built; "dirty" after it when tracked files differed from
 the commit, kept as uncommitted_changes), else `git rev-parse --short HEAD` here, else
@@ -42,7 +42,7 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Steps left out on purpose (the CUDA tests of a binary built elsewhere): no failure.
 NOT_RUN_ON_PURPOSE = ("not run (--bin", "not run (no cuda_test beside --bin")
 
@@ -387,7 +387,7 @@ def main():
     except OSError as e:
         print(f"gpu-summary: could not write the results folder under {a.results_root}: {e}", file=sys.stderr)
         return 1
-    print(f"results: {path} (commit it; scripts/perf-table.py puts it in the README)")
+    print(f"results: {path} (commit it; scripts/gpu/perf-table.py puts it in the README)")
     return 0
 
 

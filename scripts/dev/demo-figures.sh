@@ -2,16 +2,16 @@
 # Prints the figures the README quotes for the demo (section "First hour"),
 # from a real run, so that they can be checked and regenerated instead of
 # going stale:
-#   scripts/run.sh 2>&1 | tee run.log; scripts/demo-figures.sh run.log
+#   scripts/run.sh 2>&1 | tee run.log; scripts/dev/demo-figures.sh run.log
 # Reads the machine (cores, CPU), the run's metrics.jsonl (first and last
 # training loss, final validation loss, tokens/s), the run.sh log (times, the
 # lines printed before training, any line with ERROR or a traceback) and, when
 # present, the last ctest run (build/Testing/Temporary/LastTest.log) and the
 # test venv's install time (.deps/pyenv-setup.log).
-# Usage: scripts/demo-figures.sh RUN_LOG [RUN_DIR (default runs/tiny-moe-mla)]
+# Usage: scripts/dev/demo-figures.sh RUN_LOG [RUN_DIR (default runs/tiny-moe-mla)]
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LOG="${1:?usage: scripts/demo-figures.sh RUN_LOG [RUN_DIR]}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+LOG="${1:?usage: scripts/dev/demo-figures.sh RUN_LOG [RUN_DIR]}"
 RUN_DIR="${2:-$ROOT/runs/tiny-moe-mla}"
 [ -f "$LOG" ] || { echo "demo-figures: no run log $LOG (scripts/run.sh 2>&1 | tee $LOG)" >&2; exit 1; }
 [ -f "$RUN_DIR/metrics.jsonl" ] || { echo "demo-figures: no $RUN_DIR/metrics.jsonl (run scripts/run.sh first)" >&2; exit 1; }

@@ -6,30 +6,30 @@
 # configs/moe1b-1gpu.json (the moe1B shape cut to fit one 80 GB GPU, checked
 # with `plan`), prints one table and writes summary.json plus one log per step
 # into DIR, and keeps the run's small text results in the repository:
-# bench/results/<date>-<device>-<commit>/ (scripts/gpu-summary.py; another
-# root with --results-root), which scripts/perf-table.py renders into the
+# bench/results/<date>-<device>-<commit>/ (scripts/gpu/gpu-summary.py; another
+# root with --results-root), which scripts/gpu/perf-table.py renders into the
 # README. With 2 or more GPUs the CUDA test binary also runs at -np 2 (and
 # -np 8 with 8 or more) for its cases across GPUs (NCCL). Beside meshtrain's GPT-2 124M and moe1B
-# it times the same models written in PyTorch (scripts/cpu-bench.py
+# it times the same models written in PyTorch (scripts/dev/cpu-bench.py
 # --torch-only, the MLA + MoE one with capacity dispatch), eager and with
 # torch.compile, in the same call: the anchors, with meshtrain's ratio to
 # each. A failing step is reported and the next one still runs; the exit code
 # is non-zero if any step failed.
-# Before the build, the pre-flight (scripts/gpu-preflight.sh) checks every
+# Before the build, the pre-flight (scripts/gpu/gpu-preflight.sh) checks every
 # build need and names the fix of each missing one; `--preflight` runs only
 # that, in seconds. Offline needs that Ubuntu images lack (PCRE2, zstd, zlib
-# -dev files) come from .carry/ (scripts/gpu-carry.sh, run where apt works).
+# -dev files) come from .carry/ (scripts/gpu/gpu-carry.sh, run where apt works).
 # nvcc is taken from PATH, $CUDA_HOME/bin or /usr/local/cuda/bin; a build
 # without the fused CUDA kernels fails (bench would time aten composites).
 # `--bin PATH` skips the build and benchmarks a binary built elsewhere
-# (scripts/gpu-carry.sh --binary), its libraries found beside it and in the
+# (scripts/gpu/gpu-carry.sh --binary), its libraries found beside it and in the
 # PyTorch of PYTHON; the CUDA tests run when cuda_test is beside it.
-# Usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]
-#        scripts/gpu-check.sh --preflight
+# Usage: scripts/gpu/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]
+#        scripts/gpu/gpu-check.sh --preflight
 # Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS,
 #      CUDA_TEST_TIMEOUT (seconds per cuda_test run, default 600).
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT=""
 STEPS=20
 PREBUILT=""
@@ -39,7 +39,7 @@ while (($#)); do
   case "$1" in
     --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
     --bin) PREBUILT="${2:?--bin needs the path of a meshtrain binary}"; shift 2 ;;
-    --preflight) exec "$ROOT/scripts/gpu-preflight.sh" ;;
+    --preflight) exec "$ROOT/scripts/gpu/gpu-preflight.sh" ;;
     --results-root) RESULTS_ROOT="${2:?--results-root needs a folder}"; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
@@ -47,7 +47,7 @@ while (($#)); do
        OUT="$1"; shift ;;
   esac
 done
-[ -n "$OUT" ] || { echo "usage: scripts/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]" >&2; exit 2; }
+[ -n "$OUT" ] || { echo "usage: scripts/gpu/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]" >&2; exit 2; }
 mkdir -p "$OUT" || exit 2
 OUT="$(cd "$OUT" && pwd)"
 case "$RESULTS_ROOT" in /*) ;; *) RESULTS_ROOT="$PWD/$RESULTS_ROOT" ;; esac
@@ -120,7 +120,7 @@ build() {
   local args=(-DCMAKE_PREFIX_PATH="$prefix" -DMESHTRAIN_CUDA=ON -DMESHTRAIN_REQUIRE_CUDA_KERNELS=ON
               -DCMAKE_CUDA_COMPILER="$nvcc")
   if compgen -G "$ROOT/.carry/debs/*.deb" >/dev/null; then
-    "$ROOT/scripts/gpu-carry.sh" --unpack || return 1
+    "$ROOT/scripts/gpu/gpu-carry.sh" --unpack || return 1
     args+=(-DMESHTRAIN_DEPS_PREFIX="$ROOT/.carry/prefix/usr")
   fi
   command -v ccache >/dev/null && args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
@@ -145,7 +145,7 @@ cuda_tests() {
   ctest --test-dir "$BUILD" --output-on-failure -R 'cuda_test|unit\.device_test|unit\.nccl_discovery' "${own[@]}" ||
     return 1
   local skipped
-  skipped="$("$ROOT/scripts/skipped-tests.sh" "$BUILD")" || return 1
+  skipped="$("$ROOT/scripts/dev/skipped-tests.sh" "$BUILD")" || return 1
   echo "$skipped"
   if grep -q 'torch sees no CUDA device' <<<"$skipped"; then
     echo "CUDA tests were skipped on a GPU machine: torch sees no CUDA device"
@@ -217,7 +217,7 @@ bench() {  # NAME CONFIG [--set KEY=VALUE...]
 # take at most 10 timed steps (ANCHOR_STEPS): each builds 1.1B parameters and
 # compile traces 12 MoE layers, inside the GPU call's 10 minutes.
 anchor() {  # CONFIG [--compile]
-  "$PY" "$ROOT/scripts/cpu-bench.py" --torch-only --device cuda --config "$1" \
+  "$PY" "$ROOT/scripts/dev/cpu-bench.py" --torch-only --device cuda --config "$1" \
     --steps "${ANCHOR_STEPS:-$STEPS}" --warmup 3 "${@:2}"
 }
 
@@ -257,7 +257,7 @@ measure() {
   unset ANCHOR_STEPS
 }
 
-step preflight "$ROOT/scripts/gpu-preflight.sh"
+step preflight "$ROOT/scripts/gpu/gpu-preflight.sh"
 step environment environment
 if [ -n "$PREBUILT" ]; then
   # step runs the function in this shell: the LD_LIBRARY_PATH it exports stays.
@@ -285,13 +285,13 @@ else
 fi
 
 # One table, OUT/summary.json, and the run kept in the repository:
-# RESULTS_ROOT/<date>-<device>-<commit>/ (scripts/gpu-summary.py), written
-# whatever failed; scripts/perf-table.py renders the newest into the README.
+# RESULTS_ROOT/<date>-<device>-<commit>/ (scripts/gpu/gpu-summary.py), written
+# whatever failed; scripts/gpu/perf-table.py renders the newest into the README.
 summary_args=(--date "$RUN_DATE" --results-root "$RESULTS_ROOT")
 [ -n "$PREBUILT" ] && summary_args+=(--commit-file "$(dirname "$BIN")/COMMIT")
-if ! "$PY" "$ROOT/scripts/gpu-summary.py" "$OUT" "${summary_args[@]}"; then
+if ! "$PY" "$ROOT/scripts/gpu/gpu-summary.py" "$OUT" "${summary_args[@]}"; then
   failures=$((failures + 1))
-  echo "gpu-check: scripts/gpu-summary.py failed (the results above may be incomplete)"
+  echo "gpu-check: scripts/gpu/gpu-summary.py failed (the results above may be incomplete)"
 fi
 if ((failures)); then
   echo "gpu-check: $failures step(s) failed (logs in $OUT)"

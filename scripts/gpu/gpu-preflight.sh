@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What scripts/gpu-check.sh needs to build meshtrain with CUDA on this machine,
+# What scripts/gpu/gpu-check.sh needs to build meshtrain with CUDA on this machine,
 # checked in seconds without building (gpu-check.sh --preflight runs this):
 # each build need prints ok or MISSING with its fix; optional tools (ccache,
 # git, shellcheck, python3-venv, pkg-config, the fortunes) only note what
@@ -12,13 +12,13 @@
 # MESHTRAIN_CUDA_ROOTS (default "$CUDA_HOME /usr/local/cuda": where nvcc is
 # looked for when not on PATH) exist so tests can fake a machine.
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 ARCH="$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)"
 read -r -a PREFIXES <<< "${MESHTRAIN_SYSTEM_PREFIXES:-/usr /usr/local}"
 read -r -a CUDA_ROOTS <<< "${MESHTRAIN_CUDA_ROOTS:-${CUDA_HOME:-} /usr/local/cuda}"
 CARRIED="$ROOT/.carry/prefix/usr"
-CARRY_FIX="run scripts/gpu-carry.sh on a machine with apt and bring .carry/ along (device tool: carry [\".carry\"])"
+CARRY_FIX="run scripts/gpu/gpu-carry.sh on a machine with apt and bring .carry/ along (device tool: carry [\".carry\"])"
 
 missing=()
 line() { printf '  %-9s %-24s %s\n' "$1" "$2" "$3"; }
@@ -114,7 +114,7 @@ optional ccache "every build compiles from scratch" -- command -v ccache
 optional git "scripts report no commit" -- command -v git
 optional pkg-config "CMake finds PCRE2/zstd/zlib by their files instead" -- command -v pkg-config
 optional shellcheck "the shell lint test skips" -- command -v shellcheck
-optional python3-venv "scripts/setup-pyenv.sh cannot create .deps/pyenv" -- python3 -m venv --help
+optional python3-venv "scripts/dev/setup-pyenv.sh cannot create .deps/pyenv" -- python3 -m venv --help
 optional fortunes "bench's corpus is the repository's own text" -- test -d /usr/share/games/fortunes
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   line ok "GPU" "$(nvidia-smi -L 2>/dev/null | head -n1)"

@@ -6,9 +6,9 @@
 # every 4 in each mode and prints checkpoint_blocked_seconds of the saves at
 # steps 4 and 8 (the final save at step 9 waits for its write in both modes,
 # as every save at the end of training does).
-# Usage: scripts/ckpt-blocked.sh [BINARY] [WORK_DIR]   (about 3 minutes on 2 cores)
+# Usage: scripts/dev/ckpt-blocked.sh [BINARY] [WORK_DIR]   (about 3 minutes on 2 cores)
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$(realpath "${1:-$ROOT/build/meshtrain}")"
 WORK="${2:-$ROOT/build/ckpt-blocked}"
 rm -rf "$WORK"

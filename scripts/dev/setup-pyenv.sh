@@ -7,7 +7,7 @@
 # touches the network: it fails if something is missing.
 # Prints the venv's python path on stdout (last line).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$ROOT/.deps/pyenv"
 PY="$VENV/bin/python"
 # name==version pins keep CI reproducible; torch matches the libtorch we build on.
@@ -34,7 +34,7 @@ if ! have_all; then
     echo "setup-pyenv: the install failed; its whole output is in $LOG" >&2
     exit 1
   fi
-  echo "setup-pyenv: installed in $SECONDS s" >> "$LOG"  # scripts/demo-figures.sh reads it
+  echo "setup-pyenv: installed in $SECONDS s" >> "$LOG"  # scripts/dev/demo-figures.sh reads it
   echo "setup-pyenv: ready (.deps/pyenv, $SECONDS s)" >&2
 fi
 echo "$PY"

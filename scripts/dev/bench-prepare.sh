@@ -7,15 +7,15 @@
 #   - meshtrain prepare-data --workers W for W in WORKERS: MB/s, MB per
 #     CPU-second (user + sys: comparable per core even on a busy machine)
 #   - meshtrain peak RSS for 1x and 2x the input (memory must not grow with it)
-# Usage: scripts/bench-prepare.sh [SIZE_MB=20] [WORKERS="1 2"]
+# Usage: scripts/dev/bench-prepare.sh [SIZE_MB=20] [WORKERS="1 2"]
 # Env: MESHTRAIN (binary, default build/meshtrain), BENCH_DIR (scratch folder).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SIZE_MB="${1:-20}"
 WORKERS="${2:-1 2}"
 BIN="${MESHTRAIN:-$ROOT/build/meshtrain}"
 DIR="${BENCH_DIR:-$(mktemp -d /tmp/bench-prepare.XXXXXX)}"
-PY="$("$ROOT/scripts/setup-pyenv.sh" | tail -1)"
+PY="$("$ROOT/scripts/dev/setup-pyenv.sh" | tail -1)"
 [ -x "$BIN" ] || { echo "bench-prepare: $BIN not built (scripts/build.sh meshtrain)" >&2; exit 1; }
 VOCAB="$("$PY" "$ROOT/tests/tools/tokenizer_reference.py" tiktoken-vocab)"
 mkdir -p "$DIR"

@@ -1,4 +1,4 @@
-"""meshtrain's model written in plain PyTorch: the anchor of scripts/cpu-bench.py.
+"""meshtrain's model written in plain PyTorch: the anchor of scripts/dev/cpu-bench.py.
 
 Mirrors src/model (docs/ARCHITECTURE.md, model section) for meshtrain-layout
 configs: pre-norm RMSNorm, tied embeddings, half-split RoPE, tanh-GELU, and

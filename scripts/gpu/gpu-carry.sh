@@ -2,22 +2,22 @@
 # Brings the build needs an offline GPU machine may lack, as Debian packages,
 # in a git-ignored folder that travels with the working tree: .carry/.
 #
-#   here (online, Debian/Ubuntu with apt):  scripts/gpu-carry.sh [PACKAGE...]
+#   here (online, Debian/Ubuntu with apt):  scripts/gpu/gpu-carry.sh [PACKAGE...]
 #       downloads the .debs (default: libpcre2-dev libzstd-dev zlib1g-dev,
 #       the -dev packages prepare-data's PCRE2/zstd/zlib need) into .carry/debs
-#   here, after scripts/check-cuda-build.sh: scripts/gpu-carry.sh --binary [BUILD_DIR]
+#   here, after scripts/gpu/check-cuda-build.sh: scripts/gpu/gpu-carry.sh --binary [BUILD_DIR]
 #       copies BUILD_DIR/meshtrain (default build-cuda; configure it with
 #       -DMESHTRAIN_PARQUET=OFF: pyarrow's version differs there) and the
 #       shared libraries it loads that are neither PyTorch's, CUDA's, MPI's
 #       nor the C library's (spdlog, fmt) into .carry/bin, for a GPU machine
-#       that builds slowly: scripts/gpu-check.sh DIR --bin .carry/bin/meshtrain;
+#       that builds slowly: scripts/gpu/gpu-check.sh DIR --bin .carry/bin/meshtrain;
 #       the CUDA test binary BUILD_DIR/tests/dist/cuda_test too when it is
 #       there (gpu-check.sh runs it when it lies beside the binary), and COMMIT, the commit they were built from (what
 #       gpu-check.sh names the results folder after). It warns above ~60 MiB:
 #       the device tool carries 64 MiB at most.
-#   there (offline):                        scripts/gpu-carry.sh --unpack
+#   there (offline):                        scripts/gpu/gpu-carry.sh --unpack
 #       unpacks them into the local prefix .carry/prefix (dpkg -x, or ar + tar
-#       without dpkg); scripts/gpu-check.sh does this itself and builds with
+#       without dpkg); scripts/gpu/gpu-check.sh does this itself and builds with
 #       -DMESHTRAIN_DEPS_PREFIX=.carry/prefix/usr (cmake/Dependencies.cmake).
 #
 # Nothing is installed system-wide. The -dev packages' .so links are removed
@@ -28,7 +28,7 @@
 # working tree must be told to bring it (the device tool: carry [".carry"]),
 # or copy the folder by hand (rsync -a .carry host:meshtrain/).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CARRY="${MESHTRAIN_CARRY_DIR:-$ROOT/.carry}"
 DEBS="$CARRY/debs"
 PREFIX="$CARRY/prefix"
@@ -37,7 +37,7 @@ DEFAULT_PKGS=(libpcre2-dev libzstd-dev zlib1g-dev)
 unpack() {
   shopt -s nullglob
   local debs=("$DEBS"/*.deb)
-  ((${#debs[@]})) || { echo "gpu-carry: no .deb in $DEBS (run scripts/gpu-carry.sh on a machine with apt first)" >&2; return 1; }
+  ((${#debs[@]})) || { echo "gpu-carry: no .deb in $DEBS (run scripts/gpu/gpu-carry.sh on a machine with apt first)" >&2; return 1; }
   local stamp="$PREFIX/.unpacked"
   # Idempotent: unpack again only when the .debs changed.
   local want
@@ -67,7 +67,7 @@ unpack() {
 # The binary and the libraries of this machine it needs beside PyTorch's.
 binary() {
   local build="${1:-$ROOT/build-cuda}" bin="$CARRY/bin"
-  [ -x "$build/meshtrain" ] || { echo "gpu-carry: no $build/meshtrain (scripts/check-cuda-build.sh builds it)" >&2; return 1; }
+  [ -x "$build/meshtrain" ] || { echo "gpu-carry: no $build/meshtrain (scripts/gpu/check-cuda-build.sh builds it)" >&2; return 1; }
   ldd "$build/meshtrain" | grep libtorch_cuda.so >/dev/null ||
     { echo "gpu-carry: $build/meshtrain is not a CUDA build (it does not load libtorch_cuda.so)" >&2; return 1; }
   ldd "$build/meshtrain" | grep 'libparquet' >/dev/null &&
@@ -100,7 +100,7 @@ binary() {
   ((kib <= 60 * 1024 && all <= 60 * 1024)) ||
     echo "gpu-carry: warning: $bin is $((kib / 1024)) MiB ($CARRY $((all / 1024)) MiB), over ~60 MiB:" \
       "the device tool carries 64 MiB in all" >&2
-  echo "gpu-carry: carry $CARRY; there: scripts/gpu-check.sh DIR --bin $bin/meshtrain"
+  echo "gpu-carry: carry $CARRY; there: scripts/gpu/gpu-check.sh DIR --bin $bin/meshtrain"
 }
 
 case "${1:-}" in

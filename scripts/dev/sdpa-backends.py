@@ -4,7 +4,7 @@ GPU for a model's attention shape, forward + backward, causal, bf16: which
 one `meshtrain` should ask for (issue: the attention backend chosen by
 measurement). Prints one JSON line per backend and one summary line.
 
-Usage: scripts/sdpa-backends.py [--batch 32] [--heads 12] [--seq 1024] [--head-dim 64] [--iters 20]
+Usage: scripts/dev/sdpa-backends.py [--batch 32] [--heads 12] [--seq 1024] [--head-dim 64] [--iters 20]
 """
 import argparse
 import json
