@@ -118,6 +118,8 @@ const char* step_name(PipeStep s) {
     case PipeStep::RecvBackward: return "recv_backward";
     case PipeStep::Backward: return "backward";
     case PipeStep::SendBackward: return "send_backward";
+    case PipeStep::BackwardInput: return "backward_input";
+    case PipeStep::BackwardWeight: return "backward_weight";
   }
   return "?";
 }

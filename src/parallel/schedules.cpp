@@ -95,6 +95,11 @@ class StageRunner {
         case PipeStep::RecvBackward: s.grad = at::empty_like(s.output); recv(s.grad, next, kGradientTag); break;
         case PipeStep::Backward: backward(s, op.chunk); break;
         case PipeStep::SendBackward: send(s.input.grad(), prev, kGradientTag); s = {}; break;
+        case PipeStep::BackwardInput:
+        case PipeStep::BackwardWeight:
+          // The zero-bubble plans (pipeline_plan.h) are not run by this
+          // executor: no pipeline_schedule produces them.
+          MT_FAIL("pipeline step ", step_name(op.step), " has no executor");
       }
     }
     // Outstanding sends finish before anything later on this communicator.

@@ -19,6 +19,11 @@ enum class PipeStep {
   RecvBackward,  // gradient from stage + 1
   Backward,
   SendBackward,  // gradient to stage - 1
+  // Zero-bubble schedules split Backward in two: B, the input gradient (what
+  // the stage before waits for), and W, the weight gradients (schedulable
+  // anywhere after B).
+  BackwardInput,
+  BackwardWeight,
 };
 
 struct PipeOp {
@@ -51,6 +56,53 @@ double pipeline_bubble_fraction(int pp, int64_t n_mb, int64_t v);
 int64_t plan_peak_live(const std::vector<PipeOp>& plan);
 
 const char* step_name(PipeStep s);
+
+// ---- zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism",
+// ICLR 2024): each backward split into B and W (PipeStep::BackwardInput /
+// BackwardWeight), W placed where 1F1B leaves the stage idle.
+//   H1: one layer chunk per stage, 1F1B's activation memory (at most
+//       pp - stage microbatches between their forward and their W); a stage
+//       runs a B whose gradient is here, else a forward within that bound,
+//       else a waiting W: the W passes fill the time 1F1B idles.
+//   V:  two chunks per stage in a V: stage s holds virtual stages s and
+//       2pp - 1 - s (the data goes down the stages and back up; the turn at
+//       the last stage is local, the loss is on stage 0); the same rule, the
+//       later chunk first, at most 2pp chunk halves alive a stage (1F1B's
+//       memory).
+// The plans are made on an idealised timeline (costs below) on which a
+// transfer happens when neither stage computes, so, as the interleaved
+// plans, every stage's plan is the projection of one global order of events
+// and cannot deadlock under blocking send/recv.
+enum class ZeroBubble { H1, V };
+
+// Relative costs of a chunk's forward, input-gradient and weight-gradient
+// passes (the plan's timeline, and the idle time a plan leaves).
+struct PassCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1;
+};
+
+// Every stage's plan (index: stage) for n_mb microbatches over pp stages.
+std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb);
+
+// Where virtual stage `vs` (0 .. pp*v - 1, in data order) lives: the rank and
+// its chunk. v_shape: the V layout (v = 2), else the interleaved one (chunk
+// c of rank r is virtual stage c * pp + r; v = 1 is plain 1F1B).
+struct ChunkPlace {
+  int stage;
+  int64_t chunk;
+};
+ChunkPlace place_of_virtual_stage(int64_t vs, int pp, int64_t v, bool v_shape);
+int64_t virtual_stage_of(int stage, int64_t chunk, int pp, bool v_shape);
+
+// How long plans take on the idealised timeline: every compute costs its
+// pass's cost (Backward: B + W), a transfer is a rendezvous of its two ends
+// and costs nothing. idle: the fraction of stage-time no compute covers
+// (the bubble), from the plans themselves.
+struct PlanTiming {
+  double makespan = 0;
+  double idle_fraction = 0;
+};
+PlanTiming time_plans(const std::vector<std::vector<PipeOp>>& plans, int64_t v, bool v_shape, const PassCosts& costs);
 
 // Whether the executor runs plan steps a and b (adjacent, a first) as one
 // send_recv: one is a send and the other a receive. Grouping them only lets
