@@ -207,12 +207,30 @@ void validate_warmups(const Config& c) {
              w.difficulty_step, ") must be multiples of it");
 }
 
+// The zero-bubble schedules: zbv runs two chunks a stage (the layers split
+// into 2pp).
+void validate_zero_bubble(const Config& c) {
+  const int64_t pp = c.device.pp();
+  const bool v_shape = c.pipeline_schedule == PipelineSchedule::Zbv;
+  MT_CHECK(c.virtual_stages == 1 || (v_shape && c.virtual_stages == 2), "pipeline_schedule \"", c.pipeline_schedule,
+           "\" runs ", v_shape ? "two layer chunks" : "one layer chunk", " a stage: leave virtual_stages at 1",
+           v_shape ? " (or 2)" : "", ", got ", c.virtual_stages);
+  if (pp == 1) return;  // pp 1 runs no schedule
+  const int64_t layers = c.model.n_layers();
+  if (v_shape)
+    MT_CHECK(layers % (2 * pp) == 0, "pipeline_schedule \"zbv\": the model's ", layers,
+             " layers (model_config.blocks * layers_per_block) must be a multiple of 2 * pp = ", 2 * pp,
+             " (two chunks a stage, in a V)");
+}
+
 // The interleaved schedule (Megatron's conditions): the layers split evenly
 // into pp * virtual_stages chunks, and every training round (each batch size
 // a rampup visits) cuts into a multiple of pp microbatches.
 void validate_pipeline(const Config& c) {
   const int64_t v = c.virtual_stages, pp = c.device.pp(), dp = c.device.dp();
   MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
+  if (c.pipeline_schedule == PipelineSchedule::ZbH1 || c.pipeline_schedule == PipelineSchedule::Zbv)
+    return validate_zero_bubble(c);
   MT_CHECK(v == 1 || c.pipeline_schedule == PipelineSchedule::Interleaved, "virtual_stages=", v,
            " needs pipeline_schedule \"interleaved\" (it is \"", c.pipeline_schedule, "\")");
   if (v == 1 || pp == 1) return;  // one chunk per stage is 1f1b; pp 1 runs no schedule

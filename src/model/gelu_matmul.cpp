@@ -44,6 +44,7 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     ctx->saved_data["w"] = w;  // the parameter: its gradient may be accumulated in the GEMM
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
     ctx->saved_data["bias"] = bias.has_value();
+    ctx->saved_data["precision"] = precision;
     ctx->mark_non_differentiable({h});
     // h never gets a gradient: not a zero-filled one either (a [tokens, hidden] memset).
     ctx->set_materialize_grads(false);
@@ -60,7 +61,9 @@ class LinearGeluFn : public torch::autograd::Function<LinearGeluFn> {
     variable_list out(4);
     if (ctx->needs_input_grad(0))
       out[0] = (batched ? at::bmm(g2, w) : at::mm(g2, w)).view(x.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
-    if (ctx->needs_input_grad(1)) out[1] = param_weight_grad(ctx->saved_data["w"].toTensor(), g, x, batched);
+    if (ctx->needs_input_grad(1))
+      out[1] = param_weight_grad(ctx->saved_data["w"].toTensor(), g, x, batched,
+                                 reinterpret_cast<MixedPrecision*>(ctx->saved_data["precision"].toInt()));
     // (needs_input_grad counts only the inputs that are tensors: not an absent bias.)
     if (ctx->saved_data["bias"].toBool())
       out[2] = at::sum(g2, {batched ? 1 : 0}, false, ctx->saved_data["b_dtype"].toScalarType());
@@ -82,6 +85,7 @@ class GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     ctx->saved_data["b_dtype"] = bias ? bias->scalar_type() : w.scalar_type();
     ctx->saved_data["bias"] = bias.has_value();
     ctx->saved_data["residual"] = residual.has_value();
+    ctx->saved_data["precision"] = precision;
     if (batched) return at::bmm(h, wc.transpose(1, 2));
     if (residual) {
       at::Tensor y = at::empty_like(*residual);  // this function's own output, not a view of the GEMM's
@@ -100,7 +104,9 @@ class GeluLinearFn : public torch::autograd::Function<GeluLinearFn> {
     const at::Tensor g2 = rows_of(g, batched).contiguous();
     variable_list out(6);
     if (ctx->needs_input_grad(0)) out[0] = ops::linear_dgelu(g2, w, rows_of(pre, batched)).view(pre.sizes());
-    if (ctx->needs_input_grad(2)) out[2] = param_weight_grad(ctx->saved_data["w"].toTensor(), g, h, batched);
+    if (ctx->needs_input_grad(2))
+      out[2] = param_weight_grad(ctx->saved_data["w"].toTensor(), g, h, batched,
+                                 reinterpret_cast<MixedPrecision*>(ctx->saved_data["precision"].toInt()));
     if (ctx->saved_data["bias"].toBool()) out[3] = at::sum(g2, {0}, false, ctx->saved_data["b_dtype"].toScalarType());
     if (ctx->saved_data["residual"].toBool()) out[4] = grads[0];
     return out;

@@ -26,6 +26,7 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->saved_data["w"] = w;  // the parameter: its gradient may be accumulated in the GEMM
+    ctx->saved_data["precision"] = precision;
     return at::bmm(xc, wc.transpose(1, 2));
   }
 
@@ -34,7 +35,8 @@ class BatchedLinear : public torch::autograd::Function<BatchedLinear> {
     const at::Tensor &x = saved[0], &w = saved[1];
     const at::Tensor g = grads[0].to(x.scalar_type());
     const at::Tensor dx = at::bmm(g, w).to(ctx->saved_data["x_dtype"].toScalarType());
-    return {dx, param_weight_grad(ctx->saved_data["w"].toTensor(), g, x, /*batched=*/true), at::Tensor()};
+    auto* mp = reinterpret_cast<MixedPrecision*>(ctx->saved_data["precision"].toInt());
+    return {dx, param_weight_grad(ctx->saved_data["w"].toTensor(), g, x, /*batched=*/true, mp), at::Tensor()};
   }
 };
 
@@ -61,6 +63,7 @@ class MixedLinear : public torch::autograd::Function<MixedLinear> {
     ctx->saved_data["weights"] = weights.vec();  // the parameters: their gradients may be accumulated in the GEMMs
     ctx->saved_data["biases"] = !biases.empty();
     ctx->saved_data["residual"] = residual.has_value();
+    ctx->saved_data["precision"] = precision;
     if (residual) {
       at::Tensor y = at::empty_like(*residual);  // not a view of the GEMM's result: this function's own output
       at::Tensor y2 = y.view({-1, wc.size(0)});
@@ -87,14 +90,16 @@ class MixedLinear : public torch::autograd::Function<MixedLinear> {
       }
     };
     // Accumulated in the GEMMs only if every weight's can be (one GEMM per
-    // weight then, over its columns of g); else one GEMM, split by rows.
+    // weight then, over its columns of g), or deferred (a zero-bubble B
+    // pass: each weight's product queued); else one GEMM, split by rows.
     const std::vector<at::Tensor> params = ctx->saved_data["weights"].toTensorVector();
+    auto* mp = reinterpret_cast<MixedPrecision*>(ctx->saved_data["precision"].toInt());
     bool in_gemm = true;
     for (const at::Tensor& p : params) in_gemm = in_gemm && grad_accumulates_in_gemm(p, g);
-    if (in_gemm) {
+    if (in_gemm || mp->deferred_weight_grads()) {
       int64_t at_col = 0;
       for (const at::Tensor& p : params) {
-        out.push_back(param_weight_grad(p, g2.narrow(1, at_col, p.size(0)), x));
+        out.push_back(param_weight_grad(p, g2.narrow(1, at_col, p.size(0)), x, /*batched=*/false, mp));
         at_col += p.size(0);
       }
     } else {
@@ -185,13 +190,56 @@ bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy) {
          (dy.scalar_type() == g.scalar_type() || mixed_grad(dy, g.scalar_type()));
 }
 
-at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched) {
+at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched,
+                             MixedPrecision* precision) {
+  if (precision && precision->deferred_weight_grads()) {
+    precision->deferred_weight_grads()->push(param, dy, x, batched);
+    return {};
+  }
   // The parameter's post-accumulate hook (the dp buckets' readiness) still
   // runs once this pass when the product was added here: libtorch's engine
   // runs it when the parameter's AccumulateGrad node runs, even for no
   // gradient (step_test holds it to that).
   return wgrad_gemm(dy, x, param.scalar_type(), batched,
                     grad_accumulates_in_gemm(param, dy) ? param.grad() : at::Tensor());
+}
+
+void WeightGradQueue::push(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.push_back({param, dy, x, batched});
+}
+
+void WeightGradQueue::after_run(std::function<void()> f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  after_.push_back(std::move(f));
+}
+
+size_t WeightGradQueue::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size() + after_.size();
+}
+
+void WeightGradQueue::run() {
+  std::vector<Entry> entries;
+  std::vector<std::function<void()>> after;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries.swap(entries_);
+    after.swap(after_);
+  }
+  at::NoGradGuard no_grad;
+  for (Entry& e : entries) {
+    at::Tensor& grad = e.param.mutable_grad();
+    if (grad_accumulates_in_gemm(e.param, e.dy)) {
+      wgrad_gemm(e.dy, e.x, e.param.scalar_type(), e.batched, grad);
+    } else {
+      const at::Tensor dw = wgrad_gemm(e.dy, e.x, e.param.scalar_type(), e.batched, {});
+      if (grad.defined()) grad.add_(dw);
+      else grad = dw;
+    }
+    e = Entry{};  // the operands go as soon as they are used
+  }
+  for (const auto& f : after) f();
 }
 
 at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision) {

@@ -129,7 +129,7 @@ at::Tensor MixedPrecision::fused_linear(const at::Tensor& x, at::TensorList weig
 bool MixedPrecision::grads_in_fp32(at::TensorList params) {
   // FSDP's gathered casts qualify too: operand_detached reads them, and the
   // gradient goes to the fp32 parameter as through their own backward.
-  if (!policy_.mixed() || !at::GradMode::is_enabled()) return false;
+  if (!(policy_.mixed() || split_backward_) || !at::GradMode::is_enabled()) return false;
   for (const at::Tensor& p : params)
     if (!p.defined() || p.scalar_type() != at::kFloat || !p.is_leaf() || !p.requires_grad()) return false;
   return true;

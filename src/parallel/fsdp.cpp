@@ -11,6 +11,7 @@
 #include <string>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/flat_slices.h"
@@ -287,7 +288,7 @@ void Fsdp::pre_backward(size_t unit) {
   // The units whose backward started earlier in this pass are done (see fsdp.h).
   std::vector<size_t> done;
   done.swap(in_backward_);
-  for (size_t k : done) reduce_unit(units_[k], true);
+  for (size_t k : done) backward_done(k);
   gather(units_[unit]);
   prefetch(unit, unit - 1);
   in_backward_.push_back(unit);
@@ -297,11 +298,23 @@ void Fsdp::pre_backward(size_t unit) {
   }
 }
 
+void Fsdp::backward_done(size_t k) {
+  // A zero-bubble B pass queued the unit's weight-gradient GEMMs: its
+  // reduce-scatter follows their W (the gathered weights are not needed
+  // there: W multiplies the saved activations by the output gradients).
+  if (WeightGradQueue* w = pm_.model->precision().deferred_weight_grads()) {
+    release(units_[k]);
+    w->after_run([this, k] { reduce_unit(units_[k], true); });
+    return;
+  }
+  reduce_unit(units_[k], true);
+}
+
 void Fsdp::finish_backward() {
   callback_queued_ = false;
   std::vector<size_t> done;
   done.swap(in_backward_);
-  for (size_t k : done) reduce_unit(units_[k], true);
+  for (size_t k : done) backward_done(k);
   // Whatever runs after backward (statistics, norms) may use the same
   // communicators: their collectives follow FSDP's in stream order.
   wait_side();
@@ -340,6 +353,7 @@ void Fsdp::reduce_unit(Unit& u, bool tp) {
 
 void Fsdp::reduce_root() {
   MT_ASSERT(in_backward_.empty(), "FSDP: ", in_backward_.size(), " layers still wait for their gradient reduction");
+  wait_side();  // a zero-bubble W's reduce-scatters (backward_done) ran on the side stream
   // keep_gathered: the layers' whole gradients, summed over the step, once
   // each, last layer first (as backward would have).
   if (keep_)

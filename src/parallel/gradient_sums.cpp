@@ -51,7 +51,8 @@ void sum_partial_gradients(ParallelModel& pm, Mesh& mesh, const std::vector<size
         sp.push_back(pm.params[i].tensor.grad());
     all_reduce_flat(sp, mesh.tp());
   }
-  if (mesh.shape().pp > 1 && pm.model->config().tie_embeddings) {
+  // zbv's V holds the embedding and the head on stage 0: one tensor, no copy.
+  if (mesh.shape().pp > 1 && pm.model->config().tie_embeddings && !pm.model->range().v_shape) {
     // The embedding (first stage) and the head copy (last stage) are one
     // parameter: both take the sum of the two gradients. Stages in between
     // contribute zeros so the collective is uniform over the pp group.

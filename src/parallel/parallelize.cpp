@@ -10,7 +10,7 @@
 
 namespace meshtrain {
 
-std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v) {
+std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v, bool v_shape) {
   MT_CHECK(pp >= 1 && pp <= n_layers, "n_device_axis: pp=", pp, " needs at least one layer per stage but the model has ",
            n_layers, " layers (model_config.blocks * layers_per_block)");
   MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
@@ -24,21 +24,26 @@ std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v) {
     spans.push_back({first, first + n});
     first += n;
   }
+  MT_ASSERT(!v_shape || v == 2, "the V layout has two chunks a stage, got ", v);
   std::vector<StageRange> out;
   for (int s = 0; s < pp; ++s) {
     StageRange r;
     r.first_layer = spans[static_cast<size_t>(s)].first;
     r.end_layer = spans[static_cast<size_t>(s)].end;
-    for (int64_t c = 1; c < v; ++c) r.later_chunks.push_back(spans[static_cast<size_t>(c * pp + s)]);
+    for (int64_t c = 1; c < v; ++c)
+      r.later_chunks.push_back(spans[static_cast<size_t>(v_shape ? 2 * pp - 1 - s : c * pp + s)]);
     r.has_embedding = s == 0;
-    r.has_head = s == pp - 1;
+    r.has_head = v_shape ? s == 0 : s == pp - 1;
+    r.v_shape = v_shape;
     out.push_back(r);
   }
   return out;
 }
 
 int64_t virtual_stages(const Config& cfg, int64_t pp) {
-  return cfg.pipeline_schedule == PipelineSchedule::Interleaved && pp > 1 ? cfg.virtual_stages : 1;
+  if (pp == 1) return 1;
+  if (cfg.pipeline_schedule == PipelineSchedule::Zbv) return 2;
+  return cfg.pipeline_schedule == PipelineSchedule::Interleaved ? cfg.virtual_stages : 1;
 }
 
 ParallelModel::~ParallelModel() = default;
@@ -46,13 +51,20 @@ ParallelModel::~ParallelModel() = default;
 std::unique_ptr<ParallelModel> build_parallel_model(const Config& cfg, Mesh& mesh, bool meta) {
   auto owned = std::make_unique<ParallelModel>();
   ParallelModel& pm = *owned;
-  pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp, virtual_stages(cfg, mesh.shape().pp))[mesh.coord().pp];
+  const bool v_shape = cfg.pipeline_schedule == PipelineSchedule::Zbv && mesh.shape().pp > 1;
+  pm.range = partition_stages(cfg.model.n_layers(), mesh.shape().pp, virtual_stages(cfg, mesh.shape().pp),
+                              v_shape)[mesh.coord().pp];
   MT_CHECK(!meta || mesh.shape().tp == 1, "the meta device models one unsharded rank (tp = 1), got tp = ",
            mesh.shape().tp);
   pm.factory = meta ? std::make_unique<MetaLayerFactory>() : make_layer_factory(cfg, mesh);
   pm.factory->set_seed(cfg.seed);
   // One precision policy on every device (model/mixed_precision.h).
   pm.factory->set_precision(std::make_shared<MixedPrecision>(PrecisionPolicy::from_model_dtype(cfg.model.model_dtype)));
+  // Zero-bubble schedules defer the weight-gradient GEMMs of a backward (B)
+  // to a pass of their own (W): the layers take them from mixed_matmul.h.
+  if (mesh.shape().pp > 1 && (cfg.pipeline_schedule == PipelineSchedule::ZbH1 ||
+                              cfg.pipeline_schedule == PipelineSchedule::Zbv))
+    pm.factory->precision()->set_split_backward(true);
   // Expert parallelism: MoE layers keep their share of the experts and reach
   // the others through the ep group.
   MT_CHECK(mesh.shape().ep == cfg.device.expert_parallel, "the mesh has expert_parallel ", mesh.shape().ep,

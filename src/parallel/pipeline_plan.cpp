@@ -63,6 +63,12 @@ std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, 
   const bool interleaved = schedule == PipelineSchedule::Interleaved;
   MT_CHECK(pp >= 1 && stage >= 0 && stage < pp, "pipeline stage ", stage, " is outside 0..", pp - 1);
   MT_CHECK(n_mb >= 1, "a pipeline round needs at least one microbatch, got ", n_mb);
+  if (schedule == PipelineSchedule::ZbH1 || schedule == PipelineSchedule::Zbv) {
+    const bool v_shape = schedule == PipelineSchedule::Zbv;
+    MT_CHECK(v == (v_shape ? 2 : 1) || (v == 0 && !v_shape), "pipeline_schedule \"", schedule, "\" runs ",
+             v_shape ? 2 : 1, " layer chunk(s) a stage, got virtual_stages ", v);
+    return zero_bubble_plans(v_shape ? ZeroBubble::V : ZeroBubble::H1, pp, n_mb, backward).at(static_cast<size_t>(stage));
+  }
   if (v == 0 && !interleaved) v = 1;
   MT_CHECK(v >= 1, "virtual_stages must be >= 1 for pipeline_schedule \"", schedule, "\", got ", v);
   MT_CHECK(v == 1 || interleaved, "virtual_stages=", v, " needs pipeline_schedule \"interleaved\", not \"",

@@ -1,8 +1,17 @@
 // Runs a pipeline plan (pipeline_plan.h) on this stage: activations go to
-// stage + 1 and gradients come back from it over mesh.pp(), whose rank is the
-// stage index. Under the interleaved schedule the stage runs several chunks
-// of layers and the last stage's chunk c feeds the first stage's chunk c + 1,
-// so peers are taken modulo pp.
+// the next virtual stage and gradients come back from it over mesh.pp(),
+// whose rank is the stage index. Under the interleaved schedule the stage
+// runs several chunks of layers and the last stage's chunk c feeds the first
+// stage's chunk c + 1 (peers modulo pp); under zbv the V's turn is on the
+// last stage, chunk 0 handing its output to chunk 1 (and chunk 1's input
+// gradient back) in place, with no message.
+//
+// Zero-bubble plans split a backward in two: BackwardInput runs the
+// backward with the layers' weight-gradient GEMMs queued (a WeightGradQueue
+// per microbatch and chunk, model/mixed_matmul.h), BackwardWeight runs the
+// queue. The gradient buckets are then never armed: a weight's hook fires in
+// B before its product is added, so they all sum after the last W
+// (GradBuckets::finish).
 //
 // On CUDA the transfers run on a side stream that first waits for the
 // compute stream (an event), so a send never holds the compute stream until
@@ -21,6 +30,8 @@
 #include <optional>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/mixed_matmul.h"
+#include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/model/moe.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/pipeline_plan.h"
@@ -47,7 +58,8 @@ class StageRunner {
   StageRunner(ParallelModel& pm, Mesh& mesh, const Config& cfg, const std::vector<Microbatch>& mbs,
               const RoundSpec& spec)
       : pm_(pm), comm_(mesh.pp()), mbs_(mbs), spec_(spec), stage_(mesh.coord().pp), pp_(mesh.shape().pp),
-        chunks_(pm.model->n_chunks()), slots_(mbs.size() * static_cast<size_t>(chunks_)),
+        chunks_(pm.model->n_chunks()), v_shape_(pm.model->range().v_shape),
+        slots_(mbs.size() * static_cast<size_t>(chunks_)), weight_grads_(slots_.size()),
         clock_(pm.model->parameters().at(0).device()) {
     // Each chunk's MoE statistics land after those of the stage's earlier chunks.
     int64_t moe = 0;
@@ -67,41 +79,41 @@ class StageRunner {
   }
 
   void run(const std::vector<PipeOp>& plan) {
-    const int next = (stage_ + 1) % pp_, prev = (stage_ + pp_ - 1) % pp_;
     // A chunk's last backward is where its gradients become final in the
-    // step's last round.
+    // step's last round (split backwards: see the top of the file).
     std::vector<size_t> last_backward(static_cast<size_t>(chunks_), plan.size());
+    bool split = false;
     for (size_t i = 0; i < plan.size(); ++i) {
       MT_ASSERT(plan[i].chunk >= 0 && plan[i].chunk < chunks_, "plan step for chunk ", plan[i].chunk,
                 " on a stage of ", chunks_);
       if (plan[i].step == PipeStep::Backward) last_backward[static_cast<size_t>(plan[i].chunk)] = i;
+      split = split || plan[i].step == PipeStep::BackwardInput;
     }
-    const bool arm = spec_.backward && spec_.final_round && pm_.data_parallel;
+    const bool arm = spec_.backward && spec_.final_round && pm_.data_parallel && !split;
     for (size_t i = 0; i < plan.size(); ++i) {
       const PipeOp& op = plan[i];
       if (arm && i == last_backward[static_cast<size_t>(op.chunk)]) pm_.data_parallel->arm(op.chunk);
       // A send next to a receive go as one send_recv (never a compute step,
       // so i + 1 is no backward to arm).
       if (i + 1 < plan.size() && paired_transfers(op, plan[i + 1])) {
-        transfer_pair(op, plan[i + 1], next, prev);
+        transfer_pair(op, plan[i + 1]);
         ++i;
         continue;
       }
-      auto& s = slots_.at(static_cast<size_t>(op.chunk) * mbs_.size() + static_cast<size_t>(op.microbatch));
+      InFlight& s = slot(op);
       switch (op.step) {
-        case PipeStep::RecvForward: recv_forward(s, op.microbatch, prev); break;
+        case PipeStep::RecvForward: recv_forward(s, op); break;
         case PipeStep::Forward: forward(s, op.microbatch, op.chunk); break;
-        case PipeStep::SendForward: send(s.output, next, kActivationTag); if (!spec_.backward) s = {}; break;
-        case PipeStep::RecvBackward: s.grad = at::empty_like(s.output); recv(s.grad, next, kGradientTag); break;
-        case PipeStep::Backward: backward(s, op.chunk); break;
-        case PipeStep::SendBackward: send(s.input.grad(), prev, kGradientTag); s = {}; break;
-        case PipeStep::BackwardInput:
-        case PipeStep::BackwardWeight:
-          // The zero-bubble plans (pipeline_plan.h) are not run by this
-          // executor: no pipeline_schedule produces them.
-          MT_FAIL("pipeline step ", step_name(op.step), " has no executor");
+        case PipeStep::SendForward: send(s.output, peer(op), kActivationTag); if (!spec_.backward) s = {}; break;
+        case PipeStep::RecvBackward: s.grad = at::empty_like(s.output); recv(s.grad, peer(op), kGradientTag); break;
+        case PipeStep::Backward: backward(s, op); --live_; break;
+        case PipeStep::SendBackward: send(s.input.grad(), peer(op), kGradientTag); s = {}; break;
+        case PipeStep::BackwardInput: backward_input(s, op); break;
+        case PipeStep::BackwardWeight: weight_grads(op).run(); --live_; break;
       }
     }
+    for (const WeightGradQueue& q : weight_grads_)
+      MT_ASSERT(q.size() == 0, "stage ", stage_, ": the plan left weight gradients queued (a B without its W)");
     // Outstanding sends finish before anything later on this communicator.
     if (side_) event_on(*side_).block(compute_stream());
   }
@@ -116,24 +128,40 @@ class StageRunner {
  private:
   static bool is_send(PipeStep s) { return s == PipeStep::SendForward || s == PipeStep::SendBackward; }
 
-  InFlight& slot(const PipeOp& op) {
-    return slots_.at(static_cast<size_t>(op.chunk) * mbs_.size() + static_cast<size_t>(op.microbatch));
+  size_t slot_index(int64_t chunk, int64_t mb) const {
+    return static_cast<size_t>(chunk) * mbs_.size() + static_cast<size_t>(mb);
+  }
+  InFlight& slot(const PipeOp& op) { return slots_.at(slot_index(op.chunk, op.microbatch)); }
+  WeightGradQueue& weight_grads(const PipeOp& op) { return weight_grads_.at(slot_index(op.chunk, op.microbatch)); }
+
+  // The virtual stages around this rank's chunk (data order) and where they
+  // live: the interleaved layout or the V (pipeline_plan.h).
+  int64_t virtual_stage(int64_t chunk) const { return virtual_stage_of(stage_, chunk, pp_, v_shape_); }
+  bool first_virtual(int64_t chunk) const { return virtual_stage(chunk) == 0; }
+  bool last_virtual(int64_t chunk) const { return virtual_stage(chunk) == pp_ * chunks_ - 1; }
+  ChunkPlace neighbour(int64_t chunk, bool downstream) const {
+    return place_of_virtual_stage(virtual_stage(chunk) + (downstream ? 1 : -1), pp_, chunks_, v_shape_);
+  }
+  // The rank a transfer step talks to.
+  int peer(const PipeOp& op) const {
+    const bool downstream = op.step == PipeStep::SendForward || op.step == PipeStep::RecvBackward;
+    return neighbour(op.chunk, downstream).stage;
   }
 
   // Megatron's send_forward_recv_backward and the like: one send_recv, then
   // each half's bookkeeping as run() does it for the single steps.
-  void transfer_pair(const PipeOp& a, const PipeOp& b, int next, int prev) {
+  void transfer_pair(const PipeOp& a, const PipeOp& b) {
     const PipeOp& snd = is_send(a.step) ? a : b;
     const PipeOp& rcv = is_send(a.step) ? b : a;
     InFlight& ss = slot(snd);
     InFlight& rs = slot(rcv);
     const bool fwd_send = snd.step == PipeStep::SendForward, fwd_recv = rcv.step == PipeStep::RecvForward;
     const at::Tensor out = fwd_send ? ss.output : ss.input.grad();
-    MT_ASSERT(out.defined(), "stage ", stage_, ": nothing to send to stage ", fwd_send ? next : prev);
+    MT_ASSERT(out.defined(), "stage ", stage_, ": nothing to send to stage ", peer(snd));
     at::Tensor in = fwd_recv ? at::empty(hidden_shape(rcv.microbatch), options_) : at::empty_like(rs.output);
     on_side({out, in}, /*wait=*/true, [&] {
       clock_.begin();
-      comm_.send_recv(out.detach().contiguous(), fwd_send ? next : prev, in, fwd_recv ? prev : next,
+      comm_.send_recv(out.detach().contiguous(), peer(snd), in, peer(rcv),
                       fwd_send ? kActivationTag : kGradientTag, fwd_recv ? kActivationTag : kGradientTag);
       clock_.end();
     });
@@ -156,12 +184,9 @@ class StageRunner {
     return {in.size(0), in.size(1) / seq_divisor_, pm_.model->config().model_dimension};
   }
 
-  bool first_virtual(int64_t chunk) const { return stage_ == 0 && chunk == 0; }
-  bool last_virtual(int64_t chunk) const { return stage_ == pp_ - 1 && chunk == chunks_ - 1; }
-
-  void recv_forward(InFlight& s, int64_t mb, int prev) {
-    s.input = at::empty(hidden_shape(mb), options_);
-    recv(s.input, prev, kActivationTag);
+  void recv_forward(InFlight& s, const PipeOp& op) {
+    s.input = at::empty(hidden_shape(op.microbatch), options_);
+    recv(s.input, peer(op), kActivationTag);
     if (spec_.backward) s.input.requires_grad_(true);
   }
 
@@ -183,13 +208,34 @@ class StageRunner {
       s.output = h;
       // The weighted aux terms alone: stage_loss of no tokens.
       if (spec_.backward) s.aux = stage_loss(at::zeros({0}, options_), aux, seqs, spec_);
+      const ChunkPlace next = neighbour(chunk, /*downstream=*/true);
+      if (next.stage == stage_) {  // the V's turn: the next chunk reads it here, as if received
+        InFlight& t = slots_.at(slot_index(next.chunk, mb));
+        t.input = h.detach();
+        if (spec_.backward) t.input.requires_grad_(true);
+        else s = {};
+      }
     }
     ++live_;
     sums_.peak_live_microbatches = std::max(sums_.peak_live_microbatches, live_);
     if (!spec_.backward) --live_;  // nothing is kept for a backward
   }
 
-  void backward(InFlight& s, int64_t chunk) {
+  // B: the backward with the weight-gradient GEMMs queued for the W step.
+  void backward_input(InFlight& s, const PipeOp& op) {
+    MixedPrecision& mp = pm_.model->precision();
+    mp.defer_weight_grads(&weight_grads(op));
+    try {
+      backward(s, op);
+    } catch (...) {
+      mp.defer_weight_grads(nullptr);
+      throw;
+    }
+    mp.defer_weight_grads(nullptr);
+  }
+
+  void backward(InFlight& s, const PipeOp& op) {
+    const int64_t chunk = op.chunk;
     if (last_virtual(chunk)) {
       run_backward(spec_, {s.loss}, {});
     } else {
@@ -203,7 +249,12 @@ class StageRunner {
       run_backward(spec_, roots, grads);
     }
     s.output = s.loss = s.aux = s.grad = at::Tensor();
-    --live_;
+    if (first_virtual(chunk)) return;
+    const ChunkPlace prev = neighbour(chunk, /*downstream=*/false);
+    if (prev.stage == stage_) {  // the V's turn, backward: chunk 0's output gradient, as if received
+      slots_.at(slot_index(prev.chunk, op.microbatch)).grad = s.input.grad();
+      s = {};
+    }
   }
 
   void send(const at::Tensor& t, int dst, int tag) {
@@ -254,8 +305,10 @@ class StageRunner {
   const RoundSpec& spec_;
   const int stage_, pp_;
   const int64_t chunks_;
+  const bool v_shape_;
   std::vector<int64_t> first_moe_;  // per chunk: MoE layers in the stage's earlier chunks
   std::vector<InFlight> slots_;
+  std::vector<WeightGradQueue> weight_grads_;  // per slot: a B's deferred products until its W
   at::TensorOptions options_;
   int64_t seq_divisor_ = 1;
   int64_t live_ = 0;

@@ -32,15 +32,15 @@ size_t at(int s) { return static_cast<size_t>(s); }
 // The greedy timeline of one zero-bubble schedule.
 class ZeroBubbleTimeline {
  public:
-  ZeroBubbleTimeline(ZeroBubble kind, int pp, int64_t n_mb)
-      : kind_(kind), pp_(pp), v_(kind == ZeroBubble::V ? 2 : 1), n_mb_(n_mb), stages_(at(pp)) {
+  ZeroBubbleTimeline(ZeroBubble kind, int pp, int64_t n_mb, bool backward)
+      : pp_(pp), v_(kind == ZeroBubble::V ? 2 : 1), n_mb_(n_mb), backward_(backward), stages_(at(pp)) {
     for (int s = 0; s < pp; ++s) {
       Stage& st = stages_[at(s)];
       st.next_forward.assign(static_cast<size_t>(v_), 0);
       // Microbatches alive on a stage (forward done, W not yet) hold its
       // activations: at most 1F1B's peak, pp - s whole microbatches (V: 2pp
       // chunk halves on every stage).
-      st.alive_cap = kind == ZeroBubble::H1 ? pp - s : 2 * pp;
+      st.alive_cap = !backward ? n_mb * v_ : kind == ZeroBubble::H1 ? pp - s : 2 * pp;
     }
   }
 
@@ -75,7 +75,7 @@ class ZeroBubbleTimeline {
 
   bool done() const {
     for (const Stage& st : stages_)
-      if (st.done < 3 * n_mb_ * v_ || !st.pending.empty()) return false;
+      if (st.done < (backward_ ? 3 : 1) * n_mb_ * v_ || !st.pending.empty()) return false;
     return true;
   }
 
@@ -133,6 +133,10 @@ class ZeroBubbleTimeline {
     ++st.done;
     st.busy_until = t + 1;
     if (!last_virtual(s, c)) st.pending.push_back({PipeStep::SendForward, mb, c});
+    if (!backward_) {  // nothing waits for a backward
+      st.forwarded.erase({c, mb});
+      --st.alive;
+    }
   }
 
   void run_input(int s, Stage& st, int64_t mb, int64_t c, int64_t t) {
@@ -153,9 +157,9 @@ class ZeroBubbleTimeline {
     st.busy_until = t + 1;
   }
 
-  const ZeroBubble kind_;
   const int pp_;
   const int64_t v_, n_mb_;
+  const bool backward_;
   std::vector<Stage> stages_;
 };
 
@@ -176,9 +180,9 @@ bool is_transfer(PipeStep s) {
 
 }  // namespace
 
-std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb) {
+std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb, bool backward) {
   MT_CHECK(pp >= 1 && n_mb >= 1, "a zero-bubble pipeline needs a stage and a microbatch, got pp ", pp, ", ", n_mb);
-  return ZeroBubbleTimeline(kind, pp, n_mb).run();
+  return ZeroBubbleTimeline(kind, pp, n_mb, backward).run();
 }
 
 PlanTiming time_plans(const std::vector<std::vector<PipeOp>>& plans, int64_t v, bool v_shape, const PassCosts& costs) {

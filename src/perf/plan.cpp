@@ -115,10 +115,11 @@ int64_t frozen_params(const ModelConfig& m, int64_t i) {
 
 }  // namespace
 
-StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep, int64_t v) {
+StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep, int64_t v,
+                         bool v_shape) {
   MT_CHECK(pp >= 1 && tp >= 1 && stage >= 0 && stage < pp, "plan: stage ", stage, " outside pp = ", pp);
   MT_CHECK(ep >= 1, "plan: device_config.expert_parallel must be >= 1, got ", ep);
-  const auto ranges = partition_stages(m.n_layers(), static_cast<int>(pp), v);
+  const auto ranges = partition_stages(m.n_layers(), static_cast<int>(pp), v, v_shape);
   const StageRange& rg = ranges.at(static_cast<size_t>(stage));
   StageParams p;
   p.first_layer = rg.first_layer;
@@ -134,21 +135,22 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   }
   const int64_t vocab_local = (m.vocab_size + tp - 1) / tp;  // padded to a multiple of tp
   const int64_t table = vocab_local * m.model_dimension;
-  if (stage == 0) p.split += table;
-  if (stage == pp - 1) {
+  if (rg.has_embedding) p.split += table;
+  if (rg.has_head) {
     p.replicated += m.model_dimension * (m.norm_bias ? 2 : 1);  // final norm
-    if (!m.tie_embeddings || pp > 1) p.split += table;  // own head, or the tied copy
+    if (!m.tie_embeddings || !rg.has_embedding) p.split += table;  // own head, or the tied copy
   }
   return p;
 }
 
 int64_t fsdp_slice_elements(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t dp, int64_t ep,
-                            int64_t v) {
+                            int64_t v, bool v_shape) {
   MT_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "plan: expert_parallel ", ep, " must divide dp ", dp);
   const auto slice = [](int64_t n, int64_t size) { return (n + size - 1) / size; };
-  const StageParams sp = stage_params(m, pp, tp, stage, ep, v);
+  const StageParams sp = stage_params(m, pp, tp, stage, ep, v, v_shape);
   int64_t root = sp.total(), total = 0;
-  for (int64_t i : partition_stages(m.n_layers(), static_cast<int>(pp), v).at(static_cast<size_t>(stage)).layers()) {
+  for (int64_t i :
+       partition_stages(m.n_layers(), static_cast<int>(pp), v, v_shape).at(static_cast<size_t>(stage)).layers()) {
     const int64_t all = layer_params_per_rank(m, i, tp, ep);
     root -= all;
     const int64_t experts = ep > 1 ? routed_expert_params(m, layer_param_count(m, i)) / tp / ep : 0;
@@ -169,6 +171,7 @@ struct PlanInputs {
   int64_t zero = 0;    // the zero_stage that runs: dp 1 has nothing to shard, stage 0 runs
   bool keep = false;   // fsdp_keep_gathered (with zero >= 2)
   int64_t v = 1;       // layer chunks per pp rank
+  bool v_shape = false;  // zbv: the chunks in a V, the head on stage 0
   double moments = 8;  // bytes of AdamW state per parameter (two fp32 moments; 4 in bf16)
 };
 
@@ -210,11 +213,19 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   in.zero = cfg.zero_stage_on(plan.dp * plan.cp);  // the cp ranks shard the state too (mesh.h)
   in.keep = cfg.fsdp_keep_gathered && in.zero >= 2;
   in.v = virtual_stages(cfg, plan.pp);
+  in.v_shape = plan.pp > 1 && cfg.pipeline_schedule == PipelineSchedule::Zbv;
   plan.virtual_stages = in.v;
   if (plan.pp > 1) {
     plan.pipeline_schedule = cfg.pipeline_schedule;
-    // gpipe's bubble is 1f1b's; the schedules differ in memory.
-    plan.pipeline_bubble = pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, in.v);
+    // gpipe's bubble is 1f1b's; the schedules differ in memory. The
+    // zero-bubble plans' is their own timeline's, F = B = W.
+    const bool zb = cfg.pipeline_schedule == PipelineSchedule::ZbH1 || in.v_shape;
+    plan.pipeline_bubble =
+        zb ? time_plans(zero_bubble_plans(in.v_shape ? ZeroBubble::V : ZeroBubble::H1, static_cast<int>(plan.pp),
+                                          plan.n_microbatches),
+                        in.v, in.v_shape, PassCosts{})
+                 .idle_fraction
+           : pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, in.v);
   }
   return in;
 }
@@ -231,7 +242,7 @@ void plan_stage_state(const ModelConfig& m, const MemoryPlan& plan, const PlanIn
   const double frozen = static_cast<double>(sm.params.frozen), trainable = n - frozen;
   if (stage >= 2) {
     const double owned = static_cast<double>(
-        fsdp_slice_elements(m, plan.pp, plan.tp, sm.stage, replicas, plan.ep, in.v));
+        fsdp_slice_elements(m, plan.pp, plan.tp, sm.stage, replicas, plan.ep, in.v, in.v_shape));
     sm.weights = stage == 3 ? 4 * (owned + frozen) : 4 * n;
     sm.grads = 4 * owned;
     sm.optimizer = in.moments * owned;
@@ -297,7 +308,7 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
   const double n_layers = static_cast<double>(stage_layers.size());
   double extra = 0;  // per microbatch, outside the layers
   if (st == 0 && m.dropout_rate > 0) extra += tokens * d / rep_div * mask;  // embedding dropout
-  if (st == plan.pp - 1) {
+  if (in.v_shape ? st == 0 : st == plan.pp - 1) {  // the head's stage
     // The last chunk's forward is followed by its backward under the
     // interleaved order: one cross-entropy buffer at a time.
     const double ce_live = v > 1 ? 1.0 : inflight;
@@ -348,7 +359,7 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   for (int64_t st = 0; st < plan.pp; ++st) {
     StageMemory sm;
     sm.stage = st;
-    sm.params = stage_params(cfg.model, plan.pp, plan.tp, st, plan.ep, in.v);
+    sm.params = stage_params(cfg.model, plan.pp, plan.tp, st, plan.ep, in.v, in.v_shape);
     plan_stage_state(cfg.model, plan, in, sm);
     plan_stage_activations(cfg, plan, in, sm);
     std::vector<int64_t> layers;
@@ -404,7 +415,11 @@ std::string to_string(const MemoryPlan& p) {
   if (p.pp > 1)
     o << "pipeline: " << p.pipeline_schedule << (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) +
                                                  " virtual stages per rank" : std::string())
-      << "; bubble (pp - 1) / (v * n_mb + pp - 1) = " << p.pipeline_bubble << " of a round\n";
+      << "; bubble "
+      << (p.pipeline_schedule == PipelineSchedule::ZbH1 || p.pipeline_schedule == PipelineSchedule::Zbv
+              ? "(the plans' timeline, forward = input-gradient = weight-gradient pass)"
+              : "(pp - 1) / (v * n_mb + pp - 1)")
+      << " = " << p.pipeline_bubble << " of a round\n";
   for (const auto& s : p.stages) {
     std::string layers;
     for (const LayerSpan& c : s.params.chunks)

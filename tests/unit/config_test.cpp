@@ -75,7 +75,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys 
     {"device_config.device", {"auto", "cpu", "cuda"}},
     {"device_config.collectives", {"auto", "nccl", "mpi"}},
     {"device_config.attention_backend", {"auto", "cudnn", "flash", "efficient", "math"}},
-    {"pipeline_schedule", {"gpipe", "1f1b", "interleaved"}},
+    {"pipeline_schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv"}},
     {"activation_checkpointing", {"none", "full", "selective"}},
     {"nan_policy", {"skip", "stop"}},
     {"optimizer_state_dtype", {"float32", "bfloat16"}},
@@ -438,6 +438,24 @@ TEST(ConfigErrors, InterleavedPipeline) {
                  {"interleaved", "microbatches per round", "multiple of pp = 2", "micro_batch_size = 16", "makes 1"});
   expect_refused({pp2, il, "virtual_stages=2", "rampup_batch_size=[4,4,64]"},
                  {"interleaved", "a batch of 4 sequences", "multiple of pp = 2"});
+}
+
+// tiny.json: 4 layers. zbv's V cuts them into 2pp chunks; neither schedule
+// takes interleaved's virtual_stages beyond its own chunk count.
+TEST(ConfigErrors, ZeroBubblePipeline) {
+  const std::string pp2 = "device_config.n_device_axis=[1,2,1]", pp4 = "device_config.n_device_axis=[1,4,1]";
+  EXPECT_NO_THROW(with({pp2, "pipeline_schedule=zb-h1"}));
+  EXPECT_NO_THROW(with({pp4, "pipeline_schedule=zb-h1"}));
+  EXPECT_NO_THROW(with({pp2, "pipeline_schedule=zbv"}));
+  EXPECT_NO_THROW(with({pp2, "pipeline_schedule=zbv", "virtual_stages=2"}));
+  EXPECT_NO_THROW(with({pp2, "pipeline_schedule=zbv", "zero_stage=3"}));  // FSDP reduces a layer after its W
+  EXPECT_NO_THROW(with({"pipeline_schedule=zbv", "model_config.blocks=3"}));  // pp 1 runs no schedule
+  expect_refused({pp4, "pipeline_schedule=zbv"},
+                 {"pipeline_schedule \"zbv\"", "4 layers", "model_config.blocks", "multiple of 2 * pp = 8"});
+  expect_refused({pp2, "pipeline_schedule=zbv", "virtual_stages=4"},
+                 {"pipeline_schedule \"zbv\"", "virtual_stages", "got 4"});
+  expect_refused({pp2, "pipeline_schedule=zb-h1", "virtual_stages=2"},
+                 {"pipeline_schedule \"zb-h1\"", "virtual_stages at 1", "got 2"});
 }
 
 TEST(ConfigErrors, BadValues) {

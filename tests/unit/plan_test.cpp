@@ -106,6 +106,33 @@ TEST(Plan, StagesSplitTheModelLikeTheBuiltStages) {
   }
 }
 
+// zbv's V: stage 0 holds the first and the last chunk, the embedding and
+// the head; the plan counts what those built stages hold, and its bubble is
+// the zero-bubble plans' own (below 1f1b's at the same mesh).
+TEST(Plan, ZbvStagesAreTheBuiltVStages) {
+  for (Config c : variants()) {
+    c.model.blocks = 1;
+    c.model.layers_per_block = 4;  // 2pp chunks of one layer at pp 2
+    const auto ranges = partition_stages(c.model.n_layers(), 2, 2, /*v_shape=*/true);
+    ASSERT_TRUE(ranges[0].has_head && ranges[0].has_embedding && !ranges[1].has_head) << name(c);
+    for (int64_t s = 0; s < 2; ++s) {
+      const StageParams sp = stage_params(c.model, 2, 1, s, 1, 2, /*v_shape=*/true);
+      LayerFactory plain;
+      Transformer stage(c.model, plain, ranges[static_cast<size_t>(s)]);
+      EXPECT_EQ(sp.total(), numel(stage)) << name(c) << " stage " << s;
+    }
+    c.device.n_device_axis = {1, 2, 1};
+    c.data.micro_batch_size = 1;
+    c.pipeline_schedule = PipelineSchedule::OneFOneB;
+    const MemoryPlan one_f_one_b = plan_memory(c, PlanDevice::Cpu);
+    c.pipeline_schedule = PipelineSchedule::Zbv;
+    const MemoryPlan zbv = plan_memory(c, PlanDevice::Cpu);
+    EXPECT_EQ(zbv.virtual_stages, 2);
+    EXPECT_GT(zbv.stages[0].params.total(), zbv.stages[1].params.total()) << name(c) << ": the head is on stage 0";
+    EXPECT_LT(zbv.pipeline_bubble, one_f_one_b.pipeline_bubble) << name(c);
+  }
+}
+
 TEST(Plan, TensorParallelShardsAddUp) {
   for (const Config& c : variants()) {
     const StageParams one = stage_params(c.model, 1, 1, 0), two = stage_params(c.model, 1, 2, 0);

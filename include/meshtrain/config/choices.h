@@ -32,7 +32,9 @@ constexpr bool is_gated(MlpActivation a) { return a == MlpActivation::Swiglu; }
 enum class DataFormat { Llmc, NanoGpt };                        // data_config.format
 enum class DeviceChoice { Auto, Cpu, Cuda };                    // device_config.device
 enum class CollectivesChoice { Auto, Nccl, Mpi };               // device_config.collectives
-enum class PipelineSchedule { Gpipe, OneFOneB, Interleaved };   // pipeline_schedule
+// zb-h1 and zbv: zero-bubble schedules (parallel/pipeline_plan.h), each
+// backward split into B and W; zbv lays two chunks a stage out in a V.
+enum class PipelineSchedule { Gpipe, OneFOneB, Interleaved, ZbH1, Zbv };   // pipeline_schedule
 // none: keep everything; full: recompute each transformer layer from its input;
 // selective: recompute only each layer's feed-forward (model/recompute.h).
 enum class ActivationCheckpointing { None, Full, Selective };  // activation_checkpointing
@@ -118,9 +120,11 @@ struct ChoiceTable<CollectivesChoice> {
 };
 template <>
 struct ChoiceTable<PipelineSchedule> {
-  static constexpr std::array<Choice<PipelineSchedule>, 3> entries{{{PipelineSchedule::Gpipe, "gpipe"},
+  static constexpr std::array<Choice<PipelineSchedule>, 5> entries{{{PipelineSchedule::Gpipe, "gpipe"},
                                                                      {PipelineSchedule::OneFOneB, "1f1b"},
-                                                                     {PipelineSchedule::Interleaved, "interleaved"}}};
+                                                                     {PipelineSchedule::Interleaved, "interleaved"},
+                                                                     {PipelineSchedule::ZbH1, "zb-h1"},
+                                                                     {PipelineSchedule::Zbv, "zbv"}}};
 };
 template <>
 struct ChoiceTable<ActivationCheckpointing> {

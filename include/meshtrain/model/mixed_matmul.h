@@ -9,7 +9,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <vector>
 
 namespace meshtrain {
 
@@ -48,7 +50,41 @@ bool grad_accumulates_in_gemm(const at::Tensor& param, const at::Tensor& dy);
 // weight_grad(dy, x, param's dtype, batched) for param, or, where
 // grad_accumulates_in_gemm, that added into param's gradient and an
 // undefined tensor returned (autograd then has nothing to accumulate).
-at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched = false);
+// With precision's weight gradients deferred (a zero-bubble pipeline's B
+// pass, WeightGradQueue below), the product is queued instead and an
+// undefined tensor returned.
+at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched = false,
+                             MixedPrecision* precision = nullptr);
+
+// The weight-gradient GEMMs a backward pass left for later: zero-bubble
+// pipelines split a layer chunk's backward into B (input gradients: what
+// the stage before waits for) and W (these products), scheduled apart
+// (parallel/pipeline_plan.h). While a queue is set on the model's
+// MixedPrecision (defer_weight_grads), param_weight_grad queues each product
+// with its operands; run() then adds them into their parameters' gradients,
+// in order. No post-accumulate hook runs for them (it ran in B, with nothing
+// added): the pipeline executor sums such gradients after the last W. Only
+// the products made here are deferred: norms, biases, the embedding and any
+// operator with a backward of its own take their gradients in B.
+// after_run: what must follow this W (FSDP's reduce-scatter of a layer the B
+// passed through), run once the products are added.
+class WeightGradQueue {
+ public:
+  void push(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched);
+  void after_run(std::function<void()> f);
+  void run();
+  // Products and after_run calls waiting.
+  size_t size() const;
+
+ private:
+  struct Entry {
+    at::Tensor param, dy, x;
+    bool batched;
+  };
+  mutable std::mutex mu_;  // pushed from the thread running backward
+  std::vector<Entry> entries_;
+  std::vector<std::function<void()>> after_;
+};
 
 // x [E, S, in] times each w[e] [out, in] transposed -> [E, S, out] in the
 // compute dtype (the experts' batched GEMM); w's gradient comes out fp32.

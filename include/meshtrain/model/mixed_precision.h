@@ -47,6 +47,8 @@
 
 namespace meshtrain {
 
+class WeightGradQueue;
+
 struct PrecisionPolicy {
   // Matmul operands and activations between layers and stages; kFloat: no cast.
   at::ScalarType compute = at::kFloat;
@@ -112,6 +114,15 @@ class MixedPrecision {
   // and the performance model count them.
   int64_t casts_made() const;
 
+  // Zero-bubble pipelines: every linear layer takes its weight gradients
+  // from the functions of model/mixed_matmul.h (also under fp32 compute),
+  // whose weight-gradient GEMMs can then be deferred.
+  void set_split_backward(bool on) { split_backward_ = on; }
+  // While set (a B pass), those GEMMs are queued into q instead of run
+  // (WeightGradQueue); null runs them. Set and cleared around a backward.
+  void defer_weight_grads(WeightGradQueue* q) { deferred_ = q; }
+  WeightGradQueue* deferred_weight_grads() const { return deferred_; }
+
  private:
   friend class CastScope;
   void open();
@@ -120,6 +131,8 @@ class MixedPrecision {
   bool grads_in_fp32(at::TensorList params);
 
   const PrecisionPolicy policy_;
+  bool split_backward_ = false;
+  WeightGradQueue* deferred_ = nullptr;
   // Forward (main thread) and recomputation (the autograd engine's thread on
   // CUDA) take turns on the cache; the lock makes that safe by construction.
   mutable std::mutex mu_;

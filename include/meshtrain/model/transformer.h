@@ -31,6 +31,10 @@ struct StageRange {
   // in the order the data visits them; [first_layer, end_layer) is chunk 0.
   // Empty: one chunk.
   std::vector<LayerSpan> later_chunks;
+  // The zbv schedule's V: this rank's chunk 1 is virtual stage 2pp - 1 -
+  // stage (stage 0 then holds both the embedding and the head), not the
+  // interleaved chunk * pp + stage (parallel/pipeline_plan.h).
+  bool v_shape = false;
 
   // Every chunk, chunk 0 first (end_layer resolved: on a built model's range()).
   std::vector<LayerSpan> chunks() const;

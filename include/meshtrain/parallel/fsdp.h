@@ -137,6 +137,8 @@ class Fsdp : public LayerHooks {
   // (and, stage 3, the parameters). tp: sum the sequence-parallel gradients
   // over tp first (the root's were summed by synchronize_gradients).
   void reduce_unit(Unit& u, bool tp);
+  // Unit k's backward ended: reduce it now, or after the W of a zero-bubble B.
+  void backward_done(size_t k);
   void finish_backward();
 
   ParallelModel& pm_;

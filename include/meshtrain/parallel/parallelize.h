@@ -51,10 +51,13 @@ struct ParallelModel {
 // schedule): n_layers split evenly into pp * v virtual stages in Megatron's
 // layout, chunk c of rank r being virtual stage c * pp + r (so the data
 // visits every rank v times); n_layers must be a multiple of pp * v.
-std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v = 1);
+// v_shape (the zbv schedule, v = 2): rank r's chunks are virtual stages r
+// and 2pp - 1 - r, so rank 0 holds the first and the last layers.
+std::vector<StageRange> partition_stages(int64_t n_layers, int pp, int64_t v = 1, bool v_shape = false);
 
 // Layer chunks per pipeline rank on a mesh of pp stages: virtual_stages under
-// the interleaved schedule with pp > 1, else 1 (at pp = 1 no schedule applies).
+// the interleaved schedule, 2 under zbv, else 1 (at pp = 1 no schedule
+// applies).
 int64_t virtual_stages(const Config& cfg, int64_t pp);
 
 // meta: parameters are meta tensors, nothing drawn (the performance model; tp = 1).

@@ -1,7 +1,8 @@
 #pragma once
 // Sampling through a pipeline: each stage runs its layers with its own KV
-// cache, hidden states travel forward over mesh.pp(), the last stage samples
-// and the token is broadcast back so every stage extends the same sequence.
+// cache, hidden states travel forward over mesh.pp(), the stage with the head
+// samples and the token is broadcast back so every stage extends the same
+// sequence.
 #include "meshtrain/dist/mesh.h"
 #include "meshtrain/parallel/parallelize.h"
 #include "meshtrain/model/decode_step.h"

@@ -81,8 +81,9 @@ struct PassCosts {
   double forward = 1, backward_input = 1, backward_weight = 1;
 };
 
-// Every stage's plan (index: stage) for n_mb microbatches over pp stages.
-std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb);
+// Every stage's plan (index: stage) for n_mb microbatches over pp stages;
+// backward false: the forwards alone, in the same layout (evaluation).
+std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb, bool backward = true);
 
 // Where virtual stage `vs` (0 .. pp*v - 1, in data order) lives: the rank and
 // its chunk. v_shape: the V layout (v = 2), else the interleaved one (chunk

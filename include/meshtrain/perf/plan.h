@@ -67,16 +67,17 @@ struct StageParams {
 // them out (the root unit and one per layer; each padded to a multiple of dp,
 // the routed experts under expert parallelism apart, padded to dp / ep).
 int64_t fsdp_slice_elements(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t dp, int64_t ep = 1,
-                            int64_t v = 1);
+                            int64_t v = 1, bool v_shape = false);
 
 // Parameters of pipeline stage `stage` of pp on one tp rank of tp. Tied
-// embeddings: the last stage holds its own copy of the table (pp > 1).
+// embeddings: the stage with the head (the last; stage 0 under the zbv
+// schedule's V, v_shape) holds its own copy of the table (pp > 1).
 // The vocabulary is padded to a multiple of tp, as the vocab-parallel layers do.
 // ep (device_config.expert_parallel) divides the routed experts' weights
 // (w_in, w_out, b_in; b_out stays whole on every rank). v: layer chunks per
-// stage (the interleaved schedule's virtual_stages).
+// stage (the interleaved schedule's virtual_stages, or zbv's 2 with v_shape).
 StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t stage, int64_t ep = 1,
-                         int64_t v = 1);
+                         int64_t v = 1, bool v_shape = false);
 
 struct StageMemory {
   int64_t stage = 0;
