@@ -100,12 +100,14 @@ double pipeline_bubble_fraction(int pp, int64_t n_mb, int64_t v) {
 }
 
 int64_t plan_peak_live(const std::vector<PipeOp>& plan) {
-  const bool has_backward =
-      std::any_of(plan.begin(), plan.end(), [](const PipeOp& o) { return o.step == PipeStep::Backward; });
+  // A split backward's microbatch lives until its W: B leaves the weight
+  // gradients' operands (layer inputs and output gradients) queued for it.
+  const auto ends = [](PipeStep s) { return s == PipeStep::Backward || s == PipeStep::BackwardWeight; };
+  const bool has_backward = std::any_of(plan.begin(), plan.end(), [&](const PipeOp& o) { return ends(o.step); });
   int64_t live = 0, peak = 0;
   for (const auto& o : plan) {
     if (o.step == PipeStep::Forward) peak = std::max(peak, ++live);
-    if (o.step == PipeStep::Backward || (!has_backward && o.step == PipeStep::Forward)) --live;
+    if (ends(o.step) || (!has_backward && o.step == PipeStep::Forward)) --live;
   }
   return peak;
 }

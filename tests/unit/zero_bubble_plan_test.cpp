@@ -138,12 +138,19 @@ TEST(ZeroBubblePlan, H1AndVNeverDeadlockAndRunEveryPassOnce) {
       SCOPED_TRACE("pp " + std::to_string(pp) + ", " + std::to_string(n_mb) + " microbatches");
       const Replay h1 = replay(zero_bubble_plans(ZeroBubble::H1, pp, n_mb), 1, false, n_mb);
       ASSERT_TRUE(h1.ok) << "H1: " << h1.why;
-      for (int s = 0; s < pp; ++s)  // 1F1B's activation memory: forward done, W not yet
+      // plan_peak_live (what plan and the executor count) is the replay's.
+      const auto h1_plans = zero_bubble_plans(ZeroBubble::H1, pp, n_mb);
+      const auto v_plans = zero_bubble_plans(ZeroBubble::V, pp, n_mb);
+      for (int s = 0; s < pp; ++s) {  // 1F1B's activation memory: forward done, W not yet
         EXPECT_LE(h1.peak_alive[static_cast<size_t>(s)], std::min<int64_t>(pp - s, n_mb)) << "H1 stage " << s;
-      const Replay v = replay(zero_bubble_plans(ZeroBubble::V, pp, n_mb), 2, true, n_mb);
+        EXPECT_EQ(plan_peak_live(h1_plans[static_cast<size_t>(s)]), h1.peak_alive[static_cast<size_t>(s)]);
+      }
+      const Replay v = replay(v_plans, 2, true, n_mb);
       ASSERT_TRUE(v.ok) << "V: " << v.why;
-      for (int s = 0; s < pp; ++s)  // chunk halves: 1F1B's first stage holds pp whole microbatches
+      for (int s = 0; s < pp; ++s) {  // chunk halves: 1F1B's first stage holds pp whole microbatches
         EXPECT_LE(v.peak_alive[static_cast<size_t>(s)], 2 * pp) << "V stage " << s;
+        EXPECT_EQ(plan_peak_live(v_plans[static_cast<size_t>(s)]), v.peak_alive[static_cast<size_t>(s)]);
+      }
     }
 }
 

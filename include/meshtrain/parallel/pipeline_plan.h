@@ -50,7 +50,8 @@ std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, 
 double pipeline_bubble_fraction(int pp, int64_t n_mb, int64_t v);
 
 // Microbatches whose activations a plan holds at once (forward done,
-// backward not yet; forward-only plans hold one at a time), counted per chunk
+// backward not yet, a split backward's W not yet: B leaves the weight
+// gradients' operands to it; forward-only plans hold one at a time), counted per chunk
 // under the interleaved schedule (a chunk's microbatch holds 1/v of the
 // stage's layers).
 int64_t plan_peak_live(const std::vector<PipeOp>& plan);
