@@ -403,6 +403,41 @@ TEST(Fp8Gemm, BackwardOperandsAndTransposedBlocks) {
   EXPECT_THROW(dyq.transposed(), std::exception);
 }
 
+TEST(Fp8Gemm, BatchedOperandsAreEachMatrixOnItsOwn) {
+  // Three experts' GEMMs, the second's activations 2^-10 of the others'.
+  const at::Tensor x = randn({3, 40, 300}, 17) * at::tensor({1.0f, 1.0f / 1024, 8.0f}).view({3, 1, 1});
+  const at::Tensor w = randn({3, 200, 300}, 18), dy = randn({3, 40, 200}, 19);
+  const std::pair<Fp8Granularity, Fp8Granularity> recipes[] = {{Fp8Granularity::kTensor, Fp8Granularity::kTensor},
+                                                               {Fp8Granularity::kRow, Fp8Granularity::kRow},
+                                                               {Fp8Granularity::kTile, Fp8Granularity::kBlock}};
+  for (const auto& [ag, bg] : recipes) {
+    const std::string what = std::string("batched ") + ops::fp8_granularity_name(ag);
+    const Fp8Tensor a = ops::quantize_fp8(x, at::kFloat8_e4m3fn, ag), b = ops::quantize_fp8(w, at::kFloat8_e4m3fn, bg);
+    const auto grid = ops::fp8_scale_grid(ag, 40, 300);
+    ASSERT_EQ(a.scale.sizes(), (std::vector<int64_t>{3, grid[0], grid[1]})) << what;
+    EXPECT_NE(ops::fp8_scaled_mm_declines(a, b, at::kFloat), nullptr) << what;
+    const at::Tensor y = ops::fp8_mm(a, b, at::kFloat);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{3, 40, 200})) << what;
+    for (int64_t e = 0; e < 3; ++e) {
+      const Fp8Tensor ae = ops::quantize_fp8(x[e], at::kFloat8_e4m3fn, ag);
+      const Fp8Tensor be = ops::quantize_fp8(w[e], at::kFloat8_e4m3fn, bg);
+      EXPECT_TRUE(at::equal(a.data[e].view(at::kByte), ae.data.view(at::kByte))) << what << " expert " << e;
+      EXPECT_TRUE(at::equal(a.scale[e], ae.scale)) << what << " expert " << e;
+      expect_within(y[e], reference(ae, be), what + " expert " + std::to_string(e));
+    }
+    if (bg != Fp8Granularity::kBlock) continue;
+    // dX = dY W per expert, W's blocks transposed.
+    const Fp8Tensor dyq = ops::quantize_fp8(dy, at::kFloat8_e4m3fn, Fp8Granularity::kTile);
+    const at::Tensor dx = ops::fp8_mm(dyq, b.transposed(), at::kFloat);
+    ASSERT_EQ(dx.sizes(), (std::vector<int64_t>{3, 40, 300}));
+    for (int64_t e = 0; e < 3; ++e) {
+      const Fp8Tensor dye = ops::quantize_fp8(dy[e], at::kFloat8_e4m3fn, Fp8Granularity::kTile);
+      const Fp8Tensor we = ops::quantize_fp8(w[e], at::kFloat8_e4m3fn, Fp8Granularity::kBlock);
+      expect_within(dx[e], reference(dye, we.transposed()), "batched dX expert " + std::to_string(e));
+    }
+  }
+}
+
 TEST(Fp8Gemm, ScaledMmOnCpuEqualsTheEmulationTensorwise) {
   const at::Tensor x = randn({64, 256}, 10) * 3, w = randn({96, 256}, 11) * 0.02;
   for (const auto& [ad, bd] : {std::pair{at::kFloat8_e4m3fn, at::kFloat8_e4m3fn},

@@ -16,7 +16,9 @@
 //   tile    1 x 128            DeepSeek-V3's activations and gradients
 //   block   128 x 128          DeepSeek-V3's weights
 // The last tile of a row or column may be partial (K or R not a multiple of
-// 128): its amax is taken over the elements it has.
+// 128): its amax is taken over the elements it has. Batched operands
+// [E, R, K] (the experts' GEMMs) are E matrices, each with its own tiles
+// (kTensor: a scale per matrix) and a scale grid [E, Gr, Gc].
 //
 // Scales (the convention of at::_scaled_mm and torchao): per tile,
 //   amax  = max |x| over the tile, floored at kFp8AmaxFloor (an all-zero
@@ -61,42 +63,45 @@ std::array<int64_t, 2> fp8_scale_grid(Fp8Granularity g, int64_t rows, int64_t co
 // gives NaN (e4m3fn) or inf (e5m2) past the format's range.
 at::Tensor fp8_saturated_cast(const at::Tensor& x, at::ScalarType fp8_dtype);
 
-// max |x| per scale tile of x [R, K] (fp32, the scale grid's shape); NaN in
-// a tile gives NaN.
+// max |x| per scale tile of x [R, K] or [E, R, K] (fp32, the scale grid's
+// shape, with E); NaN in a tile gives NaN.
 at::Tensor fp8_amax(const at::Tensor& x, Fp8Granularity g);
 
 // An operand quantized for fp8_mm.
 struct Fp8Tensor {
-  at::Tensor data;   // [R, K], kFloat8_e4m3fn or kFloat8_e5m2
-  at::Tensor scale;  // fp32 inverse scales (inv above), fp8_scale_grid's shape
+  at::Tensor data;   // [R, K] or [E, R, K], kFloat8_e4m3fn or kFloat8_e5m2
+  at::Tensor scale;  // fp32 inverse scales (inv above), fp8_scale_grid's shape (with E)
   Fp8Granularity granularity = Fp8Granularity::kTensor;
 
-  // data * scale, each element by its tile's scale: fp32 [R, K].
+  // data * scale, each element by its tile's scale: fp32, data's shape.
   at::Tensor dequantize() const;
-  // [K, R] with the same scales transposed, for an operand used both ways
+  // [.., K, R] with the same scales transposed, for an operand used both ways
   // (a weight in the forward and the input-gradient GEMM); kTensor and
   // kBlock only, whose tiles are symmetric.
   Fp8Tensor transposed() const;
 };
 
-// x [R, K] (fp32, bf16 or fp16) quantized to fp8_dtype with granularity g.
+// x [R, K] or [E, R, K] (fp32, bf16 or fp16) quantized to fp8_dtype with
+// granularity g.
 Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType fp8_dtype, Fp8Granularity g);
 
 // y = dequant(a) dequant(b)^T in out_dtype (fp32, bf16 or fp16): a [M, K],
-// b [N, K]. Per reduction chunk (all of K where both operands scale whole
-// rows, else 128 columns, which both must then tile), the fp8 products are
-// summed in fp32 (each product is exact there), multiplied by the chunk's
-// scales and added in fp32; at::_scaled_mm where fp8_scaled_mm_declines
-// says nothing, else that emulated with fp32 GEMMs. The two differ only in
-// the order of the fp32 sums.
+// b [N, K] -> [M, N]; or batched, a [E, M, K], b [E, N, K] -> [E, M, N].
+// Per reduction chunk (all of K where both operands scale whole rows, else
+// 128 columns, which both then tile), the fp8 products are summed in fp32
+// (each product is exact there), multiplied by the chunk's scales and added
+// in fp32; at::_scaled_mm where fp8_scaled_mm_declines says nothing, else
+// that emulated with fp32 GEMMs. The two differ only in the order of the
+// fp32 sums.
 at::Tensor fp8_mm(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype);
 // Why at::_scaled_mm does not take these operands on their device (null:
 // it does). CPU: per-tensor scales only (PyTorch 2.11 refuses others
 // there); any shape, strides and out dtype. CUDA: per-tensor scales with K
 // and N multiples of 16, row-major operands, not both e5m2 (PyTorch's
-// checks for cuBLASLt; not yet run on a GPU here); rowwise and blockwise are
-// emulated until they are measured on one. meta: never (no meta kernel;
-// the emulation's GEMMs give the shapes).
+// checks for cuBLASLt; not yet run on a GPU here); rowwise and blockwise
+// scales and batched operands (_scaled_grouped_mm) are emulated until they
+// are measured on one. meta: never (no meta kernel; the emulation's GEMMs
+// give the shapes).
 const char* fp8_scaled_mm_declines(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype);
 // The emulation alone (tests compare it with _scaled_mm).
 at::Tensor fp8_mm_emulated(const Fp8Tensor& a, const Fp8Tensor& b, at::ScalarType out_dtype);
