@@ -119,6 +119,12 @@ const std::vector<std::string>& resumable_keys() {
   return keys;
 }
 
+ResumeChange resume_change(const std::string& path) {
+  if (listed(resumable_keys(), path)) return ResumeChange::Free;
+  if (listed(model_shaping_keys(), path) && !listed(model_tuning_keys(), path)) return ResumeChange::Refused;
+  return ResumeChange::Warned;
+}
+
 ResumeDiff compare_for_resume(const json& saved_as_written, const Config& now) {
   ResumeDiff diff;
   if (!saved_as_written.is_object()) return diff;
@@ -127,12 +133,12 @@ ResumeDiff compare_for_resume(const json& saved_as_written, const Config& now) {
   for (const auto& [key, value] : current.items()) {
     if (!saved.contains(key)) continue;
     const auto compare = [&](const std::string& path, const json& was, const json& is) {
-      if (was == is || listed(resumable_keys(), path)) return;
+      const ResumeChange change = resume_change(path);
+      if (was == is || change == ResumeChange::Free) return;
       // 4 and 4.0 are the same number.
       if (was.is_number() && is.is_number() && was.get<double>() == is.get<double>()) return;
       const std::string line = path + ": " + shown(was) + " in the checkpoint, " + shown(is) + " now";
-      const bool shaping = listed(model_shaping_keys(), path) && !listed(model_tuning_keys(), path);
-      (shaping ? diff.refused : diff.warned).push_back(line);
+      (change == ResumeChange::Refused ? diff.refused : diff.warned).push_back(line);
     };
     if (value.is_object() && saved[key].is_object()) {
       for (const auto& [sub, v] : value.items())

@@ -5,10 +5,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "meshtrain/config/load.h"
+#include "meshtrain/config/reference.h"
+#include "meshtrain/config/resume.h"
 #include "meshtrain/core/check.h"
 
 namespace meshtrain {
@@ -692,6 +697,55 @@ TEST(ConfigCollectives, AcceptsAutoNcclMpiAndRefusesTheRest) {
   expect_refused({"device_config.device=cpu", "device_config.collectives=nccl"},
                  {"device_config.collectives", "nccl", "cpu"});
   expect_refused({"device_config.collectives=3"}, {"device_config.collectives"});
+}
+
+// Every key the schema writes, as dotted paths (sections are the JSON objects).
+std::vector<std::string> schema_paths() {
+  std::vector<std::string> paths;
+  const nlohmann::json written = to_json(Config{});  // items() refers to it: not a temporary
+  for (const auto& [name, value] : written.items()) {
+    if (!value.is_object()) {
+      paths.push_back(name);
+      continue;
+    }
+    for (const auto& item : value.items()) paths.push_back(name + "." + item.key());
+  }
+  return paths;
+}
+
+// docs/config-reference.md is generated; each key needs words of its own
+// (src/config/key_docs.cpp), and no description outlives its key.
+TEST(ConfigReference, EveryKeyHasADescriptionAndEveryDescriptionAKey) {
+  const auto paths = schema_paths();
+  ASSERT_GT(paths.size(), 100u);
+  for (const auto& p : paths) {
+    const std::string_view text = key_description(p);
+    EXPECT_FALSE(text.empty()) << p << " has no description in src/config/key_docs.cpp";
+    EXPECT_GE(text.size(), 20u) << p << ": a description says what the key means, its unit and range";
+  }
+  std::set<std::string> seen;
+  for (const auto& d : key_docs()) {
+    EXPECT_NE(std::find(paths.begin(), paths.end(), d.path), paths.end())
+        << d.path << " is described in src/config/key_docs.cpp but is no config key";
+    EXPECT_TRUE(seen.insert(d.path).second) << d.path << " is described twice";
+  }
+}
+
+TEST(ConfigReference, RendersEveryKeyWithItsDefaultAllowedValuesAndResumeRule) {
+  const std::string md = render_config_reference();
+  for (const auto& p : schema_paths()) {
+    const std::string key = p.substr(p.find('.') == std::string::npos ? 0 : p.find('.') + 1);
+    EXPECT_NE(md.find("| `" + key + "` |"), std::string::npos) << p << " has no row";
+  }
+  // A choice lists its names; a default comes from a default-built Config.
+  EXPECT_NE(md.find("| `activation_checkpointing` | string | `\"none\"` | `none`, `full`, `selective` | free |"),
+            std::string::npos);
+  EXPECT_NE(md.find("| `n_head` | integer | `4` |  | refused |"), std::string::npos);
+  EXPECT_NE(md.find("| `dropout_rate` | number | `0.0` |  | warns |"), std::string::npos);
+  EXPECT_NE(md.find("`data_config.bucket_name`"), std::string::npos);  // the cloud keys too
+  EXPECT_EQ(resume_change("model_config.n_head"), ResumeChange::Refused);
+  EXPECT_EQ(resume_change("lr.max_lr"), ResumeChange::Free);
+  EXPECT_EQ(resume_change("seed"), ResumeChange::Warned);
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ struct ModelConfig {
   int64_t latent_dim = 0;        // MLA: shared down-projection width
   int64_t dhR = 0;               // MLA: decoupled rope dims per head (0: no rope in MLA)
   double dropout_rate = 0.0;
-  ModelDtype model_dtype = ModelDtype::Float32;  // float32 | bfloat16 (autocast on CUDA; fp32 on CPU)
+  ModelDtype model_dtype = ModelDtype::Float32;  // float32 | bfloat16 (one policy on every device: model/mixed_precision.h)
   int64_t k = 2;                 // MoE: experts per token
   int64_t n_experts = 0;         // MoE: routed experts
   int64_t n_shared = 0;          // MoE: always-on shared experts

@@ -26,6 +26,12 @@ struct ResumeDiff {
 // on either side (older or newer versions) are not compared.
 ResumeDiff compare_for_resume(const nlohmann::json& saved, const Config& now);
 
+// What a resume with a key changed does: Free, a warning naming the key, or a
+// refusal naming the key and both values (compare_for_resume applies this;
+// docs/config-reference.md shows it per key).
+enum class ResumeChange { Free, Warned, Refused };
+ResumeChange resume_change(const std::string& path);
+
 // Dotted paths that may change on resume without a word ("lr.*" covers a section).
 const std::vector<std::string>& resumable_keys();
 
