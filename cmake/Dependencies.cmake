@@ -154,7 +154,7 @@ function(mt_find_c_library name header lib module deb)
   if(NOT MT_${name}_HEADER OR NOT MT_${name}_LIBRARY)
     message(FATAL_ERROR "${name} (${header} and lib${lib}) was not found (searched MESHTRAIN_DEPS_PREFIX="
                         "'${MESHTRAIN_DEPS_PREFIX}', pkg-config module ${module}, the system paths). Install "
-                        "${deb}, or on an offline machine carry it: scripts/gpu/gpu-carry.sh (README, GPU machines).")
+                        "${deb}, or on an offline machine carry it: scripts/gpu/gpu-carry.sh (docs/gpus.md, GPU checks).")
   endif()
   message(STATUS "${name}: ${MT_${name}_LIBRARY}")
   target_include_directories(mt_textio SYSTEM INTERFACE ${MT_${name}_HEADER})

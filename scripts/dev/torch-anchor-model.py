@@ -1,6 +1,6 @@
 """meshtrain's model written in plain PyTorch: the anchor of scripts/dev/cpu-bench.py.
 
-Mirrors src/model (docs/ARCHITECTURE.md, model section) for meshtrain-layout
+Mirrors src/model (docs/models.md, docs/JAXFORMER.md) for meshtrain-layout
 configs: pre-norm RMSNorm, tied embeddings, half-split RoPE, tanh-GELU, and
   attention "mha": q, k, v, wo (d x d each), rope on every head dim;
   attention "mla": w_dkv, w_dq (d -> latent_dim), w_uq, w_uk, w_uv

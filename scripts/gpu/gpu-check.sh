@@ -7,8 +7,8 @@
 # with `plan`), prints one table and writes summary.json plus one log per step
 # into DIR, and keeps the run's small text results in the repository:
 # bench/results/<date>-<device>-<commit>/ (scripts/gpu/gpu-summary.py; another
-# root with --results-root), which scripts/gpu/perf-table.py renders into the
-# README. With 2 or more GPUs the CUDA test binary also runs at -np 2 (and
+# root with --results-root), which scripts/gpu/perf-table.py renders into
+# docs/gpus.md. With 2 or more GPUs the CUDA test binary also runs at -np 2 (and
 # -np 8 with 8 or more) for its cases across GPUs (NCCL). Beside meshtrain's GPT-2 124M and moe1B
 # it times the same models written in PyTorch (scripts/dev/cpu-bench.py
 # --torch-only, the MLA + MoE one with capacity dispatch), eager and with
@@ -286,7 +286,7 @@ fi
 
 # One table, OUT/summary.json, and the run kept in the repository:
 # RESULTS_ROOT/<date>-<device>-<commit>/ (scripts/gpu/gpu-summary.py), written
-# whatever failed; scripts/gpu/perf-table.py renders the newest into the README.
+# whatever failed; scripts/gpu/perf-table.py renders the newest into docs/gpus.md.
 summary_args=(--date "$RUN_DATE" --results-root "$RESULTS_ROOT")
 [ -n "$PREBUILT" ] && summary_args+=(--commit-file "$(dirname "$BIN")/COMMIT")
 if ! "$PY" "$ROOT/scripts/gpu/gpu-summary.py" "$OUT" "${summary_args[@]}"; then

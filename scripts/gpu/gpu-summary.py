@@ -25,7 +25,7 @@ Usage:
       [--commit SHA] [--commit-file FILE] [--device NAME] [--no-results]
 
 --results-root defaults to bench/results of this repository (what
-scripts/gpu/perf-table.py renders into the README). The commit is --commit, else
+scripts/gpu/perf-table.py renders into docs/gpus.md). The commit is --commit, else
 the first word of --commit-file (gpu-carry.sh --binary writes .carry/bin/COMMIT
 beside the binary it built; "dirty" after it when tracked files differed from
 the commit, kept as uncommitted_changes), else `git rev-parse --short HEAD` here, else
@@ -387,7 +387,7 @@ def main():
     except OSError as e:
         print(f"gpu-summary: could not write the results folder under {a.results_root}: {e}", file=sys.stderr)
         return 1
-    print(f"results: {path} (commit it; scripts/gpu/perf-table.py puts it in the README)")
+    print(f"results: {path} (commit it; scripts/gpu/perf-table.py puts it in docs/gpus.md)")
     return 0
 
 

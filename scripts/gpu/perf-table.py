@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The README's measured-performance table, generated from bench/results.
+"""The measured-performance table of docs/gpus.md, generated from bench/results.
 
 Renders a markdown table from the newest results folder under bench/results
 (newest by the date its name starts with, then by name; scripts/gpu/gpu-check.sh
-writes one per GPU run through scripts/gpu/gpu-summary.py) and puts it in the
-README between the lines
+writes one per GPU run through scripts/gpu/gpu-summary.py) and puts it in
+docs/gpus.md (or the --doc given) between the lines
 
   <!-- perf-table:begin -->
   <!-- perf-table:end -->
@@ -12,8 +12,8 @@ README between the lines
 With no results folder yet, the text between them says so and how to make one.
 
 Usage:
-  scripts/gpu/perf-table.py [--readme README.md] [--results-root bench/results]
-  scripts/gpu/perf-table.py --check    exit 1 naming the README when its table is stale
+  scripts/gpu/perf-table.py [--doc docs/gpus.md] [--results-root bench/results]
+  scripts/gpu/perf-table.py --check    exit 1 naming the file when its table is stale
   scripts/gpu/perf-table.py --print    the generated text only, nothing written
 """
 import argparse
@@ -90,22 +90,24 @@ def render(results_root, shown_root):
     return "\n".join(lines) + "\n"
 
 
-def section(readme_text):
+def section(doc_text):
     """(before, between, after) around the markers, or None when they are missing."""
-    b = readme_text.find(BEGIN + "\n")
-    e = readme_text.find("\n" + END, b)
+    b = doc_text.find(BEGIN + "\n")
+    e = doc_text.find("\n" + END, b)
     if b < 0 or e < 0 or e < b:
         return None
     start = b + len(BEGIN) + 1
-    return readme_text[:start], readme_text[start:e + 1], readme_text[e + 1:]
+    return doc_text[:start], doc_text[start:e + 1], doc_text[e + 1:]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    # --readme: its name when the table lived in README.md.
+    ap.add_argument("--doc", "--readme", dest="doc", default=os.path.join(ROOT, "docs", "gpus.md"),
+                    help="the markdown file holding the table (default docs/gpus.md)")
     ap.add_argument("--results-root", default=os.path.join(ROOT, "bench", "results"))
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 when the README's table is stale")
+    mode.add_argument("--check", action="store_true", help="exit 1 when the file's table is stale")
     mode.add_argument("--print", action="store_true", help="print the generated text only")
     a = ap.parse_args()
     root = os.path.abspath(a.results_root)
@@ -114,24 +116,25 @@ def main():
     if a.print:
         sys.stdout.write(text)
         return 0
-    with open(a.readme) as f:
-        readme = f.read()
-    parts = section(readme)
+    with open(a.doc) as f:
+        doc = f.read()
+    parts = section(doc)
     if parts is None:
-        print(f"perf-table: {a.readme} has no '{BEGIN}' ... '{END}' lines", file=sys.stderr)
+        print(f"perf-table: {a.doc} has no '{BEGIN}' ... '{END}' lines", file=sys.stderr)
         return 2
     if parts[1] == text:
         if a.check:
-            print(f"perf-table: {a.readme} is up to date with {newest(root) or root}")
+            print(f"perf-table: {a.doc} is up to date with {newest(root) or root}")
         return 0
     if a.check:
-        print(f"perf-table: {a.readme} is stale: its perf-table section differs from what "
-              f"{newest(root) or root} gives; run scripts/gpu/perf-table.py and commit the README",
+        print(f"perf-table: {a.doc} is stale: its perf-table section differs from what "
+              f"{newest(root) or root} gives; run scripts/gpu/perf-table.py and commit "
+              f"{os.path.relpath(a.doc, ROOT) if os.path.abspath(a.doc).startswith(ROOT + os.sep) else a.doc}",
               file=sys.stderr)
         return 1
-    with open(a.readme, "w") as f:
+    with open(a.doc, "w") as f:
         f.write(parts[0] + text + parts[2])
-    print(f"perf-table: wrote {a.readme} from {newest(root) or root}")
+    print(f"perf-table: wrote {a.doc} from {newest(root) or root}")
     return 0
 
 

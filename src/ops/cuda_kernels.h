@@ -2,6 +2,39 @@
 // Launchers of the CUDA kernels (cuda_kernels.cu, built by nvcc without any
 // libtorch header): raw pointers, sizes and a stream in, a CUDA error code
 // out. cuda_ops.cpp turns tensors into these calls.
+//
+// Launch shapes (the constants in cuda_kernels.cu; the arithmetic of every
+// kernel is row_math.h's, adamw_math.h's or slot_math.h's, shared with the
+// CPU kernels):
+//   rope             256-thread blocks over grid-stride work items: each
+//                    thread takes rows::kRopePairsPerThread (8) adjacent pairs
+//                    of one row, or one 16-byte vector of each half where
+//                    rows::rope_vectorizable says every access is aligned;
+//                    the item's index is split over the tensor's dims with
+//                    rows::FastDiv (32-bit) where every pair index fits.
+//   rms_norm_fwd     rows of at most 2048 elements: a warp per row (256-thread
+//                    blocks, 8 rows each; half the time of a block per row at
+//                    GPT-2's 768 on an H100); wider rows: a block per row.
+//   rms_norm_bwd     `blocks` blocks (cuda_ops.cpp: min(N, 1024)) over the
+//                    rows, each of row_threads(D / V) threads; a thread visits
+//                    the same columns in every row and owns their dw / db sums
+//                    (no atomics, no barrier), kept in shared memory where
+//                    they fit (launch_plan.h: opting in past 48 KiB up to the
+//                    device's limit) and written once to the block's row of
+//                    dw_part / db_part, which the caller sums over blocks.
+//   cross_entropy_rows, softmax_stats, softmax_grad
+//                    a block per row (row_threads: 128 to 1024 threads by the
+//                    row's vectors), the online max and sum reduced over the
+//                    block's warps (BlockLanes).
+//   combine_rows, spread_rows
+//                    a warp per row (256-thread blocks).
+//   adamw            multi-tensor: a 512-thread block per chunk of 65536
+//                    elements, at most 36 tensors and 320 chunks a launch
+//                    (adamw_math.h plans them on the host).
+// V (the vector width) is rows::kVec<T> (16 bytes of T) where
+// rows::rows_vectorizable says every row and per-column vector starts
+// 16-byte aligned, else 1; rows::with_width picks it the same way for the
+// CPU kernels, and ops/paths.h reports which was taken.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

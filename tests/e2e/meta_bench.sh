@@ -45,7 +45,7 @@ check "the assumptions are printed" grep -q "assumed: GEMMs at 0.75 of peak, att
 # fitted model. Fitted to an H100's GPT-2 step (439,257 tokens/s measured,
 # the model within 5% of it), they said 582,306 and ~440,000 for the code of
 # then; since the GELU runs in the GEMMs' epilogues, 628,832 and 519,019
-# (README, "Performance model"). Pinned so a change to the model or to the
+# (docs/gpus.md, "The performance model"). Pinned so a change to the model or to the
 # step's kernels is seen here.
 roof=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --efficiency 0.6 --attention-efficiency 0.6 \
   --memory-efficiency 1 --kernel-gap-us 0 2>&1)

@@ -6,12 +6,12 @@
 #    every field bench printed, the step statuses), table.txt and
 #    profile_<config>.txt, small text only; a second run never overwrites the
 #    first; the commit comes from git, .git/HEAD by hand, or "nogit";
-#  - scripts/gpu/perf-table.py renders the newest folder into a README between
-#    its markers, and --check fails on a stale README, passes on a fresh one;
+#  - scripts/gpu/perf-table.py renders the newest folder into a markdown file
+#    between its markers, and --check fails on a stale file, passes on a fresh one;
 #  - scripts/gpu/gpu-check.sh --bin with a faked binary, GPUs, mpirun and PyTorch
 #    writes the results folder and runs cuda_test beside the binary at -np 1
 #    and, with 2 GPUs, -np 2; without it, records that it did not;
-#  - the repository's own README is what perf-table.py gives from its
+#  - the repository's own docs/gpus.md is what perf-table.py gives from its
 #    bench/results: the committed table can never go stale.
 # The binary argument is not used.
 # The checks' bash -c and Python snippets take their arguments as $1 ...:
@@ -144,17 +144,17 @@ check "--commit-file (COMMIT beside a carried binary) comes first, its 'dirty' k
 # --- perf-table.py -------------------------------------------------------------
 printf '%s\n' '# A README' 'before the table' '<!-- perf-table:begin -->' 'hand-typed, stale' \
   '<!-- perf-table:end -->' 'after the table' > README.md
-python3 "$TABLE" --readme README.md --results-root empty-results --check > check0.log 2>&1
+python3 "$TABLE" --doc README.md --results-root empty-results --check > check0.log 2>&1
 rc=$?
 check "--check on a README whose section differs: exit 1 (exit $rc)" test "$rc" -eq 1
 check "--check names the stale README" has check0.log "README.md is stale"
-python3 "$TABLE" --readme README.md --results-root empty-results > write0.log 2>&1
+python3 "$TABLE" --doc README.md --results-root empty-results > write0.log 2>&1
 check "no results folder: the text says so and names gpu-check.sh" \
   bash -c 'grep -q "No GPU result is recorded under" "$1" && grep -q "scripts/gpu/gpu-check.sh" "$1"' _ README.md
-check "no results folder: --check passes once written" python3 "$TABLE" --readme README.md --results-root empty-results --check
+check "no results folder: --check passes once written" python3 "$TABLE" --doc README.md --results-root empty-results --check
 mkdir -p results/2026-11-30-h200-0000000 results/notes
 cp "$R/summary.json" results/2026-11-30-h200-0000000/   # older: never the newest
-python3 "$TABLE" --readme README.md --results-root results > write1.log 2>&1
+python3 "$TABLE" --doc README.md --results-root results > write1.log 2>&1
 check "the newest folder (by date, then -3 after -2) is rendered" has README.md "2026-12-01-h100-80gb-hbm3-abc1234-3/"
 check "the table: GPT-2's tokens/s, MFU, anchors, ratio, peak memory" \
   has README.md '| `gpt2-124m` | NVIDIA H100 80GB HBM3 | 2026-12-01 | `abc1234` | 520,000 | 40.0% | 250,000 | 400,000 | 1.300 | 30.0 GiB |'
@@ -162,17 +162,17 @@ check "the table: moe1B's failed bench and the steps not ok" \
   bash -c 'grep -qF "| \`moe1b-1gpu\`, FAILED (exit 1) |" "$1" && grep -q "Steps of that run not ok" "$1" && grep -qF "\`bench_moe1b-1gpu\` FAILED (exit 1)" "$1"' _ README.md
 check "the text outside the markers is kept" \
   bash -c 'test "$(head -n 3 "$1")" = "$(printf "# A README\nbefore the table\n<!-- perf-table:begin -->")" && test "$(tail -n 2 "$1")" = "$(printf "<!-- perf-table:end -->\nafter the table")"' _ README.md
-check "--check passes on the fresh README" python3 "$TABLE" --readme README.md --results-root results --check
+check "--check passes on the fresh README" python3 "$TABLE" --doc README.md --results-root results --check
 python3 "$SUMMARY" out --results-root results --date 2026-12-03 --commit def5678 > summary4.log 2>&1
-python3 "$TABLE" --readme README.md --results-root results --check > check1.log 2>&1
+python3 "$TABLE" --doc README.md --results-root results --check > check1.log 2>&1
 rc=$?
 check "a newer results folder makes the README stale: --check exit 1 (exit $rc)" test "$rc" -eq 1
-python3 "$TABLE" --readme README.md --results-root results > write2.log 2>&1
+python3 "$TABLE" --doc README.md --results-root results > write2.log 2>&1
 check "and rewriting it takes the newer folder" has README.md '| `def5678` | 520,000 |'
 sed -i 's/| 520,000 |/| 520,001 |/' README.md
-check "--check fails on a hand-edited number" bash -c '! python3 "$1" --readme README.md --results-root results --check 2>/dev/null' _ "$TABLE"
+check "--check fails on a hand-edited number" bash -c '! python3 "$1" --doc README.md --results-root results --check 2>/dev/null' _ "$TABLE"
 printf 'no markers\n' > nomarkers.md
-python3 "$TABLE" --readme nomarkers.md --results-root results --check > nomarkers.log 2>&1
+python3 "$TABLE" --doc nomarkers.md --results-root results --check > nomarkers.log 2>&1
 rc=$?
 check "a README without the markers: exit 2, naming them (exit $rc)" bash -c '[ "$1" -eq 2 ] && grep -q "perf-table:begin" nomarkers.log' _ "$rc"
 
@@ -254,7 +254,11 @@ check "gpu-check: cuda_test skipping for want of a GPU fails the step and the ru
   bash -c '[ "$1" -ne 0 ] && grep -qE "^cuda_test_np1 +FAILED" "$2" && ! grep -q "^cuda_test_np2" "$2"' _ "$rc" gc3.log
 
 # --- the repository itself ---------------------------------------------------------
-out="$(python3 "$TABLE" --readme "$SRC/README.md" --results-root "$SRC/bench/results" --check 2>&1)"
+out="$(python3 "$TABLE" --results-root "$SRC/bench/results" --check 2>&1)"
 rc=$?
-check "the repository's README table is what bench/results gives (exit $rc: $out)" test "$rc" -eq 0
+check "the repository's table (docs/gpus.md, perf-table.py's default) is what bench/results gives (exit $rc: $out)" \
+  test "$rc" -eq 0
+check "the default file is docs/gpus.md" grep -q "docs/gpus.md is up to date" <<<"$out"
+check "--readme still names the file (its old name)" python3 "$TABLE" --readme "$SRC/docs/gpus.md" \
+  --results-root "$SRC/bench/results" --check
 finish

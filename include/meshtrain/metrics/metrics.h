@@ -1,6 +1,6 @@
 #pragma once
 // Where training numbers go: run_dir/metrics.jsonl (one JSON object per line, the
-// contract in docs/ARCHITECTURE.md "Files"), the same scalars as TensorBoard events in
+// fields in docs/monitoring.md), the same scalars as TensorBoard events in
 // run_dir/tb/, and the console line a person watches.
 #include <cstdint>
 #include <fstream>

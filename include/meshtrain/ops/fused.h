@@ -9,6 +9,35 @@
 // row_math.h), a meta kernel (shapes only) and, where the build has nvcc, a
 // CUDA kernel; a CUDA build without nvcc runs the aten composite instead.
 // Math is fp32 whatever the storage dtype (fp32, bf16, fp16).
+//
+// Where the step's non-GEMM work goes, and where each piece is explained
+// (docs/ARCHITECTURE.md keeps one paragraph and points here):
+//   RoPE            rope / qkv_rope / rope_concat below: q and k rotated
+//                   straight out of the one QKV GEMM's output, MLA's query
+//                   rope written into its concatenation; the pair and vector
+//                   arithmetic and the 32-bit index split: src/ops/row_math.h.
+//   RMSNorm         rms_norm / residual_rms_norm / add_rms_norm below; how a
+//                   layer's residual adds fold into its output GEMMs (no add
+//                   kernel without dropout) or into the next norm (with it):
+//                   Block::layer in src/model/block.cpp, Linear::forward_residual
+//                   in model/layers.h.
+//   the LM head     cross_entropy_rows_ below, chunk by chunk over a padded
+//                   vocabulary: model/cross_entropy.h; a tied embedding's
+//                   summed gradient: model/mixed_matmul.h (TiedGrad); the
+//                   vocabulary-parallel head: softmax_stats / softmax_grad_
+//                   below, src/parallel/vocab_parallel.h.
+//   MoE             dispatch and combine, one kernel each way: ops/slot_rows.h;
+//                   capacity slots and dropless grouped GEMMs: model/moe.h.
+//   the MLP's GELU  in the GEMMs' epilogues: ops/gelu_gemm.h, model/gelu_matmul.h,
+//                   model/activation.h (mlp_forward).
+//   MLA's v         padded only as far as the attention kernel needs:
+//                   model/attention.h (value_width_for).
+//   AdamW           bf16 or fp32 moments, the weights' bf16 casts written in
+//                   the same pass: ops/adamw.h, src/ops/adamw_math.h.
+//   CUDA launches   shapes: src/ops/cuda_kernels.h; limits that depend on the
+//                   device: src/ops/launch_plan.h.
+//   which path      16-byte vectors or elements, cuBLASLt or the composite,
+//                   fused attention or math, per call: ops/paths.h.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
