@@ -3,7 +3,7 @@
 // takes the same global batch whatever the mesh: global_batch sequences of T+1
 // tokens starting at the cursor (sequence i = tokens[pos + i*T, pos + (i+1)*T + 1)),
 // and each dp rank keeps its contiguous share, so the data order never depends
-// on dp (docs/ARCHITECTURE.md, "equivalence"). The cursor makes the stream resumable.
+// on dp (docs/ARCHITECTURE.md, "Invariants"). The cursor makes the stream resumable.
 //
 // Blends (data_config.datasets, Megatron's blended datasets): several such
 // streams with weights. Global sequence i comes from the dataset whose share

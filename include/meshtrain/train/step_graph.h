@@ -6,7 +6,7 @@
 // runs the step's kernels back to back with no host launch time between them.
 //
 //   step 1      eager (lazy initialisation: caches, workspaces, optimizer state)
-//   steps 2, 3  eager, each recorded (train/graph_safety.h): a host read of
+//   steps 2, 3  eager, each recorded (perf/graph_safety.h): a host read of
 //               device memory, or memory used otherwise than the step before,
 //               ends the run with an error naming it
 //   step 4      captured, then replayed (GPU)
