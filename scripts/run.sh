@@ -2,7 +2,7 @@
 # The main job, on a fresh machine: set-up, build, prepare the embedded corpus
 # (Debian's fortunes), train a tiny MoE + MLA model on several MPI ranks (it
 # prints a sample of its text at the end), and evaluate it. Idempotent; on a
-# 2-core machine ~9 minutes of training once built (README, "First hour").
+# 2-core machine about 2 minutes of training once built (README, "First hour").
 # Prints one line per step; the build's own output goes to build/build.log.
 # Env: NP (ranks, default 4), MESH ("DP PP TP", default "2 1 2" for NP=4), STEPS.
 set -euo pipefail

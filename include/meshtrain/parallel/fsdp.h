@@ -12,9 +12,11 @@
 //
 // zero_stage 2: parameters stay whole on every rank. A layer's gradients are
 // reduce-scattered into the owned slices as soon as the layer's backward is
-// done, and the whole gradients are freed: no full gradient outlives its
-// layer. The optimizer (parallel/fsdp_optimizer.cpp) updates the owned slices
-// and all-gathers them back into the parameters.
+// done (under a zero-bubble schedule: once the W pass that completes them
+// ran, WeightGradQueue::after_run), and the whole gradients are freed: no
+// full gradient outlives its layer. The FSDP strategy
+// (parallel/fsdp_data_parallel.cpp) updates the owned slices and all-gathers
+// them back into the parameters.
 // zero_stage 3: the owned slices are the parameters (fp32 master copy); the
 // whole tensors have no memory at rest. A layer is all-gathered just before
 // its forward and freed after it; the hook left on its output gathers it
