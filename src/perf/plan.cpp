@@ -286,9 +286,7 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
   // The schedule's own plan says how many (microbatch, chunk) activations
   // it holds at once; a chunk's share is 1/v of the stage's layers.
   sm.microbatches_in_flight =
-      plan.pp == 1 ? 1
-                   : plan_peak_live(pipeline_plan(cfg.pipeline_schedule, static_cast<int>(st),
-                                                  static_cast<int>(plan.pp), plan.n_microbatches, true, v));
+      plan.pp == 1 ? 1 : schedule_peak_live(cfg.pipeline_schedule, st, plan.pp, plan.n_microbatches, v);
   const double inflight = static_cast<double>(sm.microbatches_in_flight) / static_cast<double>(v);
 
   double layers_none = 0, layers_sel = 0, largest_layer = 0;
@@ -351,6 +349,21 @@ double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers) 
     if (is_moe_layer(m, i)) per_token += router_times * static_cast<double>(m.n_experts) * 4.0;
   }
   return tokens * per_token;  // forward all-gathers (again when recomputed) + backward reduce-scatters
+}
+
+int64_t schedule_peak_live_closed_form(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb,
+                                       int64_t v) {
+  if (schedule == PipelineSchedule::Gpipe) return n_mb;
+  if (v <= 1) return std::min(pp - stage, n_mb);
+  return std::min(2 * (pp - stage - 1) + (v - 1) * pp + 1, v * n_mb);
+}
+
+int64_t schedule_peak_live(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v) {
+  const bool exact = schedule == PipelineSchedule::Gpipe || schedule == PipelineSchedule::OneFOneB ||
+                     schedule == PipelineSchedule::Interleaved;
+  if (exact && pp * pp * n_mb * std::max<int64_t>(v, 1) > (int64_t{1} << 14))
+    return schedule_peak_live_closed_form(schedule, stage, pp, n_mb, v);
+  return plan_peak_live(pipeline_plan(schedule, static_cast<int>(stage), static_cast<int>(pp), n_mb, true, v));
 }
 
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {

@@ -122,6 +122,16 @@ struct MemoryPlan {
 // device: what the run would use; the precision model above depends on it.
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device);
 
+// Microbatches (counted per chunk) that a stage's schedule holds at once:
+// plan_peak_live of its pipeline_plan, or, for plans of more than 2^14
+// steps summed over the stages (building one interleaved plan replays every
+// stage, so `plan --search` at thousands of GPUs would spend minutes here),
+// the closed form those plans follow: gpipe n_mb; 1f1b min(pp - stage, n_mb);
+// interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, v n_mb), Megatron's
+// warm-up plus one (plan_search_test checks both against the plans).
+int64_t schedule_peak_live(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v);
+int64_t schedule_peak_live_closed_form(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v);
+
 // Bytes the cp group's collectives move per training step on a rank running
 // `layers` (as the communicators count them, comm.h: an all-gather its output,
 // a reduce-scatter its input): per layer and microbatch, forward gathers the
