@@ -44,6 +44,7 @@
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/sampling/generate.h"
+#include "generate_parity.h"
 #include "parity.h"
 
 using namespace meshtrain;
@@ -320,32 +321,11 @@ TEST(Bf16, PipelineGenerateMatchesOneProcess) {
     so.max_tokens = 12;
     so.top_k = 8;
     so.seed = 7;
-    const std::vector<std::vector<int32_t>> prompts = {{1, 5, 26}, {7, 3, 9}};
-    std::vector<std::vector<int32_t>> one, piped;
-    {
-      Config r = c;
-      r.device.n_device_axis = {1, 1, 1};
-      r.name += "-one-rank" + std::to_string(test_runtime().rank());
-      auto world = test_runtime().world();
-      auto self = split_communicator(*world, world->rank(), 0);
-      SessionOptions o;
-      o.fresh = o.quiet = true;
-      Trainer t(r, test_runtime(), o, self.get());
-      t.train();
-      CastScope casts(t.model().model->precision());
-      one = generate(*t.model().model, prompts, so);
-    }
+    const test::Samples prompts = {{1, 5, 26}, {7, 3, 9}};
+    const test::Samples one = test::one_process_samples(c, prompts, so);
     Config p = test::with_mesh(c, 1, 2, 1);
     p.name += "-pp2";
-    SessionOptions o;
-    o.fresh = o.quiet = true;
-    Trainer t(p, test_runtime(), o);
-    t.train();
-    CastScope casts(t.model().model->precision());
-    t.model().model->eval();
-    piped = generate(p.model, at::Device(at::kCPU), pipeline_forward(t.model(), t.mesh()),
-                     pipeline_share(t.model(), t.mesh()), prompts, so);
-    t.model().model->train();
+    const test::Samples piped = test::pipeline_samples(p, prompts, so);
     SCOPED_TRACE(choice_name(c.model.ffn));
     EXPECT_EQ(one, piped);
   }

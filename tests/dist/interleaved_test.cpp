@@ -5,7 +5,6 @@
 // measured bubble against 1f1b.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -13,6 +12,7 @@
 #include "meshtrain/parallel/pipeline.h"
 #include "meshtrain/parallel/pipeline_plan.h"
 #include "parity.h"
+#include "round_bench.h"
 
 using namespace meshtrain;
 
@@ -41,15 +41,6 @@ void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, in
   const std::string what = "(" + std::to_string(dp) + "," + std::to_string(pp) + "," + std::to_string(tp) +
                            ") interleaved v " + std::to_string(v) + extra;
   test::expect_same_curve(ref, test::train_losses(c), 1e-5, what);
-}
-
-std::vector<double> run(const Config& cfg, bool fresh) {
-  SessionOptions o;
-  o.fresh = fresh;
-  o.quiet = true;
-  Trainer t(cfg, test_runtime(), o);
-  t.train();
-  return t.losses();
 }
 
 }  // namespace
@@ -123,7 +114,7 @@ TEST(Interleaved, CheckpointsMoveBetweenSchedules) {
   const auto ref = test::single_process_losses(c);
   Config first = interleaved(c, 1, 2, 1, 2);
   first.training_steps = 4;
-  run(first, true);
+  test::run_losses(first, true);
   world->barrier();
   const std::string saved = first.run_dir();
   struct Next {
@@ -137,14 +128,7 @@ TEST(Interleaved, CheckpointsMoveBetweenSchedules) {
     second.pipeline_schedule = next.schedule;
     second.virtual_stages = next.v;
     second.name = first.name + "-then-" + choice_name(next.schedule) + std::to_string(next.v) + "-dp" + std::to_string(next.dp);
-    if (world->rank() == 0) {
-      std::filesystem::remove_all(second.run_dir());
-      std::filesystem::copy(saved, second.run_dir(), std::filesystem::copy_options::recursive);
-    }
-    world->barrier();
-    const auto cont = run(second, false);
-    ASSERT_EQ(cont.size(), 4u) << second.name;
-    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(cont[i], ref[4 + i], 1e-5) << second.name << " step " << 5 + i;
+    test::expect_continues(saved, second, ref, 4);
   }
 }
 
@@ -170,21 +154,12 @@ TEST(Interleaved, ReportsBubbleAgainst1f1b) {
     if (8 % (n * v) != 0) continue;  // 8 layers
     cfg.pipeline_schedule = v == 1 ? PipelineSchedule::OneFOneB : PipelineSchedule::Interleaved;
     cfg.virtual_stages = v;
-    const auto pm_owned = build_parallel_model(cfg, mesh);
-    ParallelModel& pm = *pm_owned;
-    run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
-    world->barrier();
-    double wait = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    at::Tensor stats = at::tensor({seconds / rounds, wait / seconds}, at::kDouble);
-    world->all_reduce(stats, ReduceOp::Max);
+    const test::RoundTiming tm = test::time_rounds(cfg, mesh, *world, inputs, spec, rounds);
     if (world->rank() == 0)
       std::printf("[interleaved bench] pp %d v %lld %s: %lld microbatches, %.1f ms per round, bubble %.3f "
                   "(theory %.3f)\n",
                   n, static_cast<long long>(v), choice_name(cfg.pipeline_schedule), static_cast<long long>(n_mb),
-                  1e3 * stats[0].item<double>(), stats[1].item<double>(), pipeline_bubble_fraction(n, n_mb, v));
-    EXPECT_GT(stats[0].item<double>(), 0.0);
+                  1e3 * tm.seconds, tm.bubble, pipeline_bubble_fraction(n, n_mb, v));
+    EXPECT_GT(tm.seconds, 0.0);
   }
 }

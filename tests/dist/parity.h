@@ -207,4 +207,32 @@ inline Curve single_process_losses(Config cfg, bool backward_thread = false) {
   return curve_of(t);
 }
 
+// Trains cfg on this mesh, from scratch (fresh) or from the newest
+// checkpoint in its run directory; the losses of the steps it ran.
+inline std::vector<double> run_losses(const Config& cfg, bool fresh) {
+  SessionOptions o;
+  o.fresh = fresh;
+  o.quiet = true;
+  Trainer t(cfg, test_runtime(), o);
+  t.train();
+  return t.losses();
+}
+
+// `next` continues from the checkpoints `saved` holds: rank 0 copies that
+// run directory to next's, everyone waits, and next trains on. Its losses
+// must be the reference's from where `saved` stopped (within 1e-5).
+inline void expect_continues(const std::string& saved, const Config& next, const std::vector<double>& ref,
+                             size_t from) {
+  auto world = test_runtime().world();
+  if (world->rank() == 0) {
+    std::filesystem::remove_all(next.run_dir());
+    std::filesystem::copy(saved, next.run_dir(), std::filesystem::copy_options::recursive);
+  }
+  world->barrier();
+  const auto cont = run_losses(next, false);
+  ASSERT_EQ(cont.size(), ref.size() - from) << next.name;
+  for (size_t i = 0; i < cont.size(); ++i)
+    EXPECT_NEAR(cont[i], ref[from + i], 1e-5) << next.name << " step " << from + i + 1;
+}
+
 }  // namespace meshtrain::test

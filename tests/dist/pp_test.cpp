@@ -4,7 +4,6 @@
 // every rank instead of hanging.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 
 #include "meshtrain/core/check.h"
@@ -12,6 +11,7 @@
 #include "meshtrain/parallel/pipeline_plan.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 #include "parity.h"
+#include "round_bench.h"
 
 using namespace meshtrain;
 
@@ -284,21 +284,12 @@ TEST(Pipeline, ReportsStepTimeAndBubble) {
   spec.ce_scale = 1.0 / static_cast<double>(batch * 16);
   for (const auto& schedule : kSchedules) {
     cfg.pipeline_schedule = schedule;
-    const auto pm_owned = build_parallel_model(cfg, mesh);
-    ParallelModel& pm = *pm_owned;
-    run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
-    world->barrier();
-    double wait = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    at::Tensor stats = at::tensor({seconds / rounds, wait / seconds}, at::kDouble);
-    world->all_reduce(stats, ReduceOp::Max);
+    const test::RoundTiming tm = test::time_rounds(cfg, mesh, *world, inputs, spec, rounds);
     const double theory = static_cast<double>(n - 1) / static_cast<double>(n_mb + n - 1);
     if (world->rank() == 0)
       std::printf("[pp bench] pp %d %s: %lld microbatches, %.1f ms per round, bubble %.2f (theory %.2f)\n", n,
-                  choice_name(schedule), static_cast<long long>(n_mb), 1e3 * stats[0].item<double>(),
-                  stats[1].item<double>(), theory);
-    EXPECT_GT(stats[0].item<double>(), 0.0);
+                  choice_name(schedule), static_cast<long long>(n_mb), 1e3 * tm.seconds,
+                  tm.bubble, theory);
+    EXPECT_GT(tm.seconds, 0.0);
   }
 }

@@ -8,7 +8,6 @@
 // pipeline draws one process's tokens; and the measured bubble against 1f1b.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,7 +18,9 @@
 #include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/parallel/pipeline_plan.h"
 #include "meshtrain/sampling/generate.h"
+#include "generate_parity.h"
 #include "parity.h"
+#include "round_bench.h"
 
 using namespace meshtrain;
 
@@ -49,15 +50,6 @@ void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, in
                              choice_name(s) + extra;
     test::expect_same_curve(ref, test::train_losses(zero_bubble(cfg, s, dp, pp, tp)), tol, what);
   }
-}
-
-std::vector<double> run(const Config& cfg, bool fresh) {
-  SessionOptions o;
-  o.fresh = fresh;
-  o.quiet = true;
-  Trainer t(cfg, test_runtime(), o);
-  t.train();
-  return t.losses();
 }
 
 }  // namespace
@@ -184,7 +176,7 @@ TEST(ZeroBubble, CheckpointsMoveBetweenSchedules) {
   const auto ref = test::single_process_losses(c);
   Config first = zero_bubble(c, PipelineSchedule::Zbv, 1, 2, 1);
   first.training_steps = 4;
-  run(first, true);
+  test::run_losses(first, true);
   world->barrier();
   const std::string saved = first.run_dir();
   struct Next {
@@ -196,14 +188,7 @@ TEST(ZeroBubble, CheckpointsMoveBetweenSchedules) {
     Config second = test::with_mesh(c, next.dp, next.pp, 1);
     second.pipeline_schedule = next.schedule;
     second.name = first.name + "-then-" + choice_name(next.schedule) + "-dp" + std::to_string(next.dp);
-    if (world->rank() == 0) {
-      std::filesystem::remove_all(second.run_dir());
-      std::filesystem::copy(saved, second.run_dir(), std::filesystem::copy_options::recursive);
-    }
-    world->barrier();
-    const auto cont = run(second, false);
-    ASSERT_EQ(cont.size(), 4u) << second.name;
-    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(cont[i], ref[4 + i], 1e-5) << second.name << " step " << 5 + i;
+    test::expect_continues(saved, second, ref, 4);
   }
 }
 
@@ -217,18 +202,11 @@ TEST(ZeroBubble, ResumesFromAOneFOneBCheckpoint) {
   const auto ref = test::single_process_losses(c);
   Config first = test::with_mesh(c, 1, 2, 1);
   first.training_steps = 4;
-  run(first, true);
+  test::run_losses(first, true);
   world->barrier();
   for (PipelineSchedule s : kSchedules) {
     Config second = zero_bubble(c, s, 1, 2, 1);
-    if (world->rank() == 0) {
-      std::filesystem::remove_all(second.run_dir());
-      std::filesystem::copy(first.run_dir(), second.run_dir(), std::filesystem::copy_options::recursive);
-    }
-    world->barrier();
-    const auto cont = run(second, false);
-    ASSERT_EQ(cont.size(), 4u) << second.name;
-    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(cont[i], ref[4 + i], 1e-5) << second.name << " step " << 5 + i;
+    test::expect_continues(first.run_dir(), second, ref, 4);
   }
 }
 
@@ -242,31 +220,9 @@ TEST(ZeroBubble, PipelineGenerateUnderTheVMatchesOneProcess) {
   so.max_tokens = 12;
   so.top_k = 8;
   so.seed = 7;
-  const std::vector<std::vector<int32_t>> prompts = {{1, 5, 26}, {7, 3, 9}};
-  std::vector<std::vector<int32_t>> one, piped;
-  {
-    Config r = c;
-    r.device.n_device_axis = {1, 1, 1};
-    r.name += "-one-rank" + std::to_string(test_runtime().rank());
-    auto world = test_runtime().world();
-    auto self = split_communicator(*world, world->rank(), 0);
-    SessionOptions o;
-    o.fresh = o.quiet = true;
-    Trainer t(r, test_runtime(), o, self.get());
-    t.train();
-    CastScope casts(t.model().model->precision());
-    one = generate(*t.model().model, prompts, so);
-  }
-  Config p = zero_bubble(c, PipelineSchedule::Zbv, 1, 2, 1);
-  SessionOptions o;
-  o.fresh = o.quiet = true;
-  Trainer t(p, test_runtime(), o);
-  t.train();
-  CastScope casts(t.model().model->precision());
-  t.model().model->eval();
-  piped = generate(p.model, at::Device(at::kCPU), pipeline_forward(t.model(), t.mesh()),
-                   pipeline_share(t.model(), t.mesh()), prompts, so);
-  t.model().model->train();
+  const test::Samples prompts = {{1, 5, 26}, {7, 3, 9}};
+  const test::Samples one = test::one_process_samples(c, prompts, so);
+  const test::Samples piped = test::pipeline_samples(zero_bubble(c, PipelineSchedule::Zbv, 1, 2, 1), prompts, so);
   EXPECT_EQ(one, piped);
 }
 
@@ -333,21 +289,12 @@ TEST(ZeroBubble, ReportsBubbleAgainst1f1b) {
     std::vector<std::vector<PipeOp>> plans;
     for (int st = 0; st < n; ++st) plans.push_back(pipeline_plan(s, st, n, n_mb, true, v));
     const double plan_idle = time_plans(plans, v, s == PipelineSchedule::Zbv, PassCosts{}).idle_fraction;
-    const auto pm_owned = build_parallel_model(cfg, mesh);
-    ParallelModel& pm = *pm_owned;
-    run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
-    world->barrier();
-    double wait = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    at::Tensor stats = at::tensor({seconds / rounds, wait / seconds}, at::kDouble);
-    world->all_reduce(stats, ReduceOp::Max);
+    const test::RoundTiming tm = test::time_rounds(cfg, mesh, *world, inputs, spec, rounds);
     if (world->rank() == 0)
       std::printf("[zero-bubble bench] pp %d %-11s: %lld microbatches, %.1f ms per round, bubble %.3f "
                   "(the plan's %.3f)\n",
-                  n, choice_name(s), static_cast<long long>(n_mb), 1e3 * stats[0].item<double>(),
-                  stats[1].item<double>(), plan_idle);
-    EXPECT_GT(stats[0].item<double>(), 0.0);
+                  n, choice_name(s), static_cast<long long>(n_mb), 1e3 * tm.seconds,
+                  tm.bubble, plan_idle);
+    EXPECT_GT(tm.seconds, 0.0);
   }
 }
