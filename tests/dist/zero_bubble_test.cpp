@@ -130,6 +130,19 @@ TEST(ZeroBubble, RecomputationMatchesOneProcess) {
   }
 }
 
+// CUDA's autograd engine runs each backward on its device thread: B queues
+// its products (and FSDP its reduce-scatters) from there, W runs them on the
+// main thread (SessionOptions::backward_thread, as bf16_test does).
+TEST(ZeroBubble, BackwardOnItsOwnThreadMatchesOneProcess) {
+  if (test_runtime().size() != 4) GTEST_SKIP() << "dp 2 x pp 2 needs -np 4";
+  Config cfg = base_config("zb-thread");
+  cfg.zero_stage = 3;
+  const auto ref = test::single_process_losses(cfg, true);
+  for (PipelineSchedule s : kSchedules)
+    test::expect_same_curve(ref, test::train_losses(zero_bubble(cfg, s, 2, 2, 1), true), 1e-5,
+                            std::string(choice_name(s)) + " zero_stage 3, backward thread");
+}
+
 TEST(ZeroBubble, MoeMlaMatchesOneProcess) {
   const int n = test_runtime().size();
   Config cfg = test::moe_mla(base_config("zb-moe-mla"));
