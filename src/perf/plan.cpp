@@ -220,10 +220,13 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
     // gpipe's bubble is 1f1b's; the schedules differ in memory. The
     // zero-bubble plans' is their own timeline's, F = B = W.
     const bool zb = cfg.pipeline_schedule == PipelineSchedule::ZbH1 || in.v_shape;
+    const PassCostRatios r = pass_cost_ratios(m);
+    plan.backward_input_cost = r.backward_input;
+    plan.backward_weight_cost = r.backward_weight;
     plan.pipeline_bubble =
         zb ? time_plans(zero_bubble_plans(in.v_shape ? ZeroBubble::V : ZeroBubble::H1, static_cast<int>(plan.pp),
                                           plan.n_microbatches),
-                        in.v, in.v_shape, PassCosts{})
+                        in.v, in.v_shape, PassCosts{1.0, r.backward_input, r.backward_weight})
                  .idle_fraction
            : pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, in.v);
   }
@@ -386,7 +389,11 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   return plan;
 }
 
-double flops_per_token(const ModelConfig& m) {
+namespace {
+
+// Attention's score and value products per token, forward and backward (3x
+// the forward's), over every layer.
+double attention_flops_per_token(const ModelConfig& m) {
   const double T = static_cast<double>(m.T), H = static_cast<double>(m.n_head);
   const double hd = static_cast<double>(m.head_dim());
   double attn = 0;
@@ -394,14 +401,35 @@ double flops_per_token(const ModelConfig& m) {
     const double r = m.attention == AttentionKind::Mla ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
     attn += 6 * H * (2 * hd + r) * T;
   }
-  // Every parameter a token uses, the embedding included, whatever
-  // active_params_scope reports.
+  return attn;
+}
+
+// Every parameter a token uses, the embedding included, whatever
+// active_params_scope reports.
+double active_params(const ModelConfig& m) {
   ModelConfig all = m;
   all.active_params_scope = ActiveParamsScope::Model;
-  return 6.0 * static_cast<double>(count_params(all).active) + attn;
+  return static_cast<double>(count_params(all).active);
+}
+
+}  // namespace
+
+double flops_per_token(const ModelConfig& m) { return 6.0 * active_params(m) + attention_flops_per_token(m); }
+
+PassCostRatios pass_cost_ratios(const ModelConfig& m) {
+  const double gemm = 2 * active_params(m), attn = attention_flops_per_token(m) / 3;
+  return {(gemm + 2 * attn) / (gemm + attn), gemm / (gemm + attn)};
 }
 
 namespace {
+
+std::string fixed2(double x) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(2);
+  s << x;
+  return s.str();
+}
 
 std::string to_string(const MemoryPlan& p) {
   std::ostringstream o;
@@ -430,7 +458,8 @@ std::string to_string(const MemoryPlan& p) {
                                                  " virtual stages per rank" : std::string())
       << "; bubble "
       << (p.pipeline_schedule == PipelineSchedule::ZbH1 || p.pipeline_schedule == PipelineSchedule::Zbv
-              ? "(the plans' timeline, forward = input-gradient = weight-gradient pass)"
+              ? "(the plans' timeline; forward : input-gradient : weight-gradient pass = 1 : " +
+                    fixed2(p.backward_input_cost) + " : " + fixed2(p.backward_weight_cost) + " by FLOPs)"
               : "(pp - 1) / (v * n_mb + pp - 1)")
       << " = " << p.pipeline_bubble << " of a round\n";
   for (const auto& s : p.stages) {

@@ -133,6 +133,22 @@ TEST(Plan, ZbvStagesAreTheBuiltVStages) {
   }
 }
 
+// B carries attention's score and value gradients, W only the GEMMs': with
+// short sequences the three passes cost the same, with long ones B grows
+// and W shrinks against the forward; zbv's priced bubble follows.
+TEST(Plan, PassCostsFollowAttentionsShare) {
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, false);
+  c.model.T = 1;
+  PassCostRatios r = pass_cost_ratios(c.model);
+  EXPECT_NEAR(r.backward_input, 1.0, 0.01);
+  EXPECT_NEAR(r.backward_weight, 1.0, 0.01);
+  c.model.T = 1 << 16;
+  r = pass_cost_ratios(c.model);
+  EXPECT_GT(r.backward_input, 1.5);
+  EXPECT_LT(r.backward_weight, 0.5);
+  EXPECT_NEAR(r.backward_input + r.backward_weight, 2.0, 1e-9) << "a backward is twice a forward";
+}
+
 TEST(Plan, TensorParallelShardsAddUp) {
   for (const Config& c : variants()) {
     const StageParams one = stage_params(c.model, 1, 1, 0), two = stage_params(c.model, 1, 2, 0);

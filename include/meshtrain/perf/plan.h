@@ -110,6 +110,9 @@ struct MemoryPlan {
   PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // meaningful when pp > 1
   int64_t virtual_stages = 1;      // layer chunks per stage
   double pipeline_bubble = 0;      // idle fraction of a round, pipeline_bubble_fraction() (pp > 1)
+  // Zero-bubble schedules: their plans' idle fraction is timed with these
+  // pass costs, relative to a forward (pass_costs below).
+  double backward_input_cost = 1, backward_weight_cost = 1;
   double activation_bytes_per_element = 4;
   std::vector<StageMemory> stages;  // one per pipeline stage (per rank of it)
   int64_t worst_stage = 0;          // the stage with the largest total
@@ -147,6 +150,15 @@ double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers);
 // size. MLA scores use hd + dhR dims and values hd, so its attention term is
 // 6*H*(2*hd + dhR)*T per layer (= 12*H*Q*T when dhR = 0).
 double flops_per_token(const ModelConfig& m);
+
+// A layer stack's forward, input-gradient (B) and weight-gradient (W)
+// passes in FLOPs per token, relative to the forward: the GEMMs' 2N each
+// (N the parameters a token uses), attention's score and value products
+// once forward and twice in B (their gradients have no weight).
+struct PassCostRatios {
+  double backward_input = 1, backward_weight = 1;
+};
+PassCostRatios pass_cost_ratios(const ModelConfig& m);
 
 // The device a plan assumes: `choice` ("cpu" | "cuda"), else the config's
 // device_config.device, where "auto" means what this machine would run on.
