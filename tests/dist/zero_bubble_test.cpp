@@ -18,6 +18,7 @@
 #include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/parallel/pipeline_plan.h"
 #include "meshtrain/sampling/generate.h"
+#include "meshtrain/train/evaluate.h"
 #include "generate_parity.h"
 #include "parity.h"
 #include "round_bench.h"
@@ -221,6 +222,29 @@ TEST(ZeroBubble, ResumesFromAOneFOneBCheckpoint) {
     Config second = zero_bubble(c, s, 1, 2, 1);
     test::expect_continues(first.run_dir(), second, ref, 4);
   }
+}
+
+// Evaluation runs the schedules' forward-only plans (the V's too): the
+// validation loss of one process.
+TEST(ZeroBubble, EvaluationMatchesOneProcess) {
+  if (test_runtime().size() != 2) GTEST_SKIP() << "runs at -np 2";
+  Config c = base_config("zb-eval");
+  c.eval_steps = 2;
+  const auto validation = [](Config cfg, const Communicator* world) {
+    SessionOptions o;
+    o.fresh = o.quiet = true;
+    Trainer t(cfg, test_runtime(), o, world);
+    t.train();
+    return evaluate(t.session());
+  };
+  Config one = c;
+  one.device.n_device_axis = {1, 1, 1};
+  one.name += "-one-rank" + std::to_string(test_runtime().rank());
+  auto world = test_runtime().world();
+  auto self = split_communicator(*world, world->rank(), 0);
+  const double ref = validation(one, self.get());
+  for (PipelineSchedule s : kSchedules)
+    EXPECT_NEAR(validation(zero_bubble(c, s, 1, 2, 1), nullptr), ref, 1e-5) << choice_name(s);
 }
 
 // Sampling walks the V (stage 0, 1, 1, 0 at pp 2) and the head on stage 0
