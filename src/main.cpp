@@ -1,10 +1,11 @@
-// meshtrain: the command line, and nothing else. Each subcommand parses its
-// flags, loads and validates the config, then hands over to the library:
+// meshtrain: the command line, and nothing else (what the subcommands share:
+// cli_command.h). Each subcommand parses its flags, loads and validates the
+// config, then hands over to the library:
 //   train                   -> train/trainer.h (the loop over a train/session.h Session)
 //   eval / generate         -> a Session, then train/evaluate.h or train/sample.h
 //   prepare-data            -> data/prepare.h (corpus -> tokenizer + shards)
 //   checkpoint ...          -> ckpt/checkpoint.h (inspect, export)
-//   plan / bench            -> train/plan.h, train/bench.h (estimates, timed steps)
+//   plan / bench            -> estimate_commands.cpp: perf/plan.h, bench/bench.h (estimates, timed steps)
 // Errors are exceptions; here they become one log line and a non-zero exit,
 // and with several ranks an MPI_Abort so no rank waits forever.
 #include <CLI/CLI.hpp>
@@ -38,17 +39,14 @@
 #include "meshtrain/data/prepare.h"
 #include "meshtrain/dist/device.h"
 #include "meshtrain/dist/runtime.h"
-#include "meshtrain/bench/bench.h"
 #include "meshtrain/train/memory_check.h"
-#include "meshtrain/bench/meta_bench.h"
 #include "meshtrain/perf/plan.h"
-#include "meshtrain/perf/plan_search.h"
-#include "meshtrain/perf/step_model.h"
 #include "meshtrain/train/test_hooks.h"
 #include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/sample.h"
 #include "meshtrain/train/session.h"
 #include "meshtrain/train/trainer.h"
+#include "cli_command.h"
 #include "cli_validators.h"
 
 namespace {
@@ -108,74 +106,6 @@ Config model_of_hf_run(Config cfg, const std::string& checkpoint, SessionOptions
   return cfg;
 }
 
-// Before a Session allocates what the config sizes: a model or batch that
-// cannot fit is refused naming its keys (train/memory_check.h).
-void check_memory(const Config& cfg, const Runtime& rt) {
-  const PlanDevice device = plan_device(cfg);
-  check_memory_fits(cfg, device, rank_memory_budget(device, rt.local_size(), visible_cuda_devices()));
-}
-
-// Flags shared by every subcommand that takes --config (docs/ARCHITECTURE.md, "Command line").
-struct ConfigFlags {
-  std::string config;
-  std::vector<std::string> sets;
-  std::vector<int64_t> n_device_axis;
-  std::string name, output_dir;
-  int64_t train_batch_size = 0, checkpoint_steps = 0, eval_steps = 0, training_steps = 0;
-  uint64_t seed = 0;
-  std::map<std::string, CLI::Option*> given;
-
-  void add_to(CLI::App* app) {
-    app->add_option("--config", config, "JSON config file")->required()->check(CLI::ExistingFile);
-    app->add_option("--set", sets, "override a config key: --set model_config.n_head=4 (repeatable)");
-    app->add_option("--n_device_axis", n_device_axis, "mesh DP PP TP")->expected(3)->check(integer_at_least(1));
-    // A flag given twice keeps its last value, like a --set given twice.
-    const auto last = CLI::MultiOptionPolicy::TakeLast;
-    given["name"] = app->add_option("--name", name, "run name (run dir = output_dir/name), taken literally")
-                        ->multi_option_policy(last)
-                        ->check(non_empty());
-    given["output_dir"] = app->add_option("--output_dir", output_dir, "where runs live, taken literally")
-                              ->multi_option_policy(last)
-                              ->check(non_empty());
-    given["data_config.train_batch_size"] =
-        app->add_option("--train_batch_size", train_batch_size, "sequences per accumulation round")
-            ->multi_option_policy(last)
-            ->check(integer_at_least(1));
-    given["checkpoint_steps"] = app->add_option("--checkpoint_steps", checkpoint_steps,
-                                                "evaluate + checkpoint every N steps")
-                                    ->multi_option_policy(last)
-                                    ->check(integer_at_least(1));
-    given["eval_steps"] = app->add_option("--eval_steps", eval_steps, "validation batches per evaluation")
-                              ->multi_option_policy(last)
-                              ->check(integer_at_least(0));
-    given["training_steps"] = app->add_option("--training_steps", training_steps, "total optimizer steps")
-                                  ->multi_option_policy(last)
-                                  ->check(integer_at_least(0));
-    given["seed"] = app->add_option("--seed", seed, "random seed")->multi_option_policy(last)->check(integer_at_least(0));
-  }
-
-  // The Jaxformer flags are --set overrides of the keys they name; strings go
-  // in as JSON string literals, so their text is taken exactly as given.
-  LoadedConfig load() const {
-    std::vector<std::string> all = sets;
-    if (!n_device_axis.empty())
-      all.push_back("device_config.n_device_axis=[" + std::to_string(n_device_axis[0]) + "," +
-                    std::to_string(n_device_axis[1]) + "," + std::to_string(n_device_axis[2]) + "]");
-    const auto add = [&](const std::string& key, const nlohmann::json& value) {
-      if (given.at(key)->count() > 0) all.push_back(key + "=" + value.dump());
-    };
-    add("name", name);
-    add("output_dir", output_dir);
-    add("data_config.train_batch_size", train_batch_size);
-    add("checkpoint_steps", checkpoint_steps);
-    add("eval_steps", eval_steps);
-    add("training_steps", training_steps);
-    add("seed", seed);
-    LoadedConfig lc = load_config(config, all);
-    for (const auto& w : lc.warnings) spdlog::warn("{}", w);
-    return lc;
-  }
-};
 
 // The process's MPI world and the watchdog armed before it (main owns both,
 // so the watchdog outlives MPI_Finalize and watches it too).
@@ -219,19 +149,6 @@ Runtime& start_mpi(Started& s, const Config* cfg, const LaunchEnv& launch, int* 
   install_stop_signal_handlers();
   return rt;
 }
-
-// One subcommand: its flags, the config it trains on (watched from before
-// MPI_Init), and what it does once MPI is up.
-struct Command {
-  virtual ~Command() = default;
-  virtual void add_to(CLI::App& app) = 0;
-  // train / eval / generate: the config, loaded before MPI_Init so the
-  // watchdog (its watchdog_seconds, the run dir's heartbeats) is armed first.
-  virtual std::optional<Config> config_to_watch() { return std::nullopt; }
-  virtual void run(Runtime& runtime, Watchdog* watchdog) = 0;
-  bool chosen() const { return sub != nullptr && sub->parsed(); }
-  CLI::App* sub = nullptr;
-};
 
 struct TrainCommand : Command {
   ConfigFlags flags;
@@ -408,197 +325,6 @@ struct PrepareCommand : Command {
   }
 };
 
-// The hardware `plan` prices a step on: a preset (--gpu, h100-sxm when only
-// other hardware flags are given), any part of it overridden by a flag.
-struct HardwareFlags {
-  std::string gpu;
-  int64_t gpus_per_node = 0;
-  double intra = 0, inter = 0, peak = 0, hbm = 0;
-  std::vector<CLI::Option*> options;
-
-  void add_to(CLI::App* sub) {
-    options = {
-        sub->add_option("--gpu", gpu, "price a step on this GPU: h100-sxm, h200, a100-80, a100-40, v100-32"),
-        sub->add_option("--gpus-per-node", gpus_per_node, "GPUs a node (default 8)")->check(integer_at_least(1)),
-        sub->add_option("--intra-node-gbps", intra, "GB/s a GPU inside a node, one direction (NVLink)")
-            ->check(number_at_least(0.001)),
-        sub->add_option("--inter-node-gbps", inter, "GB/s a GPU between nodes, one direction (its NIC)")
-            ->check(number_at_least(0.001)),
-        sub->add_option("--peak-tflops", peak, "dense bf16 TFLOP/s a GPU (default: the preset's)")
-            ->check(number_at_least(0.001)),
-        sub->add_option("--hbm-tbps", hbm, "memory bandwidth a GPU, TB/s (default: the preset's)")
-            ->check(number_at_least(0.001))};
-  }
-  bool given() const {
-    return std::any_of(options.begin(), options.end(), [](CLI::Option* o) { return o->count() > 0; });
-  }
-  // device_gib: --device-memory-gb, when given, is the GPU's memory.
-  Hardware hardware(double device_gib) const {
-    Hardware h = hardware_preset(gpu.empty() ? "h100-sxm" : gpu);
-    bool changed = device_gib > 0;
-    const auto set = [&changed](auto& field, auto value) {
-      if (value > 0) field = value, changed = true;
-    };
-    set(h.gpus_per_node, gpus_per_node);
-    set(h.intra_node_gbps, intra);
-    set(h.inter_node_gbps, inter);
-    set(h.peak_tflops, peak);
-    set(h.hbm_tbps, hbm);
-    if (device_gib > 0) h.memory_gib = device_gib;
-    if (changed) h.name += " (with the flags' values)";
-    return h;
-  }
-};
-
-struct PlanCommand : Command {
-  ConfigFlags flags;
-  HardwareFlags hw;
-  double device_gib = 0, usable = 0.9;
-  bool json = false, search = false, tp_across_nodes = false;
-  int64_t gpus = 0, top = 10;
-  std::vector<int64_t> zero_stages;
-  std::vector<std::string> recompute;
-  std::vector<CLI::Option*> search_only;
-  CLI::Option* gpus_opt = nullptr;
-  std::string device;
-
-  void add_to(CLI::App& app) override {
-    sub = app.add_subcommand("plan", "parameters (total/active), memory per rank, FLOPs per token; with a GPU: the "
-                                     "step time; --search: every mesh of --gpus N GPUs that fits, ranked");
-    flags.add_to(sub);
-    sub->add_option("--device-memory-gb", device_gib, "device memory in GiB: say whether the run fits")
-        ->check(number_at_least(0));
-    sub->add_option("--device", device, "plan for cpu or cuda (default: the config's device, auto: this machine)")
-        ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-    sub->add_flag("--json", json, "print one JSON object instead of the report");
-    hw.add_to(sub);
-    sub->add_flag("--search", search, "rank every mesh of --gpus N GPUs that the config allows and the memory fits");
-    gpus_opt = sub->add_option("--gpus", gpus, "GPUs in the cluster (--search; else it must be the mesh's size)")
-                   ->check(integer_at_least(1));
-    search_only = {
-        sub->add_option("--zero-stages", zero_stages, "--search: zero_stage values to try (default 0,1,2,3)")
-            ->delimiter(',')
-            ->check(CLI::Range(0, 3)),
-        sub->add_option("--recompute", recompute, "--search: activation_checkpointing modes to try (default "
-                                                  "none,selective,full)")
-            ->delimiter(',')
-            ->check(CLI::IsMember({"none", "selective", "full"})),
-        sub->add_flag("--tp-across-nodes", tp_across_nodes, "--search: let tp span nodes"),
-        sub->add_option("--top", top, "--search: rows of the table (default 10)")->check(integer_at_least(1))};
-    sub->add_option("--usable-memory", usable, "fraction of the device memory a run may plan to use (default 0.9)")
-        ->check(CLI::Range(0.01, 1.0));
-  }
-
-  void run(Runtime& runtime, Watchdog*) override {
-    const Config cfg = flags.load().config;
-    for (const CLI::Option* o : search_only)
-      MT_CHECK(search || o->count() == 0, "plan: ", o->get_name(), " applies to --search only");
-    if (search) return run_search(cfg, runtime);
-    MT_CHECK(gpus_opt->count() == 0 || gpus == cfg.device.world(), "plan --gpus ", gpus, " without --search must be ",
-             "the mesh's ", cfg.device.world(), " ranks (device_config.n_device_axis x context_parallel); add --search ",
-             "to try every mesh of ", gpus, " GPUs");
-    const std::string report = plan_report(cfg, plan_device(cfg, device), device_gib, json);
-    if (!hw.given()) {
-      if (runtime.rank() == 0) std::cout << report << std::endl;
-      return;
-    }
-    // One mesh on a described GPU: the step-time estimate and the fit under it.
-    StepAssumptions a;
-    a.usable_memory = usable;
-    const Hardware h = hw.hardware(device_gib);
-    const StepEstimate e = estimate_step(cfg, h, a);
-    const double gib = plan_memory(cfg, PlanDevice::Cuda).total_bytes() / (1024.0 * 1024.0 * 1024.0);
-    const bool fits = gib <= h.memory_gib * usable;
-    if (runtime.rank() != 0) return;
-    if (json) {
-      nlohmann::json j = nlohmann::json::parse(report);
-      j["estimate"] = nlohmann::json::parse(estimate_json(e, h, a));
-      j["estimate"]["memory_gib"] = gib;
-      j["estimate"]["fits"] = fits;
-      std::cout << j.dump() << std::endl;
-      return;
-    }
-    std::cout << report << "\n" << step_assumptions_text(h, a) << step_estimate_text(e, h) << "  memory on "
-              << h.name << ": " << gib << " GiB a rank (the CUDA plan), " << (fits ? "fits" : "does NOT fit")
-              << " in " << h.memory_gib * usable << " GiB usable" << std::endl;
-  }
-
-  void run_search(const Config& cfg, Runtime& runtime) {
-    MT_CHECK(gpus_opt->count() > 0, "plan --search needs --gpus N, the cluster's GPU count");
-    SearchOptions o;
-    o.gpus = gpus;
-    o.hardware = hw.hardware(device_gib);
-    o.assumptions.usable_memory = usable;
-    o.tp_across_nodes = tp_across_nodes;
-    if (!zero_stages.empty()) o.zero_stages = zero_stages;
-    if (!recompute.empty()) {
-      o.recompute.clear();
-      for (const auto& r : recompute) o.recompute.push_back(*parse_choice<ActivationCheckpointing>(r));
-    }
-    const SearchResult r = search_meshes(cfg, o);
-    if (runtime.rank() == 0) std::cout << (json ? search_json(cfg, o, r) : search_text(cfg, o, r, top)) << std::endl;
-    // The families' reasons are the refusal's: the first few here, all of them above.
-    std::string why;
-    for (size_t i = 0; i < r.rejected.size() && i < 3; ++i)
-      why += "; tp " + std::to_string(r.rejected[i].tp) + " x pp " + std::to_string(r.rejected[i].pp) + ": " +
-             r.rejected[i].why;
-    MT_CHECK(!r.candidates.empty(), "plan --search: no mesh of ", gpus, " GPUs fits (", o.hardware.name, ", ",
-             o.hardware.memory_gib * usable, " GiB usable)", why,
-             r.rejected.size() > 3 ? "; ... (every family above)" : "");
-  }
-};
-
-struct BenchCommand : Command {
-  ConfigFlags flags;
-  BenchOptions opts;
-  MetaBenchOptions meta;
-  std::string device;
-
-  void add_to(CLI::App& app) override {
-    sub = app.add_subcommand("bench", "time training steps: tokens/s, MFU, peak memory");
-    flags.add_to(sub);
-    sub->add_option("--steps", opts.steps, "timed steps")->check(integer_at_least(1));
-    sub->add_option("--warmup", opts.warmup, "untimed warm-up steps")->check(integer_at_least(0));
-    sub->add_option("--peak-tflops", opts.peak_tflops,
-                    "device peak TFLOP/s for MFU (default: known GPUs; with --device meta: 989, an H100's dense bf16)")
-        ->check(number_at_least(0));
-    sub->add_option("--profile", opts.profile_dir,
-                    "profile --profile-steps more steps: time per kernel category, gaps, largest kernels; each "
-                    "rank's Chrome trace goes into this folder");
-    sub->add_option("--profile-steps", opts.profile_steps, "steps under the profiler (default 3)")
-        ->check(integer_at_least(1));
-    sub->add_option("--device", device,
-                    "meta: the performance model, no GPU needed: one full-size step of one unsharded rank on the "
-                    "meta device, its FLOPs, bytes, kernels and host syncs priced by the efficiencies below")
-        ->check(CLI::IsMember({"meta"}));
-    sub->add_option("--efficiency", meta.efficiency, "--device meta: GEMMs' fraction of the peak (default 0.75)");
-    sub->add_option("--attention-efficiency", meta.attention_efficiency,
-                    "--device meta: attention's fraction of the peak (default 0.25)");
-    sub->add_option("--memory-efficiency", meta.memory_efficiency,
-                    "--device meta: fraction of the bandwidth the memory-bound kernels reach (default 0.40)");
-    sub->add_option("--kernel-gap-us", meta.kernel_gap_us,
-                    "--device meta: idle device time per kernel in microseconds (default 7.7)");
-    sub->add_option("--graph-kernel-gap-us", meta.graph_kernel_gap_us,
-                    "--device meta: the same with device_config.cuda_graphs, a replayed graph (default 1.0)");
-    sub->add_option("--bandwidth-tbps", meta.bandwidth_tbps,
-                    "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
-    sub->add_option("--top-ops", meta.top_ops, "--device meta: operators listed in the table (default 15)")
-        ->check(integer_at_least(0));
-  }
-  void run(Runtime& runtime, Watchdog*) override {
-    if (device == "meta") {
-      if (opts.peak_tflops > 0) meta.peak_tflops = opts.peak_tflops, meta.peak_name = "custom";
-      const MetaBenchResult r = run_meta_bench(flags.load().config, runtime, meta);
-      if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
-      return;
-    }
-    const Config c = flags.load().config;
-    check_memory(c, runtime);
-    const BenchResult r = run_bench(c, runtime, opts);
-    if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
-  }
-};
-
 struct InspectCommand : Command {
   std::string dir;
   void add_to(CLI::App& ckpt) override {
@@ -676,8 +402,9 @@ int run(int argc, char** argv, Started& started) {
   GenerateCommand generate;
   PrepareCommand prepare;
   prepare.global_verbose = &verbose;
-  PlanCommand plan;
-  BenchCommand bench;
+  const std::unique_ptr<Command> plan_owned = make_plan_command(), bench_owned = make_bench_command();
+  Command& plan = *plan_owned;
+  Command& bench = *bench_owned;
   InspectCommand inspect;
   ExportCommand exp;
   FlightCommand flight;
@@ -712,6 +439,15 @@ int run(int argc, char** argv, Started& started) {
 }
 
 }  // namespace
+
+namespace meshtrain {
+
+void check_memory(const Config& cfg, const Runtime& rt) {
+  const PlanDevice device = plan_device(cfg);
+  check_memory_fits(cfg, device, rank_memory_budget(device, rt.local_size(), visible_cuda_devices()));
+}
+
+}  // namespace meshtrain
 
 int main(int argc, char** argv) {
   // Nothing touches MPI before start_mpi (in run): a usage or config error
