@@ -317,11 +317,8 @@ TEST(Bf16, PipelineGenerateMatchesOneProcess) {
   for (const Config& b : {dense("generate"), moe("generate-moe")}) {
     Config c = b;
     c.data.micro_batch_size = 2;  // the same microbatches on both: the same weights after training
-    SampleOptions so;
-    so.max_tokens = 12;
-    so.top_k = 8;
-    so.seed = 7;
-    const test::Samples prompts = {{1, 5, 26}, {7, 3, 9}};
+    const SampleOptions so = test::sample_options();
+    const test::Samples& prompts = test::kPrompts;
     const test::Samples one = test::one_process_samples(c, prompts, so);
     Config p = test::with_mesh(c, 1, 2, 1);
     p.name += "-pp2";

@@ -15,6 +15,16 @@ namespace meshtrain::test {
 
 using Samples = std::vector<std::vector<int32_t>>;
 
+// Two prompts and top-k sampling with a fixed seed: what both sides draw.
+inline const Samples kPrompts = {{1, 5, 26}, {7, 3, 9}};
+inline SampleOptions sample_options() {
+  SampleOptions so;
+  so.max_tokens = 12;
+  so.top_k = 8;
+  so.seed = 7;
+  return so;
+}
+
 // cfg on a 1x1x1 mesh inside every rank (a sub-world of one rank): trained,
 // then sampled.
 inline Samples one_process_samples(Config cfg, const Samples& prompts, const SampleOptions& so) {

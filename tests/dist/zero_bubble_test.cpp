@@ -253,11 +253,8 @@ TEST(ZeroBubble, PipelineGenerateUnderTheVMatchesOneProcess) {
   if (test_runtime().size() != 2) GTEST_SKIP() << "pp 2 needs -np 2";
   Config c = base_config("zb-generate");
   c.data.micro_batch_size = 2;
-  SampleOptions so;
-  so.max_tokens = 12;
-  so.top_k = 8;
-  so.seed = 7;
-  const test::Samples prompts = {{1, 5, 26}, {7, 3, 9}};
+  const SampleOptions so = test::sample_options();
+  const test::Samples& prompts = test::kPrompts;
   const test::Samples one = test::one_process_samples(c, prompts, so);
   const test::Samples piped = test::pipeline_samples(zero_bubble(c, PipelineSchedule::Zbv, 1, 2, 1), prompts, so);
   EXPECT_EQ(one, piped);
