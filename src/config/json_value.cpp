@@ -102,6 +102,12 @@ void not_a_choice(const std::string& path, const std::string& allowed, const std
   MT_FAIL(path, " must be one of {", allowed, "}, got '", got, "'");
 }
 
+void read_value(const json& v, const std::string& path, std::vector<double>& out) {
+  if (!v.is_array()) wrong_type(v, path, "an array of numbers");
+  out.assign(v.size(), 0.0);
+  for (size_t i = 0; i < v.size(); ++i) read_value(v[i], path + "[" + std::to_string(i) + "]", out[i]);
+}
+
 void read_value(const json& v, const std::string& path, std::vector<int64_t>& out) {
   if (!v.is_array()) wrong_type(v, path, "an array of integers");
   out.clear();

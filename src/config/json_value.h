@@ -29,6 +29,7 @@ void read_value(const nlohmann::json& v, const std::string& path, bool& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::string& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::array<int64_t, 3>& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::vector<int64_t>& out);
+void read_value(const nlohmann::json& v, const std::string& path, std::vector<double>& out);
 void read_value(const nlohmann::json& v, const std::string& path, std::vector<DatasetWeight>& out);
 
 // A choice key (choices.h): a string naming one of its values; anything else

@@ -209,6 +209,11 @@ const std::vector<KeyDoc> kTop = {
     {"virtual_stages", "interleaved: chunks of layers per pp rank (Megatron's v); above 1 needs pipeline_schedule "
                        "interleaved (the layers a multiple of pp x v and the microbatches per round a multiple of pp) "
                        "or zbv, which always runs two chunks a stage (1 or 2 accepted)."},
+    {"pipeline_pass_costs", "zb-h1 / zbv: the relative lengths [forward, B, W] of a stage's forward, input-gradient "
+                            "and weight-gradient passes that the plans are made with (measure them: bench's "
+                            "zero-bubble timing, a profile). Empty: from the model's FLOPs (plan prints them; full "
+                            "recomputation adds a forward to B). Other schedules ignore it; it changes the order of "
+                            "passes, never the numbers."},
     {"sequence_parallel", "Norms and dropout run on sequence shards between tensor-parallel regions (Megatron-Core); "
                           "T must be divisible by tp."},
     {"zero_stage", "0: replicated AdamW; 1: optimizer state sharded over dp (ZeRO-1); 2: gradients sharded too; 3: "

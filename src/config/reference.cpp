@@ -27,6 +27,7 @@ const char* type_name(const T&) {
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, std::array<int64_t, 3>>) return "[integer, integer, integer]";
   else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of integers";
+  else if constexpr (std::is_same_v<T, std::vector<double>>) return "list of numbers";
   else if constexpr (std::is_same_v<T, std::vector<DatasetWeight>>) return "list of {\"path\": string, \"weight\": number}";
   else static_assert(sizeof(T) == 0, "a config member type without a name in the reference");
 }

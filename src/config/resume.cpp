@@ -108,6 +108,7 @@ const std::vector<std::string>& resumable_keys() {
       // batches and the mesh (checkpoints reshard on load)
       "data_config.train_batch_size", "data_config.val_batch_size", "data_config.micro_batch_size", "grad_step",
       "rampup_batch_size", "device_config.*", "zero_stage", "fsdp_keep_gathered", "pipeline_schedule", "virtual_stages",
+      "pipeline_pass_costs",
       "sequence_parallel", "overlap_grad_reduce", "grad_bucket_mb", "optimizer_writes_casts",
       "activation_checkpointing", "torch_threads",
       // logging, evaluation, saving, sampling

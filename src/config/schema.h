@@ -121,6 +121,7 @@ void visit_fields(C& c, V&& v) {
   v(kTop, "grad_clip_norm", c.grad_clip_norm);
   v(kTop, "pipeline_schedule", c.pipeline_schedule);
   v(kTop, "virtual_stages", c.virtual_stages);
+  v(kTop, "pipeline_pass_costs", c.pipeline_pass_costs);
   v(kTop, "sequence_parallel", c.sequence_parallel);
   v(kTop, "zero_stage", c.zero_stage);
   v(kTop, "fsdp_keep_gathered", c.fsdp_keep_gathered);

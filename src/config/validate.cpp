@@ -229,6 +229,12 @@ void validate_zero_bubble(const Config& c) {
 void validate_pipeline(const Config& c) {
   const int64_t v = c.virtual_stages, pp = c.device.pp(), dp = c.device.dp();
   MT_CHECK(v >= 1, "virtual_stages must be >= 1, got ", v);
+  const std::vector<double>& costs = c.pipeline_pass_costs;
+  MT_CHECK(costs.empty() || costs.size() == 3, "pipeline_pass_costs must be empty (costs from the model's FLOPs) or "
+           "[forward, B, W], three numbers; got ", costs.size());
+  for (size_t i = 0; i < costs.size(); ++i)
+    MT_CHECK(std::isfinite(costs[i]) && costs[i] > 0 && costs[i] <= 1000, "pipeline_pass_costs[", i,
+             "] must be a positive pass length (at most 1000), got ", costs[i]);
   if (c.pipeline_schedule == PipelineSchedule::ZbH1 || c.pipeline_schedule == PipelineSchedule::Zbv)
     return validate_zero_bubble(c);
   MT_CHECK(v == 1 || c.pipeline_schedule == PipelineSchedule::Interleaved, "virtual_stages=", v,

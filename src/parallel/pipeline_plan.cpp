@@ -6,6 +6,7 @@
 
 #include "interleaved_plan.h"
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/flops.h"
 
 namespace meshtrain {
 
@@ -58,8 +59,19 @@ void one_f_one_b(PlanBuilder& b, int stage, int pp, int64_t n_mb) {
 
 }  // namespace
 
+PassCosts pipeline_pass_costs(const Config& cfg) {
+  const std::vector<double>& set = cfg.pipeline_pass_costs;
+  if (!set.empty()) {
+    MT_CHECK(set.size() == 3, "pipeline_pass_costs must be [forward, B, W], got ", set.size(), " numbers");
+    return {set[0], set[1], set[2]};
+  }
+  const PassCostRatios r = pass_cost_ratios(cfg.model);
+  const double recompute = cfg.activation_checkpointing == ActivationCheckpointing::Full ? 1.0 : 0.0;
+  return {1.0, r.backward_input + recompute, r.backward_weight};
+}
+
 std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, int64_t n_mb, bool backward,
-                                  int64_t v) {
+                                  int64_t v, const PassCosts& costs) {
   const bool interleaved = schedule == PipelineSchedule::Interleaved;
   MT_CHECK(pp >= 1 && stage >= 0 && stage < pp, "pipeline stage ", stage, " is outside 0..", pp - 1);
   MT_CHECK(n_mb >= 1, "a pipeline round needs at least one microbatch, got ", n_mb);
@@ -67,7 +79,8 @@ std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, 
     const bool v_shape = schedule == PipelineSchedule::Zbv;
     MT_CHECK(v == (v_shape ? 2 : 1) || (v == 0 && !v_shape), "pipeline_schedule \"", schedule, "\" runs ",
              v_shape ? 2 : 1, " layer chunk(s) a stage, got virtual_stages ", v);
-    return zero_bubble_plans(v_shape ? ZeroBubble::V : ZeroBubble::H1, pp, n_mb, backward).at(static_cast<size_t>(stage));
+    return zero_bubble_plans(v_shape ? ZeroBubble::V : ZeroBubble::H1, pp, n_mb, backward, costs)
+        .at(static_cast<size_t>(stage));
   }
   if (v == 0 && !interleaved) v = 1;
   MT_CHECK(v >= 1, "virtual_stages must be >= 1 for pipeline_schedule \"", schedule, "\", got ", v);

@@ -324,7 +324,8 @@ RoundSums run_pipeline(ParallelModel& pm, Mesh& mesh, const Config& cfg, const s
   // Every rank derives the same plan from the same config, so a bad schedule
   // or microbatch count throws everywhere before any message is sent.
   const auto plan = pipeline_plan(cfg.pipeline_schedule, mesh.coord().pp, mesh.shape().pp,
-                                  static_cast<int64_t>(mbs.size()), spec.backward, pm.model->n_chunks());
+                                  static_cast<int64_t>(mbs.size()), spec.backward, pm.model->n_chunks(),
+                                  pipeline_pass_costs(cfg));
   StageRunner runner(pm, mesh, cfg, mbs, spec);
   runner.run(plan);
   return std::move(runner.sums());

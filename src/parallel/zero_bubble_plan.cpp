@@ -1,8 +1,11 @@
-// Zero-bubble plans (see pipeline_plan.h) on an idealised timeline, transfers
-// placed where neither end computes (as interleaved_plan.cpp does), so the
-// plans are projections of one global order of events. Each stage picks its
-// next pass greedily by one rule (compute below).
+// Zero-bubble plans (see pipeline_plan.h) on a timeline where each pass takes
+// its cost (event-driven: time jumps to the next moment a stage frees up),
+// transfers placed where neither end computes (as interleaved_plan.cpp does),
+// so the plans are projections of one global order of events. Each stage
+// picks its next pass greedily by one rule (compute below), as the paper's
+// automatic scheduler does with profiled costs.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -32,8 +35,9 @@ size_t at(int s) { return static_cast<size_t>(s); }
 // The greedy timeline of one zero-bubble schedule.
 class ZeroBubbleTimeline {
  public:
-  ZeroBubbleTimeline(ZeroBubble kind, int pp, int64_t n_mb, bool backward)
-      : pp_(pp), v_(kind == ZeroBubble::V ? 2 : 1), n_mb_(n_mb), backward_(backward), stages_(at(pp)) {
+  ZeroBubbleTimeline(ZeroBubble kind, int pp, int64_t n_mb, bool backward, const PassCosts& costs)
+      : pp_(pp), v_(kind == ZeroBubble::V ? 2 : 1), n_mb_(n_mb), backward_(backward), costs_(costs),
+        stages_(at(pp)) {
     for (int s = 0; s < pp; ++s) {
       Stage& st = stages_[at(s)];
       st.next_forward.assign(static_cast<size_t>(v_), 0);
@@ -47,7 +51,7 @@ class ZeroBubbleTimeline {
   std::vector<std::vector<PipeOp>> run() {
     int64_t guard = 0;
     const int64_t limit = 64 + 16 * static_cast<int64_t>(pp_) * v_ * n_mb_;
-    for (int64_t t = 0; !done(); ++t) {
+    for (double t = 0; !done(); t = next_event(t)) {
       MT_ASSERT(++guard <= limit, "the zero-bubble order stalls (pp ", pp_, ", ", n_mb_, " microbatches)");
       for (int s = 0; s < pp_; ++s) transfer(s, t);
       for (int s = 0; s < pp_; ++s) compute(s, t);
@@ -67,8 +71,21 @@ class ZeroBubbleTimeline {
     std::deque<std::pair<int64_t, int64_t>> weights;  // (mb, chunk) whose B ran, W not yet
     std::vector<PipeOp> pending;                 // finished outputs not yet sent
     std::vector<PipeOp> plan;
-    int64_t busy_until = 0, alive = 0, alive_cap = 0, done = 0;
+    double busy_until = 0;
+    int64_t alive = 0, alive_cap = 0, done = 0;
+    int64_t alive_early = 0;  // of those, the V's first chunk (down the stages)
   };
+
+  // Nothing changes between the moments stages free up: the earliest one
+  // after t (a stage that is free and idle waits for another's pass). When
+  // every stage is free at t, the next round of transfers and passes runs at
+  // t; the guard above catches a timeline on which nothing moves.
+  double next_event(double t) const {
+    double next = std::numeric_limits<double>::infinity();
+    for (const Stage& st : stages_)
+      if (st.busy_until > t) next = std::min(next, st.busy_until);
+    return std::isinf(next) ? t : next;
+  }
 
   bool first_virtual(int s, int64_t c) const { return virtual_stage_of(s, c, pp_, v_ == 2) == 0; }
   bool last_virtual(int s, int64_t c) const { return virtual_stage_of(s, c, pp_, v_ == 2) == pp_ * v_ - 1; }
@@ -85,7 +102,7 @@ class ZeroBubbleTimeline {
     return place_of_virtual_stage(vs, pp_, v_, v_ == 2);
   }
 
-  void transfer(int s, int64_t t) {
+  void transfer(int s, double t) {
     Stage& st = stages_[at(s)];
     if (st.busy_until > t) return;
     std::vector<PipeOp> waiting;
@@ -111,7 +128,7 @@ class ZeroBubbleTimeline {
   // The stage's next pass, by the rule: a B whose gradient is here (the
   // later chunk first), else a forward within the memory cap (likewise),
   // else a W; else it idles.
-  void compute(int s, int64_t t) {
+  void compute(int s, double t) {
     Stage& st = stages_[at(s)];
     if (st.busy_until > t) return;
     for (int64_t c = v_ - 1; c >= 0; --c)
@@ -120,46 +137,55 @@ class ZeroBubbleTimeline {
     if (st.alive < st.alive_cap)
       for (int64_t c = v_ - 1; c >= 0; --c) {
         const int64_t mb = st.next_forward[static_cast<size_t>(c)];
+        // The V keeps a slot for a later chunk's forward: with every slot
+        // taken by first-chunk halves, each waiting for a second-chunk
+        // forward somewhere, no stage could move (when passes differ in
+        // length the greedy order can get there).
+        if (c < v_ - 1 && st.alive_early >= st.alive_cap - 1) continue;
         if (mb < n_mb_ && (first_virtual(s, c) || st.arrived.count({true, mb, c}))) return run_forward(s, st, mb, c, t);
       }
     if (!st.weights.empty()) run_weight(st, t);
   }
 
-  void run_forward(int s, Stage& st, int64_t mb, int64_t c, int64_t t) {
+  void run_forward(int s, Stage& st, int64_t mb, int64_t c, double t) {
     st.plan.push_back({PipeStep::Forward, mb, c});
     ++st.next_forward[static_cast<size_t>(c)];
     st.forwarded.insert({c, mb});
     ++st.alive;
+    if (c < v_ - 1) ++st.alive_early;
     ++st.done;
-    st.busy_until = t + 1;
+    st.busy_until = t + costs_.forward;
     if (!last_virtual(s, c)) st.pending.push_back({PipeStep::SendForward, mb, c});
     if (!backward_) {  // nothing waits for a backward
       st.forwarded.erase({c, mb});
       --st.alive;
+      if (c < v_ - 1) --st.alive_early;
     }
   }
 
-  void run_input(int s, Stage& st, int64_t mb, int64_t c, int64_t t) {
+  void run_input(int s, Stage& st, int64_t mb, int64_t c, double t) {
     st.plan.push_back({PipeStep::BackwardInput, mb, c});
     st.forwarded.erase({c, mb});
     ++st.done;
     st.weights.push_back({mb, c});
-    st.busy_until = t + 1;
+    st.busy_until = t + costs_.backward_input;
     if (!first_virtual(s, c)) st.pending.push_back({PipeStep::SendBackward, mb, c});
   }
 
-  void run_weight(Stage& st, int64_t t) {
+  void run_weight(Stage& st, double t) {
     const auto [mb, c] = st.weights.front();
     st.weights.pop_front();
     --st.alive;
+    if (c < v_ - 1) --st.alive_early;
     st.plan.push_back({PipeStep::BackwardWeight, mb, c});
     ++st.done;
-    st.busy_until = t + 1;
+    st.busy_until = t + costs_.backward_weight;
   }
 
   const int pp_;
   const int64_t v_, n_mb_;
   const bool backward_;
+  const PassCosts costs_;
   std::vector<Stage> stages_;
 };
 
@@ -180,9 +206,25 @@ bool is_transfer(PipeStep s) {
 
 }  // namespace
 
-std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb, bool backward) {
+std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb, bool backward,
+                                                   const PassCosts& costs) {
   MT_CHECK(pp >= 1 && n_mb >= 1, "a zero-bubble pipeline needs a stage and a microbatch, got pp ", pp, ", ", n_mb);
-  return ZeroBubbleTimeline(kind, pp, n_mb, backward).run();
+  MT_CHECK(costs.forward > 0 && costs.backward_input > 0 && costs.backward_weight > 0,
+           "a zero-bubble plan's pass costs must be positive, got forward ", costs.forward, ", B ",
+           costs.backward_input, ", W ", costs.backward_weight);
+  auto plans = ZeroBubbleTimeline(kind, pp, n_mb, backward, costs).run();
+  const PassCosts equal;
+  if (!backward || (costs.forward == equal.forward && costs.backward_input == equal.backward_input &&
+                    costs.backward_weight == equal.backward_weight))
+    return plans;
+  // The greedy rule is a heuristic: knowing the costs can also make a plan
+  // worse. Keep whichever of the two timelines' plans runs shorter with the
+  // real costs (the equal-cost one on a tie, as before costs were known).
+  auto plain = ZeroBubbleTimeline(kind, pp, n_mb, backward, equal).run();
+  const int64_t v = kind == ZeroBubble::V ? 2 : 1;
+  const bool v_shape = kind == ZeroBubble::V;
+  const double with_costs = time_plans(plans, v, v_shape, costs).makespan;
+  return with_costs < time_plans(plain, v, v_shape, costs).makespan * (1 - 1e-9) ? plans : plain;
 }
 
 PlanTiming time_plans(const std::vector<std::vector<PipeOp>>& plans, int64_t v, bool v_shape, const PassCosts& costs) {

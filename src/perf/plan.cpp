@@ -218,15 +218,17 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
   if (plan.pp > 1) {
     plan.pipeline_schedule = cfg.pipeline_schedule;
     // gpipe's bubble is 1f1b's; the schedules differ in memory. The
-    // zero-bubble plans' is their own timeline's, F = B = W.
+    // zero-bubble plans' is their own timeline's, with the costs the run
+    // makes them with.
     const bool zb = cfg.pipeline_schedule == PipelineSchedule::ZbH1 || in.v_shape;
-    const PassCostRatios r = pass_cost_ratios(m);
-    plan.backward_input_cost = r.backward_input;
-    plan.backward_weight_cost = r.backward_weight;
+    const PassCosts costs = pipeline_pass_costs(cfg);
+    plan.backward_input_cost = costs.backward_input / costs.forward;
+    plan.backward_weight_cost = costs.backward_weight / costs.forward;
+    plan.pass_costs_given = !cfg.pipeline_pass_costs.empty();
     plan.pipeline_bubble =
         zb ? time_plans(zero_bubble_plans(in.v_shape ? ZeroBubble::V : ZeroBubble::H1, static_cast<int>(plan.pp),
-                                          plan.n_microbatches),
-                        in.v, in.v_shape, PassCosts{1.0, r.backward_input, r.backward_weight})
+                                          plan.n_microbatches, true, costs),
+                        in.v, in.v_shape, costs)
                  .idle_fraction
            : pipeline_bubble_fraction(static_cast<int>(plan.pp), plan.n_microbatches, in.v);
   }
@@ -289,7 +291,9 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
   // The schedule's own plan says how many (microbatch, chunk) activations
   // it holds at once; a chunk's share is 1/v of the stage's layers.
   sm.microbatches_in_flight =
-      plan.pp == 1 ? 1 : schedule_peak_live(cfg.pipeline_schedule, st, plan.pp, plan.n_microbatches, v);
+      plan.pp == 1 ? 1
+                   : schedule_peak_live(cfg.pipeline_schedule, st, plan.pp, plan.n_microbatches, v,
+                                        pipeline_pass_costs(cfg));
   const double inflight = static_cast<double>(sm.microbatches_in_flight) / static_cast<double>(v);
 
   double layers_none = 0, layers_sel = 0, largest_layer = 0;
@@ -361,12 +365,13 @@ int64_t schedule_peak_live_closed_form(PipelineSchedule schedule, int64_t stage,
   return std::min(2 * (pp - stage - 1) + (v - 1) * pp + 1, v * n_mb);
 }
 
-int64_t schedule_peak_live(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v) {
+int64_t schedule_peak_live(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v,
+                           const PassCosts& costs) {
   const bool exact = schedule == PipelineSchedule::Gpipe || schedule == PipelineSchedule::OneFOneB ||
                      schedule == PipelineSchedule::Interleaved;
   if (exact && pp * pp * n_mb * std::max<int64_t>(v, 1) > (int64_t{1} << 14))
     return schedule_peak_live_closed_form(schedule, stage, pp, n_mb, v);
-  return plan_peak_live(pipeline_plan(schedule, static_cast<int>(stage), static_cast<int>(pp), n_mb, true, v));
+  return plan_peak_live(pipeline_plan(schedule, static_cast<int>(stage), static_cast<int>(pp), n_mb, true, v, costs));
 }
 
 MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
@@ -387,38 +392,6 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
   for (size_t s = 1; s < plan.stages.size(); ++s)
     if (plan.stages[s].total() > plan.worst().total()) plan.worst_stage = static_cast<int64_t>(s);
   return plan;
-}
-
-namespace {
-
-// Attention's score and value products per token, forward and backward (3x
-// the forward's), over every layer.
-double attention_flops_per_token(const ModelConfig& m) {
-  const double T = static_cast<double>(m.T), H = static_cast<double>(m.n_head);
-  const double hd = static_cast<double>(m.head_dim());
-  double attn = 0;
-  for (int64_t i = 0; i < m.n_layers(); ++i) {
-    const double r = m.attention == AttentionKind::Mla ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
-    attn += 6 * H * (2 * hd + r) * T;
-  }
-  return attn;
-}
-
-// Every parameter a token uses, the embedding included, whatever
-// active_params_scope reports.
-double active_params(const ModelConfig& m) {
-  ModelConfig all = m;
-  all.active_params_scope = ActiveParamsScope::Model;
-  return static_cast<double>(count_params(all).active);
-}
-
-}  // namespace
-
-double flops_per_token(const ModelConfig& m) { return 6.0 * active_params(m) + attention_flops_per_token(m); }
-
-PassCostRatios pass_cost_ratios(const ModelConfig& m) {
-  const double gemm = 2 * active_params(m), attn = attention_flops_per_token(m) / 3;
-  return {(gemm + 2 * attn) / (gemm + attn), gemm / (gemm + attn)};
 }
 
 namespace {
@@ -459,7 +432,8 @@ std::string to_string(const MemoryPlan& p) {
       << "; bubble "
       << (p.pipeline_schedule == PipelineSchedule::ZbH1 || p.pipeline_schedule == PipelineSchedule::Zbv
               ? "(the plans' timeline; forward : input-gradient : weight-gradient pass = 1 : " +
-                    fixed2(p.backward_input_cost) + " : " + fixed2(p.backward_weight_cost) + " by FLOPs)"
+                    fixed2(p.backward_input_cost) + " : " + fixed2(p.backward_weight_cost) +
+                    (p.pass_costs_given ? " from pipeline_pass_costs)" : " by FLOPs)")
               : "(pp - 1) / (v * n_mb + pp - 1)")
       << " = " << p.pipeline_bubble << " of a round\n";
   for (const auto& s : p.stages) {

@@ -44,6 +44,21 @@ Config zero_bubble(Config c, PipelineSchedule s, int dp, int pp, int tp) {
   return c;
 }
 
+// Whether pipeline_pass_costs changes some stage's zbv plan (else a parity
+// run with them would prove nothing new).
+bool costs_change_the_v(const Config& cfg, int pp) {
+  const int64_t n_mb = cfg.data.train_batch_size / cfg.data.micro_batch_size;
+  Config equal = cfg;
+  equal.pipeline_pass_costs.clear();
+  for (int s = 0; s < pp; ++s) {
+    const auto a = pipeline_plan(PipelineSchedule::Zbv, s, pp, n_mb, true, 2, pipeline_pass_costs(cfg));
+    const auto b = pipeline_plan(PipelineSchedule::Zbv, s, pp, n_mb, true, 2, pipeline_pass_costs(equal));
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+      if (a[i].step != b[i].step || a[i].microbatch != b[i].microbatch || a[i].chunk != b[i].chunk) return true;
+  }
+  return false;
+}
+
 void expect_parity(const Config& cfg, const test::Curve& ref, int dp, int pp, int tp, const std::string& extra = "",
                    double tol = 1e-5) {
   for (PipelineSchedule s : kSchedules) {
@@ -64,9 +79,19 @@ TEST(ZeroBubble, DenseMatchesOneProcess) {
     Config mb2 = cfg;
     mb2.data.micro_batch_size = 4;  // 2 microbatches: fewer than the V's warm-up
     expect_parity(mb2, test::single_process_losses(mb2), 1, 2, 1, " 2 microbatches");
+    // Plans made with the passes' measured lengths order the passes
+    // differently, never the numbers.
+    Config costs = cfg;
+    costs.pipeline_pass_costs = {1, 1, 0.7};
+    ASSERT_TRUE(costs_change_the_v(costs, 2));
+    expect_parity(costs, ref, 1, 2, 1, " pipeline_pass_costs [1, 1, 0.7]");
   }
   if (n == 4) {
     expect_parity(cfg, ref, 1, 4, 1);
+    Config costs = cfg;
+    costs.pipeline_pass_costs = {1, 2, 0.5};
+    ASSERT_TRUE(costs_change_the_v(costs, 4));
+    expect_parity(costs, ref, 1, 4, 1, " pipeline_pass_costs [1, 2, 0.5]");
     expect_parity(cfg, ref, 2, 2, 1, " (dp buckets)");
     Config sp = cfg;
     sp.sequence_parallel = true;
@@ -299,7 +324,7 @@ TEST(ZeroBubble, MisconfigurationThrowsOnEveryRank) {
 // A benchmark, not a pass/fail check of the numbers: the measured bubble
 // (time blocked in pipeline send/recv over round time, worst stage) of 1f1b,
 // interleaved (v 2), zb-h1 and zbv at 2 microbatches per stage, beside each
-// plan's idle fraction on its own timeline (F = B = W). Meaningful only with
+// plan's idle fraction on the timeline it was made on. Meaningful only with
 // a core per rank. ctest runs it as bench.zero_bubble_test.npN (label
 // bench: scripts/test.sh --bench).
 TEST(ZeroBubble, ReportsBubbleAgainst1f1b) {
@@ -315,19 +340,25 @@ TEST(ZeroBubble, ReportsBubbleAgainst1f1b) {
   const at::Tensor inputs = at::randint(0, 96, {batch, 16}, gen, at::kLong);
   RoundSpec spec;
   spec.ce_scale = 1.0 / static_cast<double>(batch * 16);
-  for (PipelineSchedule s : {PipelineSchedule::OneFOneB, PipelineSchedule::Interleaved, PipelineSchedule::ZbH1,
-                             PipelineSchedule::Zbv}) {
+  // The last row: zbv's plans made with a W 0.7 of a B (what a W measures
+  // here, timed per pass), timed on that timeline too.
+  const std::vector<std::pair<PipelineSchedule, std::vector<double>>> rows = {
+      {PipelineSchedule::OneFOneB, {}}, {PipelineSchedule::Interleaved, {}}, {PipelineSchedule::ZbH1, {}},
+      {PipelineSchedule::Zbv, {}},      {PipelineSchedule::Zbv, {1, 1, 0.7}}};
+  for (const auto& [s, costs] : rows) {
     cfg.pipeline_schedule = s;
+    cfg.pipeline_pass_costs = costs;
     cfg.virtual_stages = s == PipelineSchedule::Interleaved ? 2 : 1;
     const int64_t v = s == PipelineSchedule::Interleaved || s == PipelineSchedule::Zbv ? 2 : 1;
+    const PassCosts timeline = pipeline_pass_costs(cfg);  // what the run's plans are made with
     std::vector<std::vector<PipeOp>> plans;
-    for (int st = 0; st < n; ++st) plans.push_back(pipeline_plan(s, st, n, n_mb, true, v));
-    const double plan_idle = time_plans(plans, v, s == PipelineSchedule::Zbv, PassCosts{}).idle_fraction;
+    for (int st = 0; st < n; ++st) plans.push_back(pipeline_plan(s, st, n, n_mb, true, v, timeline));
+    const double plan_idle = time_plans(plans, v, s == PipelineSchedule::Zbv, timeline).idle_fraction;
     const test::RoundTiming tm = test::time_rounds(cfg, mesh, *world, inputs, spec, rounds);
     if (world->rank() == 0)
-      std::printf("[zero-bubble bench] pp %d %-11s: %lld microbatches, %.1f ms per round, bubble %.3f "
+      std::printf("[zero-bubble bench] pp %d %-11s%s: %lld microbatches, %.1f ms per round, bubble %.3f "
                   "(the plan's %.3f)\n",
-                  n, choice_name(s), static_cast<long long>(n_mb), 1e3 * tm.seconds,
+                  n, choice_name(s), costs.empty() ? "" : " W 0.7", static_cast<long long>(n_mb), 1e3 * tm.seconds,
                   tm.bubble, plan_idle);
     EXPECT_GT(tm.seconds, 0.0);
   }

@@ -110,6 +110,7 @@ TEST(ConfigJson, EveryKeyLandsInItsOwnMember) {
   // An empty array flattens to null (no leaf to change): give the list keys values.
   Config base;
   base.rampup_batch_size = {2, 2, 8};
+  base.pipeline_pass_costs = {1, 1.5, 0.75};
   base.data.datasets = {{"data/a", 2.0}, {"data/b", 1.0}};
   const json flat = to_json(base).flatten();
   EXPECT_GE(flat.size(), 60u);
@@ -461,6 +462,15 @@ TEST(ConfigErrors, ZeroBubblePipeline) {
                  {"pipeline_schedule \"zbv\"", "virtual_stages", "got 4"});
   expect_refused({pp2, "pipeline_schedule=zb-h1", "virtual_stages=2"},
                  {"pipeline_schedule \"zb-h1\"", "virtual_stages at 1", "got 2"});
+  // The passes' lengths the plans are made with: [forward, B, W].
+  EXPECT_EQ(with({pp2, "pipeline_schedule=zbv", "pipeline_pass_costs=[1, 1.2, 0.7]"}).pipeline_pass_costs,
+            (std::vector<double>{1, 1.2, 0.7}));
+  expect_refused({pp2, "pipeline_schedule=zbv", "pipeline_pass_costs=[1, 0.7]"},
+                 {"pipeline_pass_costs", "[forward, B, W]", "got 2"});
+  expect_refused({pp2, "pipeline_schedule=zbv", "pipeline_pass_costs=[1, 0, 0.7]"},
+                 {"pipeline_pass_costs[1]", "positive", "got 0"});
+  expect_refused({pp2, "pipeline_pass_costs=[1, -1, 0.7]"}, {"pipeline_pass_costs[1]", "got -1"});
+  expect_refused({pp2, "pipeline_pass_costs=\"fast\""}, {"pipeline_pass_costs", "an array of numbers"});
 }
 
 TEST(ConfigErrors, BadValues) {

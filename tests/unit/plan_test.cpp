@@ -149,6 +149,48 @@ TEST(Plan, PassCostsFollowAttentionsShare) {
   EXPECT_NEAR(r.backward_input + r.backward_weight, 2.0, 1e-9) << "a backward is twice a forward";
 }
 
+// The run's zero-bubble plans are made with pipeline_pass_costs (else the
+// FLOP ratios, B plus a forward under full recomputation), and plan prices
+// the plans the run makes: at pp 2 with 4 microbatches and a W 0.7 of a B,
+// zbv's plans made with those lengths idle less than the equal-cost plans
+// would on the same timeline.
+TEST(Plan, ZeroBubblePlansFollowPipelinePassCosts) {
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, false);
+  c.model.blocks = 1;
+  c.model.layers_per_block = 4;
+  c.device.n_device_axis = {1, 2, 1};
+  c.data.train_batch_size = 4;
+  c.data.micro_batch_size = 1;
+  c.pipeline_schedule = PipelineSchedule::Zbv;
+  const PassCostRatios r = pass_cost_ratios(c.model);
+  PassCosts got = pipeline_pass_costs(c);
+  EXPECT_EQ(got.forward, 1.0);
+  EXPECT_EQ(got.backward_input, r.backward_input);
+  EXPECT_EQ(got.backward_weight, r.backward_weight);
+  c.activation_checkpointing = ActivationCheckpointing::Full;
+  EXPECT_EQ(pipeline_pass_costs(c).backward_input, r.backward_input + 1.0) << "B recomputes the forward";
+  c.activation_checkpointing = ActivationCheckpointing::None;
+
+  c.pipeline_pass_costs = {1, 1, 0.7};
+  got = pipeline_pass_costs(c);
+  EXPECT_EQ(got.backward_weight, 0.7);
+  const MemoryPlan p = plan_memory(c, PlanDevice::Cpu);
+  EXPECT_TRUE(p.pass_costs_given);
+  EXPECT_EQ(p.backward_weight_cost, 0.7);
+  ASSERT_EQ(p.n_microbatches, 4);
+  const double equal_plans = time_plans(zero_bubble_plans(ZeroBubble::V, 2, 4), 2, true, got).idle_fraction;
+  EXPECT_LT(p.pipeline_bubble, equal_plans - 0.03);
+  EXPECT_NEAR(p.pipeline_bubble, time_plans(zero_bubble_plans(ZeroBubble::V, 2, 4, true, got), 2, true, got).idle_fraction,
+              1e-12);
+  // The executor's plan for each stage is the one plan timed.
+  for (int s = 0; s < 2; ++s) {
+    const auto op = pipeline_plan(PipelineSchedule::Zbv, s, 2, 4, true, 2, got);
+    const auto want = zero_bubble_plans(ZeroBubble::V, 2, 4, true, got)[static_cast<size_t>(s)];
+    ASSERT_EQ(op.size(), want.size());
+    for (size_t i = 0; i < op.size(); ++i) EXPECT_EQ(op[i].step, want[i].step);
+  }
+}
+
 TEST(Plan, TensorParallelShardsAddUp) {
   for (const Config& c : variants()) {
     const StageParams one = stage_params(c.model, 1, 1, 0), two = stage_params(c.model, 1, 2, 0);

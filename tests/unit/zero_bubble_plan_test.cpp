@@ -189,5 +189,64 @@ TEST(ZeroBubblePlan, IdleTimeBelowOneFOneBAndInterleaved) {
   EXPECT_LT(v, h1);
 }
 
+
+// Plans made on a timeline with the passes' real lengths: still deadlock-free
+// within 1F1B's memory, and no slower on that timeline than the plans made
+// with every pass equally long (what the greedy rule gains by knowing that a
+// W is shorter or a B longer).
+TEST(ZeroBubblePlan, PlansMadeWithPassCostsKeepTheRulesAndIdleNoMore) {
+  const std::vector<PassCosts> costs = {{1, 1, 0.7}, {1, 1.07, 0.93}, {1, 1.3, 0.5}, {1, 2, 1}, {0.5, 1, 1}};
+  double gained = 0;
+  for (const PassCosts& c : costs)
+    for (int pp : {2, 3, 4, 8})
+      for (int64_t n_mb : {1, 2, 4, 8, 12}) {
+        SCOPED_TRACE("pp " + std::to_string(pp) + ", " + std::to_string(n_mb) + " microbatches, costs " +
+                     std::to_string(c.forward) + " : " + std::to_string(c.backward_input) + " : " +
+                     std::to_string(c.backward_weight));
+        for (ZeroBubble kind : {ZeroBubble::H1, ZeroBubble::V}) {
+          const bool v_shape = kind == ZeroBubble::V;
+          const int64_t v = v_shape ? 2 : 1;
+          const auto made = zero_bubble_plans(kind, pp, n_mb, true, c);
+          const Replay r = replay(made, v, v_shape, n_mb);
+          ASSERT_TRUE(r.ok) << r.why;
+          for (int s = 0; s < pp; ++s)
+            EXPECT_LE(r.peak_alive[static_cast<size_t>(s)], v_shape ? 2 * pp : std::min<int64_t>(pp - s, n_mb));
+          const double with_costs = time_plans(made, v, v_shape, c).makespan;
+          const double equal = time_plans(zero_bubble_plans(kind, pp, n_mb), v, v_shape, c).makespan;
+          EXPECT_LE(with_costs, equal * (1 + 1e-9));
+          gained = std::max(gained, 1 - with_costs / equal);
+        }
+      }
+  std::printf("largest round-time gain of cost-aware plans: %.3f\n", gained);
+  for (auto [pp, n] : {std::pair<int, int64_t>{2, 4}, {4, 8}, {8, 16}})
+    for (ZeroBubble kind : {ZeroBubble::H1, ZeroBubble::V}) {
+      const PassCosts w07{1, 1, 0.7};
+      const bool vs = kind == ZeroBubble::V;
+      std::printf("pp %d, %lld mb, %s, W = 0.7 B: idle %.3f with costs, %.3f equal\n", pp, static_cast<long long>(n),
+                  vs ? "V" : "H1", time_plans(zero_bubble_plans(kind, pp, n, true, w07), vs ? 2 : 1, vs, w07).idle_fraction,
+                  time_plans(zero_bubble_plans(kind, pp, n), vs ? 2 : 1, vs, w07).idle_fraction);
+    }
+  EXPECT_GT(gained, 0);  // the costs change some plan for the better
+  EXPECT_THROW(zero_bubble_plans(ZeroBubble::H1, 2, 4, true, {1, 0, 1}), std::exception);
+}
+
+// Any lengths make a plan (the timeline never stalls): a sweep of B and W
+// against the forward, every count of microbatches up to 3pp.
+TEST(ZeroBubblePlan, AnyPassCostsMakeAPlan) {
+  for (double b = 0.4; b < 3.2; b += 0.37)
+    for (double w = 0.2; w < 2.0; w += 0.29)
+      for (int pp : {2, 3, 4})
+        for (int64_t n_mb = 1; n_mb <= 3 * pp; ++n_mb)
+          for (ZeroBubble kind : {ZeroBubble::H1, ZeroBubble::V}) {
+            const PassCosts c{1, b, w};
+            const bool v_shape = kind == ZeroBubble::V;
+            std::vector<std::vector<PipeOp>> made;
+            ASSERT_NO_THROW(made = zero_bubble_plans(kind, pp, n_mb, true, c))
+                << (v_shape ? "V" : "H1") << " pp " << pp << ", " << n_mb << " mb, B " << b << ", W " << w;
+            const Replay r = replay(made, v_shape ? 2 : 1, v_shape, n_mb);
+            ASSERT_TRUE(r.ok) << r.why;
+          }
+}
+
 }  // namespace
 }  // namespace meshtrain

@@ -196,6 +196,7 @@ struct Config {
   // meshtrain extensions (not in Jaxformer's file)
   PipelineSchedule pipeline_schedule = PipelineSchedule::OneFOneB;  // gpipe | 1f1b | interleaved
   int64_t virtual_stages = 1;                  // interleaved: chunks of layers per pp rank (Megatron's v)
+  std::vector<double> pipeline_pass_costs;     // zb-h1 / zbv: [forward, B, W] lengths; empty: from FLOPs
   bool sequence_parallel = false;
   int64_t zero_stage = 0;                      // 1: AdamW moments sharded over dp
   bool fsdp_keep_gathered = false;             // zero_stage 2/3: layers stay gathered, gradients whole, over a step

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshtrain/config/choices.h"
+#include "meshtrain/config/config.h"
 
 namespace meshtrain {
 
@@ -32,6 +32,19 @@ struct PipeOp {
   int64_t chunk = 0;  // this rank's layer chunk (virtual stage chunk * pp + stage); 0 unless interleaved
 };
 
+// Relative costs of a chunk's forward, input-gradient and weight-gradient
+// passes (the timeline zero-bubble plans are made on, and the idle time a
+// plan leaves).
+struct PassCosts {
+  double forward = 1, backward_input = 1, backward_weight = 1;
+};
+
+// The costs a run's zero-bubble plans are made with: pipeline_pass_costs,
+// else the model's FLOP ratios (model/flops.h), B plus a forward under full
+// recomputation (B recomputes the layer's forward first). Every rank derives
+// the same from the config, so the plans stay one global order.
+PassCosts pipeline_pass_costs(const Config& cfg);
+
 // The steps of `stage` (of pp) for n_mb microbatches. schedule: gpipe | 1f1b |
 // interleaved (v chunks of layers per stage, Megatron's interleaved 1F1B;
 // v = 1 is 1f1b); backward false gives the forward-only
@@ -40,8 +53,9 @@ struct PipeOp {
 // a multiple of pp, as Megatron's.
 // v: layer chunks per stage; interleaved must name it (v = 1 there is 1f1b),
 // gpipe and 1f1b take 0 or 1.
+// costs: the zero-bubble schedules' (the others' order does not depend on them).
 std::vector<PipeOp> pipeline_plan(PipelineSchedule schedule, int stage, int pp, int64_t n_mb, bool backward,
-                                  int64_t v = 0);
+                                  int64_t v = 0, const PassCosts& costs = {});
 
 // The bubble the schedule's idealised timeline leaves (forward and backward
 // of every microbatch taking equal time per virtual stage): (pp - 1) / (v *
@@ -76,15 +90,11 @@ const char* step_name(PipeStep s);
 // and cannot deadlock under blocking send/recv.
 enum class ZeroBubble { H1, V };
 
-// Relative costs of a chunk's forward, input-gradient and weight-gradient
-// passes (the plan's timeline, and the idle time a plan leaves).
-struct PassCosts {
-  double forward = 1, backward_input = 1, backward_weight = 1;
-};
-
 // Every stage's plan (index: stage) for n_mb microbatches over pp stages;
 // backward false: the forwards alone, in the same layout (evaluation).
-std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb, bool backward = true);
+// costs: the passes' relative lengths on the timeline the plans are made on.
+std::vector<std::vector<PipeOp>> zero_bubble_plans(ZeroBubble kind, int pp, int64_t n_mb, bool backward = true,
+                                                   const PassCosts& costs = {});
 
 // Where virtual stage `vs` (0 .. pp*v - 1, in data order) lives: the rank and
 // its chunk. v_shape: the V layout (v = 2), else the interleaved one (chunk

@@ -44,6 +44,8 @@
 #include <vector>
 
 #include "meshtrain/config/config.h"
+#include "meshtrain/model/flops.h"
+#include "meshtrain/parallel/pipeline_plan.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -111,8 +113,10 @@ struct MemoryPlan {
   int64_t virtual_stages = 1;      // layer chunks per stage
   double pipeline_bubble = 0;      // idle fraction of a round, pipeline_bubble_fraction() (pp > 1)
   // Zero-bubble schedules: their plans' idle fraction is timed with these
-  // pass costs, relative to a forward (pass_costs below).
+  // pass costs, relative to a forward (pipeline_pass_costs: the config's
+  // key when given, else the FLOP ratios, model/flops.h).
   double backward_input_cost = 1, backward_weight_cost = 1;
+  bool pass_costs_given = false;
   double activation_bytes_per_element = 4;
   std::vector<StageMemory> stages;  // one per pipeline stage (per rank of it)
   int64_t worst_stage = 0;          // the stage with the largest total
@@ -132,7 +136,9 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device);
 // the closed form those plans follow: gpipe n_mb; 1f1b min(pp - stage, n_mb);
 // interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, v n_mb), Megatron's
 // warm-up plus one (plan_search_test checks both against the plans).
-int64_t schedule_peak_live(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v);
+// costs: the zero-bubble plans' (pipeline_pass_costs).
+int64_t schedule_peak_live(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v,
+                           const PassCosts& costs = {});
 int64_t schedule_peak_live_closed_form(PipelineSchedule schedule, int64_t stage, int64_t pp, int64_t n_mb, int64_t v);
 
 // Bytes the cp group's collectives move per training step on a rank running
@@ -145,20 +151,7 @@ int64_t schedule_peak_live_closed_form(PipelineSchedule schedule, int64_t stage,
 // (full: both, selective: the router's). 0 without context parallelism.
 double cp_exchange_bytes(const Config& cfg, const std::vector<int64_t>& layers);
 
-// Training FLOPs per token, nanoGPT / llm.c estimate_mfu: 6*N + 12*L*H*Q*T with
-// N all parameters (embedding included; MoE: the active ones) and Q the head
-// size. MLA scores use hd + dhR dims and values hd, so its attention term is
-// 6*H*(2*hd + dhR)*T per layer (= 12*H*Q*T when dhR = 0).
-double flops_per_token(const ModelConfig& m);
-
-// A layer stack's forward, input-gradient (B) and weight-gradient (W)
-// passes in FLOPs per token, relative to the forward: the GEMMs' 2N each
-// (N the parameters a token uses), attention's score and value products
-// once forward and twice in B (their gradients have no weight).
-struct PassCostRatios {
-  double backward_input = 1, backward_weight = 1;
-};
-PassCostRatios pass_cost_ratios(const ModelConfig& m);
+// flops_per_token and pass_cost_ratios: model/flops.h.
 
 // The device a plan assumes: `choice` ("cpu" | "cuda"), else the config's
 // device_config.device, where "auto" means what this machine would run on.
