@@ -29,7 +29,17 @@ RoundSums& RoundSums::operator+=(const RoundSums& o) {
     if (o.expert_tokens[l].defined()) expert_tokens[l] = plus(expert_tokens[l], o.expert_tokens[l]);
   peak_live_microbatches = std::max(peak_live_microbatches, o.peak_live_microbatches);
   waits.insert(waits.end(), o.waits.begin(), o.waits.end());
+  passes.insert(passes.end(), o.passes.begin(), o.passes.end());
   return *this;
+}
+
+std::array<double, 3> RoundSums::pass_seconds() const {
+  std::array<double, 3> s{};
+  for (const auto& f : passes) {
+    const std::array<double, 3> p = f();
+    for (size_t i = 0; i < 3; ++i) s[i] += p[i];
+  }
+  return s;
 }
 
 double RoundSums::wait_seconds() const {

@@ -27,6 +27,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <optional>
 
 #include "meshtrain/core/check.h"
@@ -60,7 +61,8 @@ class StageRunner {
       : pm_(pm), comm_(mesh.pp()), mbs_(mbs), spec_(spec), stage_(mesh.coord().pp), pp_(mesh.shape().pp),
         chunks_(pm.model->n_chunks()), v_shape_(pm.model->range().v_shape),
         slots_(mbs.size() * static_cast<size_t>(chunks_)), weight_grads_(slots_.size()),
-        clock_(pm.model->parameters().at(0).device()) {
+        clock_(pm.model->parameters().at(0).device()),
+        pass_clocks_{WaitClock(clock_.device()), WaitClock(clock_.device()), WaitClock(clock_.device())} {
     // Each chunk's MoE statistics land after those of the stage's earlier chunks.
     int64_t moe = 0;
     for (const LayerSpan& c : pm.model->range().chunks()) {
@@ -89,6 +91,7 @@ class StageRunner {
       if (plan[i].step == PipeStep::Backward) last_backward[static_cast<size_t>(plan[i].chunk)] = i;
       split = split || plan[i].step == PipeStep::BackwardInput;
     }
+    timed_passes_ = split;
     const bool arm = spec_.backward && spec_.final_round && pm_.data_parallel && !split;
     for (size_t i = 0; i < plan.size(); ++i) {
       const PipeOp& op = plan[i];
@@ -103,13 +106,13 @@ class StageRunner {
       InFlight& s = slot(op);
       switch (op.step) {
         case PipeStep::RecvForward: recv_forward(s, op); break;
-        case PipeStep::Forward: forward(s, op.microbatch, op.chunk); break;
+        case PipeStep::Forward: timed(0, [&] { forward(s, op.microbatch, op.chunk); }); break;
         case PipeStep::SendForward: send(s.output, peer(op), kActivationTag); if (!spec_.backward) s = {}; break;
         case PipeStep::RecvBackward: s.grad = at::empty_like(s.output); recv(s.grad, peer(op), kGradientTag); break;
         case PipeStep::Backward: backward(s, op); --live_; break;
         case PipeStep::SendBackward: send(s.input.grad(), peer(op), kGradientTag); s = {}; break;
-        case PipeStep::BackwardInput: backward_input(s, op); break;
-        case PipeStep::BackwardWeight: weight_grads(op).run(); --live_; break;
+        case PipeStep::BackwardInput: timed(1, [&] { backward_input(s, op); }); break;
+        case PipeStep::BackwardWeight: timed(2, [&] { weight_grads(op).run(); }); --live_; break;
       }
     }
     for (const WeightGradQueue& q : weight_grads_)
@@ -122,6 +125,12 @@ class StageRunner {
     // Read when the step is read (microbatch.h): the clock leaves with the sums.
     auto clock = std::make_shared<WaitClock>(std::move(clock_));
     sums_.waits.push_back([clock] { return clock->seconds(); });
+    if (timed_passes_) {
+      auto passes = std::make_shared<std::array<WaitClock, 3>>(std::move(pass_clocks_));
+      sums_.passes.push_back([passes] {
+        return std::array<double, 3>{(*passes)[0].seconds(), (*passes)[1].seconds(), (*passes)[2].seconds()};
+      });
+    }
     return sums_;
   }
 
@@ -313,6 +322,17 @@ class StageRunner {
   int64_t seq_divisor_ = 1;
   int64_t live_ = 0;
   WaitClock clock_;  // time blocked on a neighbour (the bubble metric)
+  // Split plans: time in forward, B and W passes (RoundSums::passes).
+  std::array<WaitClock, 3> pass_clocks_;
+  bool timed_passes_ = false;
+
+  template <class F>
+  void timed(size_t pass, F&& f) {
+    if (!timed_passes_) return f();
+    pass_clocks_[pass].begin();
+    f();
+    pass_clocks_[pass].end();
+  }
   RoundSums sums_;
   std::optional<c10::Stream> side_;  // CUDA: where the transfers run
 };

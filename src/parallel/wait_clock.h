@@ -5,7 +5,8 @@
 // stream does the waiting (the host's time reads ~0), so events are recorded
 // on the current stream around each transfer and their elapsed times summed
 // when the round ends: one wait for the round's last event, which the
-// stream reaches just before the round's end.
+// stream reaches just before the round's end. The zero-bubble executor times
+// its forward, B and W passes with the same clocks.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 
@@ -18,6 +19,7 @@ namespace meshtrain {
 class WaitClock {
  public:
   explicit WaitClock(const at::Device& device);
+  at::Device device() const { return cuda_ ? *cuda_ : at::Device(at::kCPU); }
   void begin();
   void end();
   // Seconds between every begin() and its end(); on CUDA waits for the last end().

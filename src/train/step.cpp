@@ -104,6 +104,7 @@ void StepStats::read() {
   if (copied_) copied_->synchronize();  // the one wait of the step, for its own copy
   const at::Tensor host = host_;
   if (pipeline_wait) pipeline_wait_seconds = pipeline_wait();
+  if (pipeline_passes) pipeline_pass_seconds = pipeline_passes();
   const double* a = host.data_ptr<double>();
   const double ce = a[0], aux = a[1], z = a[2], dropped = a[3], assigned = a[4];
   loss = tokens > 0 ? ce / tokens : 0.0;
@@ -164,6 +165,7 @@ StepStats run_step(Session& s, const StepBatches& b) {
   spec.backward_thread = s.options().backward_thread;
   RoundSums total;
   std::function<double()> wait;
+  std::function<std::array<double, 3>()> passes;
   for (int64_t r = 0; r < cfg.grad_step; ++r) {
     spec.final_round = r + 1 == cfg.grad_step;  // gradients final: dp sum during backward (grad_buckets.h)
     CastScope casts(pm.model->precision());  // the round's microbatches share the weights' bf16 casts
@@ -182,12 +184,22 @@ StepStats run_step(Session& s, const StepBatches& b) {
       mesh.cpu_world().all_reduce(w, ReduceOp::Max);
       return w.item<double>();
     };
+    RoundSums timed;  // the pass clocks alone: zero-bubble plans, on every rank
+    timed.passes = total.passes;
+    if (!timed.passes.empty())
+      passes = [timed = std::move(timed), &mesh] {
+        const std::array<double, 3> local = timed.pass_seconds();
+        at::Tensor t = at::tensor({local[0], local[1], local[2]}, at::kDouble);
+        mesh.cpu_world().all_reduce(t, ReduceOp::Sum);
+        return std::array<double, 3>{t[0].item<double>(), t[1].item<double>(), t[2].item<double>()};
+      };
   }
   s.test_hooks().after_backward(step, pm);
   // The gradients' remaining sums (tp, pp, dp): the data-parallel strategy's.
   s.data_parallel().reduce();
   StepStats stats = reduce_stats(s, total, global_tokens, b.seq_len);
   stats.pipeline_wait = std::move(wait);
+  stats.pipeline_passes = std::move(passes);
   stats.batch_size = b.batch;
   return stats;
 }

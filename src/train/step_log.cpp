@@ -2,9 +2,11 @@
 #include "meshtrain/train/step_log.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/log.h"
+#include "meshtrain/parallel/pipeline_plan.h"
 
 namespace meshtrain {
 
@@ -24,6 +26,7 @@ void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, 
   row["grad_norm"] = s.grad_norm;
   row["tokens_per_sec"] = seconds > 0 ? s.tokens / seconds : 0.0;
   if (pipeline && seconds > 0) row["pipeline_bubble"] = s.pipeline_wait_seconds / seconds;
+  if (s.pipeline_pass_seconds[0] > 0) log_pass_costs(step, s.pipeline_pass_seconds, row);
   if (!cfg_.rampup_batch_size.empty()) row["batch_size"] = s.batch_size;
   if (cfg_.seq_len_warmup.total_curriculum_step > 0) row["seq_len"] = s.seq_len;
   if (cfg_.model.ffn == FfnKind::Moe) {
@@ -70,6 +73,26 @@ void StepLog::warn_starved_experts(const StepStats& s) {
       if (starved_steps_[i] > 0 && starved_steps_[i] % kPatience == 0)
         spdlog::warn("MoE layer {} expert {} got no tokens for {} steps (router collapse?)", l, e, starved_steps_[i]);
     }
+}
+
+void StepLog::log_pass_costs(int64_t step, const std::array<double, 3>& seconds, nlohmann::json& row) {
+  const auto rel = [&](size_t i) { return std::round(1000 * seconds[i] / seconds[0]) / 1000; };
+  const std::array<double, 3> measured = {1.0, rel(1), rel(2)};
+  row["pipeline_pass_costs"] = measured;
+  // Once, past the first steps' warm-up: where the plans' lengths are far
+  // from the measured ones, say which key makes the plans with these.
+  constexpr int64_t kWarmup = 3;
+  if (pass_costs_said_ || step < start_step_ + kWarmup) return;
+  pass_costs_said_ = true;
+  const PassCosts planned = pipeline_pass_costs(cfg_);
+  const double b = planned.backward_input / planned.forward, w = planned.backward_weight / planned.forward;
+  if (std::abs(measured[1] - b) <= 0.1 * b && std::abs(measured[2] - w) <= 0.1 * w) return;
+  spdlog::info("{} passes measured forward : B : W = 1 : {:.2f} : {:.2f}; the plans are made with 1 : {:.2f} : {:.2f}{}"
+               " (set pipeline_pass_costs: [1, {:.2f}, {:.2f}] to make them with the measured lengths; `meshtrain "
+               "plan` shows the bubble either gives)",
+               choice_name(cfg_.pipeline_schedule), measured[1], measured[2], b, w,
+               cfg_.pipeline_pass_costs.empty() ? " (the model's FLOPs)" : " (pipeline_pass_costs)", measured[1],
+               measured[2]);
 }
 
 std::string StepLog::progress_suffix(int64_t step) const {

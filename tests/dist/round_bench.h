@@ -4,6 +4,7 @@
 // time blocked in pipeline send/recv over the round, worst rank.
 #include <ATen/ATen.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 
@@ -15,6 +16,7 @@ namespace meshtrain::test {
 struct RoundTiming {
   double seconds = 0;  // per round
   double bubble = 0;   // blocked share of the round
+  std::array<double, 3> passes{};  // split plans: seconds in forward, B and W, summed over ranks
 };
 
 // cfg built on mesh, one warm-up round, then `rounds` timed rounds of
@@ -26,12 +28,21 @@ inline RoundTiming time_rounds(const Config& cfg, Mesh& mesh, Communicator& worl
   run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
   world.barrier();
   double wait = 0;
+  std::array<double, 3> passes{};
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t r = 0; r < rounds; ++r) wait += run_round(pm, mesh, cfg, inputs, inputs, spec).wait_seconds();
+  for (int64_t r = 0; r < rounds; ++r) {
+    const RoundSums sums = run_round(pm, mesh, cfg, inputs, inputs, spec);
+    wait += sums.wait_seconds();
+    const std::array<double, 3> p = sums.pass_seconds();
+    for (size_t i = 0; i < 3; ++i) passes[i] += p[i];
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   at::Tensor stats = at::tensor({seconds / static_cast<double>(rounds), wait / seconds}, at::kDouble);
   world.all_reduce(stats, ReduceOp::Max);
-  return {stats[0].item<double>(), stats[1].item<double>()};
+  at::Tensor summed = at::tensor({passes[0], passes[1], passes[2]}, at::kDouble);
+  world.all_reduce(summed, ReduceOp::Sum);
+  return {stats[0].item<double>(), stats[1].item<double>(),
+          {summed[0].item<double>(), summed[1].item<double>(), summed[2].item<double>()}};
 }
 
 }  // namespace meshtrain::test

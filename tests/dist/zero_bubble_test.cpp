@@ -310,6 +310,34 @@ TEST(ZeroBubble, InFlightMicrobatchesAreThePlans) {
   }
 }
 
+// The split plans time their forward, B and W passes (what metrics.jsonl's
+// pipeline_pass_costs reports); 1F1B's rounds carry no pass clocks.
+TEST(ZeroBubble, SplitPlansTimeTheirPasses) {
+  const int n = test_runtime().size();
+  if (n > 4) GTEST_SKIP() << "pp 2 and 4 suffice";
+  auto world = test_runtime().world();
+  Mesh mesh(*world, MeshShape{1, n, 1});
+  Config cfg = base_config("zb-passes");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor inputs = at::randint(0, 96, {2 * n, 16}, gen, at::kLong);
+  RoundSpec spec;
+  spec.ce_scale = 1.0 / static_cast<double>(2 * n * 16);
+  for (PipelineSchedule s : {PipelineSchedule::OneFOneB, PipelineSchedule::ZbH1, PipelineSchedule::Zbv}) {
+    cfg.pipeline_schedule = s;
+    const auto pm = build_parallel_model(cfg, mesh);
+    const RoundSums sums = run_round(*pm, mesh, cfg, inputs, inputs, spec);
+    const std::array<double, 3> p = sums.pass_seconds();
+    if (s == PipelineSchedule::OneFOneB) {
+      EXPECT_TRUE(sums.passes.empty());
+      continue;
+    }
+    ASSERT_EQ(sums.passes.size(), 1u) << choice_name(s);
+    for (size_t i = 0; i < 3; ++i) EXPECT_GT(p[i], 0.0) << choice_name(s) << " pass " << i;
+    EXPECT_LT(p[0] + p[1] + p[2], 60.0) << choice_name(s);
+  }
+  world->barrier();
+}
+
 TEST(ZeroBubble, MisconfigurationThrowsOnEveryRank) {
   const int n = test_runtime().size();
   auto world = test_runtime().world();
@@ -355,11 +383,15 @@ TEST(ZeroBubble, ReportsBubbleAgainst1f1b) {
     for (int st = 0; st < n; ++st) plans.push_back(pipeline_plan(s, st, n, n_mb, true, v, timeline));
     const double plan_idle = time_plans(plans, v, s == PipelineSchedule::Zbv, timeline).idle_fraction;
     const test::RoundTiming tm = test::time_rounds(cfg, mesh, *world, inputs, spec, rounds);
+    char lengths[64] = "";
+    if (tm.passes[0] > 0)
+      std::snprintf(lengths, sizeof lengths, "; forward : B : W = 1 : %.2f : %.2f", tm.passes[1] / tm.passes[0],
+                    tm.passes[2] / tm.passes[0]);
     if (world->rank() == 0)
       std::printf("[zero-bubble bench] pp %d %-11s%s: %lld microbatches, %.1f ms per round, bubble %.3f "
-                  "(the plan's %.3f)\n",
+                  "(the plan's %.3f)%s\n",
                   n, choice_name(s), costs.empty() ? "" : " W 0.7", static_cast<long long>(n_mb), 1e3 * tm.seconds,
-                  tm.bubble, plan_idle);
+                  tm.bubble, plan_idle, lengths);
     EXPECT_GT(tm.seconds, 0.0);
   }
 }

@@ -47,6 +47,17 @@ out=$("${MPIRUN[@]}" -np 4 "$BIN" train --config tiny.json --n_device_axis 4 1 1
 check "mpirun -np 4 --n_device_axis 4 1 1 trains" test $? -eq 0
 check "dp4 logged 6 steps" test "$(metric runs/dp4/metrics.jsonl loss | wc -l)" -eq 6
 
+# Zero-bubble: every row carries the measured forward : B : W lengths, and
+# plans made with lengths far from them say which key takes the measured ones.
+out=$("${MPIRUN[@]}" -np 2 "$BIN" train --config tiny.json --n_device_axis 1 2 1 --name zbv --training_steps 5 \
+      --set pipeline_schedule=zbv --set "pipeline_pass_costs=[1, 5, 5]" --fresh 2>&1)
+check "zbv trains on 2 stages" test $? -eq 0
+check "zbv rows log pipeline_pass_costs [1, B, W]" python3 -c "
+import json, sys
+rows = [r['pipeline_pass_costs'] for r in map(json.loads, open('runs/zbv/metrics.jsonl')) if 'loss' in r]
+sys.exit(0 if len(rows) == 5 and all(len(c) == 3 and c[0] == 1 and c[1] > 0 and c[2] > 0 for c in rows) else print(rows) or 1)"
+check "zbv names the key that plans with the measured lengths" grep -q "set pipeline_pass_costs: \[1, " <<<"$out"
+
 # Bad inputs: non-zero exit and a message naming the culprit.
 expect_error() {  # NAME PATTERN CMD...
   local name="$1" pat="$2" out rc

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -35,6 +36,10 @@ struct RoundSums {
   std::vector<std::function<double()>> waits;
   // Seconds of all rounds so far (on CUDA: waits for their last event).
   double wait_seconds() const;
+  // Zero-bubble plans: seconds in forward, B and W passes, read the same
+  // way (the measured lengths pipeline_pass_costs asks for).
+  std::vector<std::function<std::array<double, 3>()>> passes;
+  std::array<double, 3> pass_seconds() const;
 
   // Adds another round's (or microbatch's) sums; the peak is a maximum.
   RoundSums& operator+=(const RoundSums& o);

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +51,9 @@ struct StepStats {
   // found by read() (a host all-reduce over every rank, which all reach in
   // their read of the same step; on CUDA, events the read has waited for).
   std::function<double()> pipeline_wait;
+  // Zero-bubble schedules: seconds in forward, B and W passes summed over
+  // every rank (read() again; the same host all-reduce point).
+  std::function<std::array<double, 3>()> pipeline_passes;
   int64_t batch_size = 0;            // sequences per accumulation round (rampup_batch_size)
   int64_t seq_len = 0;               // tokens per sequence (seq_len_warmup)
 
@@ -61,6 +65,7 @@ struct StepStats {
   std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global order), per expert
   double grad_norm = 0;  // global gradient norm before clipping (after apply_update)
   double pipeline_wait_seconds = 0;
+  std::array<double, 3> pipeline_pass_seconds{};  // zero but under zb-h1 / zbv
   bool read_done = false;
 
   // Packs the sums and the norm and starts their copy to the host: into

@@ -2,6 +2,7 @@
 // What a training step leaves behind: one row in metrics.jsonl (and
 // TensorBoard) per step, the console's step line every log_every steps, and
 // the MoE router-collapse warning (experts that get no token step after step).
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -33,6 +34,9 @@ class StepLog {
 
  private:
   void warn_starved_experts(const StepStats& s);
+  // Zero-bubble schedules: the measured forward : B : W lengths in the row
+  // (pipeline_pass_costs), and once a hint when the plans assume others.
+  void log_pass_costs(int64_t step, const std::array<double, 3>& seconds, nlohmann::json& row);
   std::string progress_suffix(int64_t step) const;
 
   const Config& cfg_;
@@ -41,6 +45,7 @@ class StepLog {
   std::chrono::steady_clock::time_point start_;
   int64_t start_step_;
   std::vector<int64_t> starved_steps_;  // per (MoE layer, expert): consecutive steps with no token
+  bool pass_costs_said_ = false;
 };
 
 }  // namespace meshtrain
