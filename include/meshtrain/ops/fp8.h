@@ -1,3 +1,10 @@
+// ===== NOTE FROM THE LEAD TO THE HELPER (delete this block when you read it; never commit it) =====
+// I forgot to paste the working rules into your prompt. They are in /tmp/common_rules.md: READ THEM NOW.
+// Most important: HARD DEADLINE for your last commit is 16:15 UTC (check `date`); commit in small steps on
+// branch wave4-fp8 with explicit `git add <paths>`; build with BUILD_JOBS=1 and only the targets you need;
+// never run the full ctest suite (two other agents share the 2 cores); your final report lists commits,
+// tests, numbers, what is not done, and files you changed outside your area.
+// ===================================================================================================
 #pragma once
 // FP8 quantization and the FP8 GEMM (issue 49), one program on every device:
 // the quantization (amax, scale, saturating cast) is the same aten math on
@@ -84,6 +91,10 @@ struct Fp8Tensor {
 // x [R, K] or [E, R, K] (fp32, bf16 or fp16) quantized to fp8_dtype with
 // granularity g.
 Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType fp8_dtype, Fp8Granularity g);
+// The same with the tiles' amax given (fp8_amax's shape): a caller whose x
+// is a shard of a larger operand max-reduces fp8_amax(x, g) over the ranks
+// holding the rest first, so every rank scales as one process would.
+Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType fp8_dtype, Fp8Granularity g, const at::Tensor& amax);
 
 // y = dequant(a) dequant(b)^T in out_dtype (fp32, bf16 or fp16): a [M, K],
 // b [N, K] -> [M, N]; or batched, a [E, M, K], b [E, N, K] -> [E, M, N].
