@@ -190,6 +190,10 @@ struct BenchCommand : Command {
                     "--device meta: idle device time per kernel in microseconds (default 7.7)");
     sub->add_option("--graph-kernel-gap-us", meta.graph_kernel_gap_us,
                     "--device meta: the same with device_config.cuda_graphs, a replayed graph (default 1.0)");
+    sub->add_option("--fp8-peak-tflops", meta.fp8_peak_tflops,
+                    "--device meta: dense FP8 TFLOP/s, the FP8 GEMMs' peak under model_config.fp8_recipe (default "
+                    "1979, an H100 SXM; with --peak-tflops alone: twice that)")
+        ->check(number_at_least(0));
     sub->add_option("--bandwidth-tbps", meta.bandwidth_tbps,
                     "--device meta: memory bandwidth in TB/s (default 3.35, an H100 SXM)");
     sub->add_option("--top-ops", meta.top_ops, "--device meta: operators listed in the table (default 15)")
@@ -197,7 +201,11 @@ struct BenchCommand : Command {
   }
   void run(Runtime& runtime, Watchdog*) override {
     if (device == "meta") {
-      if (opts.peak_tflops > 0) meta.peak_tflops = opts.peak_tflops, meta.peak_name = "custom";
+      if (opts.peak_tflops > 0) {
+        // A custom bf16 peak without an FP8 one: FP8 tensor cores run twice as fast (Hopper, Blackwell).
+        if (sub->count("--fp8-peak-tflops") == 0) meta.fp8_peak_tflops = 2 * opts.peak_tflops;
+        meta.peak_tflops = opts.peak_tflops, meta.peak_name = "custom";
+      }
       const MetaBenchResult r = run_meta_bench(flags.load().config, runtime, meta);
       if (runtime.rank() == 0) std::cout << to_string(r) << to_json(r) << std::endl;
       return;

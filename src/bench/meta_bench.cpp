@@ -20,6 +20,7 @@ namespace meshtrain {
 
 MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const MetaBenchOptions& opts) {
   MT_CHECK(opts.peak_tflops > 0, "bench --peak-tflops must be > 0, got ", opts.peak_tflops);
+  MT_CHECK(opts.fp8_peak_tflops > 0, "bench --fp8-peak-tflops must be > 0, got ", opts.fp8_peak_tflops);
   MT_CHECK(opts.bandwidth_tbps > 0, "bench --bandwidth-tbps must be > 0, got ", opts.bandwidth_tbps);
   MT_CHECK(opts.efficiency > 0 && opts.efficiency <= 1, "bench --efficiency must be in (0, 1], got ", opts.efficiency);
   MT_CHECK(opts.attention_efficiency > 0 && opts.attention_efficiency <= 1,
@@ -58,6 +59,7 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
   r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
   const double peak = opts.peak_tflops * 1e12;
   const double step_s = r.totals.gemm_flop / (opts.efficiency * peak) +
+                        r.totals.fp8_gemm_flop / (opts.efficiency * opts.fp8_peak_tflops * 1e12) +
                         r.totals.attention_flop / (opts.attention_efficiency * peak) +
                         r.totals.other_bytes / (opts.memory_efficiency * opts.bandwidth_tbps * 1e12) +
                         static_cast<double>(r.totals.kernels) * r.kernel_gap_us() * 1e-6;
@@ -76,7 +78,9 @@ std::string to_string(const MetaBenchResult& r) {
   const MetaBenchOptions& a = r.opts;
   o << std::setprecision(2);
   o << "bench --device meta: one training step, " << r.tokens_per_step << " tokens, modelled on " << a.peak_name
-    << " (" << a.peak_tflops << " TFLOP/s, " << a.bandwidth_tbps << " TB/s)\n";
+    << " (" << a.peak_tflops << " TFLOP/s" << (r.totals.fp8_gemm_flop > 0 ? ", FP8 " : "")
+    << (r.totals.fp8_gemm_flop > 0 ? std::to_string(static_cast<int64_t>(a.fp8_peak_tflops)) + " TFLOP/s" : "")
+    << ", " << a.bandwidth_tbps << " TB/s)\n";
   o << "  assumed: GEMMs at " << a.efficiency << " of peak, attention at " << a.attention_efficiency
     << ", memory-bound kernels at " << a.memory_efficiency << " of the bandwidth, " << r.kernel_gap_us()
     << " us between kernels" << (r.cuda_graphs ? " (a replayed CUDA graph, device_config.cuda_graphs)" : "")
@@ -93,6 +97,9 @@ std::string to_string(const MetaBenchResult& r) {
   const OpTotals& t = r.totals;
   o << std::setprecision(3);
   o << "  GEMM        " << t.gemm_flop / 1e12 << " TFLOP (" << t.gemm_bytes / 1e9 << " GB)\n";
+  if (t.fp8_gemm_flop > 0)
+    o << "  FP8 GEMM    " << t.fp8_gemm_flop / 1e12 << " TFLOP (" << t.fp8_gemm_bytes / 1e9
+      << " GB), at the FP8 peak\n";
   o << "  attention   " << t.attention_flop / 1e12 << " TFLOP (" << t.attention_bytes / 1e9 << " GB)\n";
   o << "  non-GEMM    " << t.other_bytes / 1e9 << " GB\n";
   o << "  kernels     " << t.kernels << "\n";
@@ -106,6 +113,7 @@ std::string to_string(const MetaBenchResult& r) {
 std::string to_json(const MetaBenchResult& r) {
   nlohmann::json j;
   j["gemm_tflop"] = r.totals.gemm_flop / 1e12;
+  j["fp8_gemm_tflop"] = r.totals.fp8_gemm_flop / 1e12;
   j["attention_tflop"] = r.totals.attention_flop / 1e12;
   j["non_gemm_gb"] = r.totals.other_bytes / 1e9;
   j["kernels"] = r.totals.kernels;
@@ -114,6 +122,7 @@ std::string to_json(const MetaBenchResult& r) {
   j["est_tokens_per_sec"] = r.est_tokens_per_sec;
   j["peak"] = r.opts.peak_name;
   j["assumed"] = {{"peak_tflops", r.opts.peak_tflops},
+                  {"fp8_peak_tflops", r.opts.fp8_peak_tflops},
                   {"bandwidth_tbps", r.opts.bandwidth_tbps},
                   {"gemm_efficiency", r.opts.efficiency},
                   {"attention_efficiency", r.opts.attention_efficiency},

@@ -35,6 +35,14 @@ const std::vector<KeyDoc> kModel = {
     {"model_config.model_dtype", "Precision policy on every device: float32 computes in fp32; bfloat16 keeps fp32 master "
                                  "weights, gradients and optimizer state and runs matmuls, attention and activations in "
                                  "bf16 (norm statistics, softmax and the router in fp32)."},
+    {"model_config.fp8_recipe", "FP8 GEMMs in the linear layers (attention and MLA projections, the MLP, shared and "
+                                "routed experts; forward and both backward GEMMs), on top of model_dtype bfloat16: none; "
+                                "tensorwise (one just-in-time scale per tensor, e4m3 forward operands, e5m2 gradients); "
+                                "rowwise (a scale per row of each operand, e4m3); blockwise (DeepSeek-V3: activations and "
+                                "gradients in 1x128 tiles, weights in 128x128 blocks, e4m3). The embedding, LM head, "
+                                "router, norms and loss stay bf16/fp32, as do master weights, gradients and optimizer "
+                                "state, so a resume may switch recipes. Blockwise needs every dim tp splits to be whole "
+                                "128-wide tiles per rank and no context_parallel (docs/precision.md)."},
     {"model_config.k", "MoE: experts each token is routed to (top-k), in [1, n_experts]."},
     {"model_config.n_experts", "MoE: routed experts per MoE layer; at least 1 with ffn moe. Divisible by n_group and by "
                                "device_config.expert_parallel."},

@@ -96,6 +96,7 @@ const std::vector<std::string>& model_tuning_keys() {
   // parameters: a resume with them changed warns.
   static const std::vector<std::string> keys = {
       "model_config.T",           "model_config.dropout_rate",  "model_config.model_dtype",
+      "model_config.fp8_recipe",  // the GEMMs' precision: the master weights are fp32 either way
       "model_config.init_std",    "model_config.capacity_factor", "model_config.router_z_loss",
       "model_config.active_params_scope"};  // what plan counts as active, not the model
   return keys;

@@ -25,6 +25,7 @@ void visit_model_fields(M& m, V&& v) {
   v("model_config", "dhR", m.dhR);
   v("model_config", "dropout_rate", m.dropout_rate);
   v("model_config", "model_dtype", m.model_dtype);
+  v("model_config", "fp8_recipe", m.fp8_recipe);
   v("model_config", "k", m.k);
   v("model_config", "n_experts", m.n_experts);
   v("model_config", "n_shared", m.n_shared);

@@ -2,6 +2,9 @@
 // fails here with the key's name instead of deep inside a collective.
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/config/load.h"
 #include "meshtrain/core/check.h"
@@ -339,6 +342,52 @@ void validate_mesh(const Config& c) {
   validate_pipeline(c);
 }
 
+// FP8 recipes (model/fp8_linear.h): on top of the bf16 policy, and only on
+// meshes where every rank's scales are one process's. Blockwise scales
+// 128-wide tiles and never reduces them over ranks, so no tile may straddle
+// two: every dim tp splits, and under sequence parallelism the sequence shard
+// a replicated layer reads, must be whole tiles per rank.
+void validate_fp8(const Config& c) {
+  const ModelConfig& m = c.model;
+  if (m.fp8_recipe == Fp8Recipe::None) return;
+  const std::string key = std::string("model_config.fp8_recipe \"") + choice_name(m.fp8_recipe) + "\"";
+  MT_CHECK(m.model_dtype == ModelDtype::Bfloat16, key, " needs model_config.model_dtype \"bfloat16\" (FP8 GEMMs on "
+           "top of the bf16 policy: bf16 activations, fp32 master weights), got \"", m.model_dtype, "\"");
+  const int64_t tp = c.device.tp(), cp = c.device.cp(), ep = c.device.expert_parallel;
+  MT_CHECK(!(cp > 1 && ep > 1), key, " with device_config.context_parallel ", cp, " and device_config.expert_parallel ",
+           ep, " together is not supported: an expert's rows would mix sequence chunks of several senders, whose "
+           "scales no single process computes (use one of them)");
+  if (m.fp8_recipe != Fp8Recipe::Blockwise) return;
+  const int64_t tile = 128;
+  MT_CHECK(cp == 1, key, " with device_config.context_parallel ", cp, " is not supported: its 128-token tiles of the "
+           "weight-gradient GEMMs would straddle the ranks' sequence chunks (use tensorwise or rowwise)");
+  if (tp == 1) return;
+  std::vector<std::pair<std::string, int64_t>> split;  // what tp splits, and its width
+  const int64_t hd = m.head_dim(), kv = m.kv_heads();
+  split.emplace_back("the attention heads (model_config.model_dimension)", m.n_head * hd);
+  if (m.attention == AttentionKind::Mha && kv % tp == 0 && kv != m.n_head)
+    split.emplace_back("the key/value heads (model_config.n_kv_head x head dim)", kv * hd);
+  if (m.attention == AttentionKind::Mla && m.dhR > 0)
+    split.emplace_back("the rope queries (model_config.n_head x dhR)", m.n_head * m.dhR);
+  const bool dense_layers = m.ffn == FfnKind::Dense || m.first_k_dense > 0;
+  if (dense_layers) split.emplace_back("the MLP hidden units (model_config.dense_mlp_hidden)", m.dense_hidden_dim());
+  if (m.ffn == FfnKind::Moe) split.emplace_back("the expert hidden units (model_config.mlp_hidden)", m.hidden_dim());
+  if (m.ffn == FfnKind::Moe && m.n_shared > 0 && m.shared_expert == SharedExpert::Mlp)
+    split.emplace_back("the shared experts' hidden units (model_config.n_shared x mlp_hidden)", m.n_shared * m.hidden_dim());
+  for (const auto& [what, width] : split)
+    MT_CHECK(width % (tile * tp) == 0, key, " quantizes in 128-wide tiles, and tp = ", tp,
+             " (device_config.n_device_axis[2]) splits ", what, ", ", width, " wide, into shards of ", width / tp,
+             ": each shard must be a multiple of 128 so that no tile straddles two ranks (use tensorwise or rowwise, "
+             "or widths that are multiples of ", tile * tp, ")");
+  // Replicated layers that read the sequence shard: MLA's down-projections
+  // and rope key, kv heads replicated over more tp ranks than heads.
+  const bool shard_readers = m.attention == AttentionKind::Mla || kv % tp != 0;
+  if (c.sequence_parallel && shard_readers)
+    MT_CHECK(m.T % (tile * tp) == 0, key, " with sequence_parallel: replicated layers read a sequence shard of "
+             "model_config.T / tp = ", m.T, " / ", tp, " tokens, whose weight gradients scale 128-token tiles: the shard "
+             "must be a multiple of 128 (T a multiple of ", tile * tp, "), or use tensorwise or rowwise");
+}
+
 // What a captured step cannot do (device_config.cuda_graphs): each refusal
 // names the key that asks for it. The graph replays one rank's kernels with
 // the shapes and host decisions of its capture.
@@ -418,6 +467,7 @@ void validate(const Config& c) {
   validate_lr(c.lr);
   validate_run(c);
   validate_mesh(c);
+  validate_fp8(c);
   validate_cuda_graphs(c);
 }
 

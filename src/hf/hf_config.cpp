@@ -245,6 +245,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const ModelConfig& bas
   m.T = base.T;
   m.dropout_rate = base.dropout_rate;
   m.model_dtype = base.model_dtype;
+  m.fp8_recipe = base.fp8_recipe;
   m.capacity_factor = base.capacity_factor;
   m.router_z_loss = base.router_z_loss;
   m.init_std = base.init_std;

@@ -294,6 +294,7 @@ Config with_checkpoint_hf_model(Config cfg, const std::string& checkpoint, std::
     m.T = cfg.model.T;
     m.dropout_rate = cfg.model.dropout_rate;
     m.model_dtype = cfg.model.model_dtype;
+    m.fp8_recipe = cfg.model.fp8_recipe;
     m.capacity_factor = cfg.model.capacity_factor;
     m.router_z_loss = cfg.model.router_z_loss;
     m.init_std = cfg.model.init_std;

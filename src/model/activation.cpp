@@ -23,7 +23,8 @@ at::Tensor apply_activation(MlpActivation a, const at::Tensor& in, const at::Ten
 
 at::Tensor mlp_forward(MlpActivation a, Linear& w_in, Linear* w_gate, Linear& w_out, const at::Tensor& x,
                        const at::Tensor& residual, MixedPrecision& precision) {
-  if (a == MlpActivation::Gelu && w_gate == nullptr)
+  // Under FP8 the GELU runs apart: its GEMMs are FP8 ones (model/fp8_linear.h).
+  if (a == MlpActivation::Gelu && w_gate == nullptr && !precision.fp8())
     return w_out.forward_gelu(linear_gelu(w_in.input(x), w_in.weight(), w_in.bias(), precision), residual);
   const at::Tensor hid = apply_activation(a, w_in.forward(x), w_gate ? w_gate->forward(x) : at::Tensor());
   return residual.defined() ? w_out.forward_residual(hid, residual) : w_out.forward(hid);

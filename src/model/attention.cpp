@@ -233,10 +233,12 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
     if (dhR_ > 0) cache->b = k_rope = append(cache->b, k_rope, 1);
   }
   at::Tensor k, v;
-  if (layout && layout->gather) {
+  if (layout && layout->gather && !mp.fp8()) {
     // Context parallelism exchanges the latent (and the rope key), not the
     // keys and values; each rank expands the whole sequence's latent itself.
-    // w_uk and w_uv read the same tp region entry.
+    // w_uk and w_uv read the same tp region entry. (Not under FP8: the
+    // up-projections' output gradients would be each rank's partial sums,
+    // quantized before they are summed; one process quantizes the sum.)
     const at::Tensor latent = layout->gather(w_uk_->input(c), 1);
     k = split_heads(mp.linear(latent, w_uk_->weight(), w_uk_->bias()), hd);
     v = split_heads(mp.linear(latent, w_uv_->weight(), w_uv_->bias()), hd);
@@ -244,6 +246,11 @@ at::Tensor MLA::forward(const at::Tensor& x, LayerCache* cache, int64_t offset, 
   } else {
     k = split_heads(w_uk_->forward(c), hd);  // [B, H, t, hd]
     v = split_heads(w_uv_->forward(c), hd);
+    if (layout && layout->gather) {  // FP8 under context parallelism: the whole sequence's keys and values
+      k = layout->gather(k, 2);
+      v = layout->gather(v, 2);
+      if (dhR_ > 0) k_rope = layout->gather(k_rope, 1);
+    }
   }
   if (dhR_ > 0) k = at::cat({k, k_rope.unsqueeze(1).expand({-1, k.size(1), -1, -1})}, -1);
   const double p = is_training() ? cfg_.dropout_rate : 0.0;

@@ -180,23 +180,41 @@ std::shared_ptr<Linear> LayerFactory::column(const std::string& name, int64_t in
   record_layout(name + ".weight", {{out, in}, 0, name + ".weight"});
   set_compute_cast(name + ".weight", true);
   if (bias) record_layout(name + ".bias", {{out}, 0, name + ".bias"});
-  return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
-                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
+  at::Tensor w = draw(name + ".weight", {out, in}, std);
+  mark_fp8(w, Fp8Shard::None, false);  // unsharded: nothing to reduce
+  return std::make_shared<PlainLinear>(w, bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
 }
 
 std::shared_ptr<Linear> LayerFactory::row(const std::string& name, int64_t in, int64_t out, double std, bool bias) {
   record_layout(name + ".weight", {{out, in}, 1, name + ".weight"});
   set_compute_cast(name + ".weight", true);
   if (bias) record_row_bias(name + ".bias", out);
-  return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
-                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
+  at::Tensor w = draw(name + ".weight", {out, in}, std);
+  mark_fp8(w, Fp8Shard::None, false);
+  return std::make_shared<PlainLinear>(w, bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
 }
 
 std::shared_ptr<Linear> LayerFactory::replicated(const std::string& name, int64_t in, int64_t out, double std,
                                                  bool bias, SequenceInput input) {
   record_replicated(name, in, out, bias, input);
-  return std::make_shared<PlainLinear>(draw(name + ".weight", {out, in}, std),
-                                       bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
+  at::Tensor w = draw(name + ".weight", {out, in}, std);
+  mark_fp8(w, Fp8Shard::None, input == SequenceInput::Shard);
+  return std::make_shared<PlainLinear>(w, bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), precision());
+}
+
+void LayerFactory::mark_fp8(const at::Tensor& w, Fp8Shard shard, bool reads_sequence_shard) {
+  if (!precision_->fp8()) return;
+  const bool tokens = reads_sequence_shard && sequence_parallel();
+  std::shared_ptr<const Fp8Split>& kind = fp8_splits_[{shard, tokens}];
+  if (!kind) {
+    const AmaxReduce tp = tp_amax_max();
+    auto split = std::make_shared<Fp8Split>();
+    if (shard == Fp8Shard::Out) split->out = tp;
+    if (shard == Fp8Shard::In) split->in = tp;
+    if (tokens) split->tokens = tp;
+    kind = std::move(split);
+  }
+  precision_->mark_fp8(w, kind);
 }
 
 std::shared_ptr<Linear> LayerFactory::kv_heads(const std::string& name, int64_t in, int64_t n_heads,
@@ -285,7 +303,7 @@ at::Tensor TokenDispatcher::run_experts(const at::Tensor& rows, const at::Tensor
                                         const ExpertsFn& experts) {
   // A scatter, not bincount, which sizes its output from the data: no host sync.
   const at::Tensor counts = at::zeros({n_experts}, expert.options()).scatter_add_(0, expert, at::ones_like(expert));
-  return experts(rows, counts, expert);
+  return experts(rows, counts, expert, at::zeros_like(expert));  // every row from this rank
 }
 
 }  // namespace meshtrain

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/fp8_linear.h"
 #include "meshtrain/model/mixed_precision.h"
 
 namespace meshtrain {
@@ -204,9 +205,22 @@ at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, cons
                     grad_accumulates_in_gemm(param, dy) ? param.grad() : at::Tensor());
 }
 
+at::Tensor param_weight_grad(const at::Tensor& param, std::function<at::Tensor()> dw, MixedPrecision* precision) {
+  if (precision && precision->deferred_weight_grads()) {
+    precision->deferred_weight_grads()->push(param, std::move(dw));
+    return {};
+  }
+  return dw();
+}
+
 void WeightGradQueue::push(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched) {
   std::lock_guard<std::mutex> lock(mu_);
-  entries_.push_back({param, dy, x, batched});
+  entries_.push_back({param, dy, x, batched, {}});
+}
+
+void WeightGradQueue::push(const at::Tensor& param, std::function<at::Tensor()> dw) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.push_back({param, {}, {}, false, std::move(dw)});
 }
 
 void WeightGradQueue::after_run(std::function<void()> f) {
@@ -230,7 +244,11 @@ void WeightGradQueue::run() {
   at::NoGradGuard no_grad;
   for (Entry& e : entries) {
     at::Tensor& grad = e.param.mutable_grad();
-    if (grad_accumulates_in_gemm(e.param, e.dy)) {
+    if (e.dw) {
+      const at::Tensor dw = e.dw();
+      if (grad.defined()) grad.add_(dw);
+      else grad = dw;
+    } else if (grad_accumulates_in_gemm(e.param, e.dy)) {
       wgrad_gemm(e.dy, e.x, e.param.scalar_type(), e.batched, grad);
     } else {
       const at::Tensor dw = wgrad_gemm(e.dy, e.x, e.param.scalar_type(), e.batched, {});
@@ -242,9 +260,10 @@ void WeightGradQueue::run() {
   for (const auto& f : after) f();
 }
 
-at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision) {
+at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision, int64_t segments) {
   MT_ASSERT(x.dim() == 3 && w.dim() == 3 && x.size(0) == w.size(0) && x.size(2) == w.size(2),
             "batched_linear: x ", x.sizes(), " and w ", w.sizes(), " do not match");
+  if (const Fp8Split* split = precision.fp8_split(w)) return fp8_batched_linear(x, w, precision, *split, segments);
   return BatchedLinear::apply(x, w, reinterpret_cast<int64_t>(&precision));
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/model/fp8_linear.h"
 #include "meshtrain/model/mixed_matmul.h"
 
 namespace meshtrain {
@@ -31,16 +32,30 @@ class KeptCast : public torch::autograd::Function<KeptCast> {
 
 }  // namespace
 
-PrecisionPolicy PrecisionPolicy::from_model_dtype(ModelDtype model_dtype) {
+PrecisionPolicy PrecisionPolicy::from_model_dtype(ModelDtype model_dtype, Fp8Recipe fp8) {
   PrecisionPolicy p;
   p.compute = model_dtype == ModelDtype::Bfloat16 ? at::kBFloat16 : at::kFloat;
+  MT_ASSERT(fp8 == Fp8Recipe::None || p.mixed(), "an FP8 recipe on an fp32 policy (config validation refuses it)");
+  p.fp8 = fp8;
   return p;
 }
 
 std::string PrecisionPolicy::describe() const {
   if (!mixed()) return "fp32 compute, fp32 weights/grads/optimizer";
+  std::string fp8_line;
+  switch (fp8) {
+    case Fp8Recipe::None: break;
+    case Fp8Recipe::Tensorwise:
+      fp8_line = "; FP8 tensorwise linear GEMMs (e4m3 inputs and weights, e5m2 gradients, one scale per tensor)";
+      break;
+    case Fp8Recipe::Rowwise: fp8_line = "; FP8 rowwise linear GEMMs (e4m3, a scale per row of each operand)"; break;
+    case Fp8Recipe::Blockwise:
+      fp8_line = "; FP8 blockwise linear GEMMs (e4m3: 1x128 tiles of activations and gradients, 128x128 weight blocks)";
+      break;
+  }
   return "bf16 compute (matmuls, attention, activations between layers and stages), fp32 master "
-         "weights/grads/optimizer, fp32 norm/softmax/cross-entropy statistics and router";
+         "weights/grads/optimizer, fp32 norm/softmax/cross-entropy statistics and router" +
+         fp8_line;
 }
 
 at::Tensor MixedPrecision::operand(const at::Tensor& t) {
@@ -111,6 +126,11 @@ at::Tensor MixedPrecision::fused_linear(const at::Tensor& x, at::TensorList weig
                 !(residual.defined() && !biases.empty()),
             "fused_linear: ", weights.size(), " weights, ", biases.size(), " biases",
             residual.defined() ? " and a residual" : "");
+  if (const Fp8Split* split = fp8_split(weights[0])) {
+    for (const at::Tensor& w : weights)
+      MT_ASSERT(fp8_split(w) == split, "fused_linear: FP8 weights fused with others split otherwise");
+    return fp8_linear(x, weights, biases, residual, *this, *split);
+  }
   std::vector<at::Tensor> params(weights.begin(), weights.end());
   params.insert(params.end(), biases.begin(), biases.end());
   if (grads_in_fp32(params)) return mixed_linear(x, weights, biases, residual, *this);
@@ -140,6 +160,53 @@ void MixedPrecision::forget(const at::Tensor& param) {
   cache_.erase(param.unsafeGetTensorImpl());
   detached_.erase(param.unsafeGetTensorImpl());
   provided_.erase(param.unsafeGetTensorImpl());
+  for (auto& c : fp8_cache_) c.erase(param.unsafeGetTensorImpl());
+}
+
+void MixedPrecision::mark_fp8(const at::Tensor& param, std::shared_ptr<const Fp8Split> split) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MT_ASSERT(fp8() && split, "mark_fp8: no FP8 recipe, or no split");
+  fp8_marked_[param.unsafeGetTensorImpl()] = std::move(split);
+}
+
+void MixedPrecision::unmark_fp8(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fp8_marked_.erase(param.unsafeGetTensorImpl());
+}
+
+const Fp8Split* MixedPrecision::fp8_split(const at::Tensor& param) const {
+  if (!fp8() || !param.defined()) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = fp8_marked_.find(param.unsafeGetTensorImpl());
+  return it == fp8_marked_.end() ? nullptr : it->second.get();
+}
+
+ops::Fp8Tensor MixedPrecision::fp8_weight(const at::Tensor& param, bool transposed) {
+  const Fp8Split* split = fp8_split(param);
+  MT_ASSERT(split != nullptr, "fp8_weight: ", param.sizes(), " is not a marked FP8 weight");
+  const c10::TensorImpl* key = param.unsafeGetTensorImpl();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = fp8_cache_[transposed].find(key);
+    if (it != fp8_cache_[transposed].end()) return it->second.second;
+  }
+  // Quantized outside the lock: the tp reductions are collectives.
+  const Fp8Operand op = Fp8Plan::of(policy_.fp8).w;
+  const bool symmetric = op.granularity == ops::Fp8Granularity::kTensor ||
+                         op.granularity == ops::Fp8Granularity::kBlock;
+  ops::Fp8Tensor q;
+  if (!transposed) {
+    q = fp8_quantize(operand_detached(param), op, split->out, split->in);
+  } else if (symmetric) {
+    q = fp8_weight(param, false).transposed();
+    q.data = q.data.contiguous();  // row-major, as _scaled_mm takes it
+    q.scale = q.scale.contiguous();
+  } else {
+    q = fp8_quantize(operand_detached(param).transpose(-2, -1), op, split->in, split->out);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (depth_ > 0) fp8_cache_[transposed][key] = {param, q};
+  return q;
 }
 
 void MixedPrecision::provide(const at::Tensor& param, at::Tensor cast) {
@@ -217,6 +284,7 @@ void MixedPrecision::close() {
     cache_.clear();
     detached_.clear();
     provided_.clear();
+    for (auto& c : fp8_cache_) c.clear();
   }
 }
 

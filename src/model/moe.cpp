@@ -8,6 +8,7 @@
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/activation.h"
+#include "meshtrain/model/fp8_linear.h"
 #include "meshtrain/model/gelu_matmul.h"
 #include "meshtrain/model/mixed_matmul.h"
 #include "meshtrain/model/mixed_precision.h"
@@ -153,6 +154,11 @@ MoE::MoE(const ModelConfig& cfg, LayerFactory& factory, const std::string& prefi
   factory.set_compute_cast(prefix + ".router.weight", false);
   for (const char* w : {".experts.w_in", ".experts.w_out", ".experts.w_gate"})
     if (factory.layouts().count(prefix + w)) factory.set_compute_cast(prefix + w, true);
+  // FP8 (model/fp8_linear.h): the experts' GEMMs, not the router's.
+  factory.precision()->unmark_fp8(router_->weight());
+  factory.mark_fp8(w_in_, LayerFactory::Fp8Shard::Out, false);
+  factory.mark_fp8(w_out_, LayerFactory::Fp8Shard::In, false);
+  if (w_gate_.defined()) factory.mark_fp8(w_gate_, LayerFactory::Fp8Shard::Out, false);
   if (cfg.router_bias) {
     const std::string name = prefix + ".score_bias";
     ParamLayout layout{{E}, -1, name};
@@ -206,14 +212,16 @@ at::Tensor MoE::experts_by_capacity(const at::Tensor& xflat, const Routing& r, c
   // The expert weights' gradients come out of their GEMMs in fp32 (model/mixed_matmul.h).
   // Empty slots get the bias too; nothing reads their outputs.
   at::Tensor expert_out;  // [E_local, ep*S, d]
-  if (cfg_.mlp_activation == MlpActivation::Gelu && !w_gate_.defined()) {
+  if (cfg_.mlp_activation == MlpActivation::Gelu && !w_gate_.defined() && !mp.fp8()) {
     // The GELU inside the GEMMs (model/gelu_matmul.h).
     expert_out = gelu_linear(linear_gelu(xin, w_in_, b_in_, mp), w_out_, {}, {}, mp);
   } else {
-    const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp) : at::Tensor();
-    at::Tensor pre = batched_linear(xin, w_in_, mp);  // [E_local, ep*S, h]
+    // Under FP8 each sender's S slots of an expert are an operand of their own.
+    const int64_t senders = dispatcher_->size();
+    const at::Tensor gate_in = w_gate_.defined() ? batched_linear(xin, w_gate_, mp, senders) : at::Tensor();
+    at::Tensor pre = batched_linear(xin, w_in_, mp, senders);  // [E_local, ep*S, h]
     if (b_in_.defined()) pre = pre + b_in_.unsqueeze(1).to(pre.scalar_type());
-    expert_out = batched_linear(apply_activation(cfg_.mlp_activation, pre, gate_in), w_out_, mp);
+    expert_out = batched_linear(apply_activation(cfg_.mlp_activation, pre, gate_in), w_out_, mp, senders);
   }
   const at::Tensor out = dispatcher_->combine_slots(expert_out);  // [E, S, d]
   // Combine: gates scale each tp rank's partial output before exit_tp sums
@@ -235,23 +243,30 @@ at::Tensor MoE::experts_dropless(const at::Tensor& xflat, const Routing& r, cons
   // Through the dispatcher: local, or exchanged with the expert-parallel peers.
   at::Tensor out = dispatcher_->run_experts(
       rows, sorted_expert, E,
-      [this](const at::Tensor& in, const at::Tensor& counts, const at::Tensor& row_expert) {
+      [this](const at::Tensor& in, const at::Tensor& counts, const at::Tensor& row_expert,
+             const at::Tensor& row_sender) {
         // No rows here: the (empty) rows stand in for the outputs, so an
         // exchange's backward still runs on this rank as on its peers.
-        return in.size(0) == 0 ? in : grouped_experts(in, counts, row_expert);
+        return in.size(0) == 0 ? in : grouped_experts(in, counts, row_expert, row_sender);
       });
   // Combine: gates scale each tp rank's partial output before exit_tp sums
   // them, which is exact because the combine is linear.
   return ops::tokens_from_slots(out, gate.view({N, k}), map);
 }
 
-at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert) {
+at::Tensor MoE::grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert,
+                                const at::Tensor& row_sender) {
   // One grouped GEMM per projection (at::_grouped_mm: group g is rows
   // offs[g-1]..offs[g] times expert g's matrix), not a loop of small GEMMs.
   const at::Tensor offs = counts.cumsum(0).to(at::kInt);
   MixedPrecision& mp = *factory_->precision();
   const at::Tensor x = mp.operand(rows);
+  // FP8: each (expert, sender) block of rows is an operand of its own.
+  const int64_t senders = dispatcher_->size();
+  const at::Tensor block = row_expert * senders + row_sender;
   auto gmm = [&](const at::Tensor& a, const at::Tensor& w) {
+    if (const Fp8Split* split = mp.fp8_split(w))
+      return fp8_grouped_linear(a, w, counts, block, w.size(0) * senders, mp, *split);
     return at::_grouped_mm(a, mp.operand(w).transpose(1, 2), offs);
   };
   at::Tensor pre = gmm(x, w_in_);

@@ -69,7 +69,8 @@ class AllToAllDispatcher : public TokenDispatcher {
     // A scatter, not bincount (which sizes its output from the data: a host read).
     const at::Tensor counts = at::zeros({n_experts}, expert.options()).scatter_add_(0, expert, at::ones_like(expert));
     const Exchanged mine = exchange(rows, counts);
-    return combine(experts(mine.rows, mine.device_counts, mine.row_expert), mine);  // the sender's rows, in their order
+    // the sender's rows, in their order
+    return combine(experts(mine.rows, mine.device_counts, mine.row_expert, mine.row_sender), mine);
   }
 
   at::Tensor dispatch_slots(const at::Tensor& slots) override {
@@ -90,6 +91,7 @@ class AllToAllDispatcher : public TokenDispatcher {
   struct Exchanged : Dispatched {
     at::Tensor device_counts;  // [E_local] rows per local expert, on the device
     at::Tensor row_expert;     // [rows] local expert of each row, on the device
+    at::Tensor row_sender;     // [rows] the ep rank each row came from, on the device
   };
 
   // The counts go first, device to device (an even all-to-all of E int64);
@@ -125,6 +127,7 @@ class AllToAllDispatcher : public TokenDispatcher {
     auto [sorted, order] = at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false);
     d.order = order;
     d.row_expert = at::floor_divide(sorted, ep);
+    d.row_sender = at::remainder(sorted, ep);
     d.rows = in.index_select(0, d.order);
     return d;
   }

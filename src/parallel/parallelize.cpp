@@ -59,7 +59,14 @@ std::unique_ptr<ParallelModel> build_parallel_model(const Config& cfg, Mesh& mes
   pm.factory = meta ? std::make_unique<MetaLayerFactory>() : make_layer_factory(cfg, mesh);
   pm.factory->set_seed(cfg.seed);
   // One precision policy on every device (model/mixed_precision.h).
-  pm.factory->set_precision(std::make_shared<MixedPrecision>(PrecisionPolicy::from_model_dtype(cfg.model.model_dtype)));
+  pm.factory->set_precision(std::make_shared<MixedPrecision>(
+      PrecisionPolicy::from_model_dtype(cfg.model.model_dtype, cfg.model.fp8_recipe)));
+  // FP8 under context parallelism: scale groups spanning tokens take their
+  // amax over every chunk of the sequences (model/fp8_linear.h).
+  if (cfg.model.fp8_recipe != Fp8Recipe::None && mesh.shape().cp > 1) {
+    Communicator* cp = &mesh.cp();
+    pm.factory->precision()->set_fp8_token_reduce([cp](at::Tensor& amax) { cp->all_reduce(amax, ReduceOp::Max); });
+  }
   // Zero-bubble schedules defer the weight-gradient GEMMs of a backward (B)
   // to a pass of their own (W): the layers take them from mixed_matmul.h.
   if (mesh.shape().pp > 1 && (cfg.pipeline_schedule == PipelineSchedule::ZbH1 ||

@@ -106,9 +106,10 @@ class TensorParallelFactory : public LayerFactory {
     record_layout(w, {{out, in}, 0, w});
     set_compute_cast(w, true);
     if (bias) record_layout(b, {{out}, 0, b});
+    at::Tensor weight = tp_chunk(draw(w, {out, in}, std), 0, tp_size(), tp_rank(), w);
+    mark_fp8(weight, Fp8Shard::Out, false);
     return std::make_shared<ColumnParallelLinear>(
-        tp_chunk(draw(w, {out, in}, std), 0, tp_size(), tp_rank(), w),
-        bias ? tp_chunk(draw(b, {out}, 0.0), 0, tp_size(), tp_rank(), b) : at::Tensor(), this);
+        weight, bias ? tp_chunk(draw(b, {out}, 0.0), 0, tp_size(), tp_rank(), b) : at::Tensor(), this);
   }
 
   std::shared_ptr<Linear> row(const std::string& name, int64_t in, int64_t out, double std, bool bias) override {
@@ -116,8 +117,9 @@ class TensorParallelFactory : public LayerFactory {
     record_layout(w, {{out, in}, 1, w});
     set_compute_cast(w, true);
     if (bias) record_row_bias(b, out);
-    return std::make_shared<RowParallelLinear>(tp_chunk(draw(w, {out, in}, std), 1, tp_size(), tp_rank(), w),
-                                               bias ? draw(b, {out}, 0.0) : at::Tensor(), this);
+    at::Tensor weight = tp_chunk(draw(w, {out, in}, std), 1, tp_size(), tp_rank(), w);
+    mark_fp8(weight, Fp8Shard::In, false);
+    return std::make_shared<RowParallelLinear>(weight, bias ? draw(b, {out}, 0.0) : at::Tensor(), this);
   }
 
   // Replicated layers see whatever their caller passes (the MoE router gets
@@ -127,8 +129,9 @@ class TensorParallelFactory : public LayerFactory {
                                      SequenceInput input) override {
     const std::string w = name + ".weight", b = name + ".bias";
     record_replicated(name, in, out, bias, input);
-    return std::make_shared<PlainLinear>(draw(w, {out, in}, std), bias ? draw(b, {out}, 0.0) : at::Tensor(),
-                                         precision());
+    at::Tensor weight = draw(w, {out, in}, std);
+    mark_fp8(weight, Fp8Shard::None, input == SequenceInput::Shard);
+    return std::make_shared<PlainLinear>(weight, bias ? draw(b, {out}, 0.0) : at::Tensor(), precision());
   }
 
   std::shared_ptr<Linear> kv_heads(const std::string& name, int64_t in, int64_t n_heads, int64_t head_dim,
@@ -138,7 +141,9 @@ class TensorParallelFactory : public LayerFactory {
     if (n_heads % tp_size() == 0) return column(name, in, n_heads * head_dim, std, bias);
     const int64_t out = n_heads * head_dim, ranks_per_head = tp_size() / n_heads;
     record_replicated(name, in, out, bias, SequenceInput::Shard);
-    return std::make_shared<ReplicatedKvHead>(draw(name + ".weight", {out, in}, std),
+    at::Tensor weight = draw(name + ".weight", {out, in}, std);
+    mark_fp8(weight, Fp8Shard::None, true);  // reads the sequence shard
+    return std::make_shared<ReplicatedKvHead>(weight,
                                               bias ? draw(name + ".bias", {out}, 0.0) : at::Tensor(), head_dim,
                                               tp_rank() / ranks_per_head, this);
   }
@@ -200,6 +205,10 @@ class TensorParallelFactory : public LayerFactory {
   }
   at::Tensor scatter_sequence(const at::Tensor& x) override {
     return sp_ ? meshtrain::scatter_sequence(x, tp_) : x;
+  }
+  AmaxReduce tp_amax_max() override {
+    Communicator* tp = &tp_;
+    return [tp](at::Tensor& amax) { tp->all_reduce(amax, ReduceOp::Max); };
   }
 
  private:

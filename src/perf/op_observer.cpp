@@ -22,7 +22,7 @@ namespace meshtrain {
 
 namespace {
 
-enum class Kind { Other, Gemm, Attention };
+enum class Kind { Other, Gemm, Fp8Gemm, Attention };
 
 // What the schema and the registered kernels say about one operator overload.
 // Indexed ops touch the indexed elements only, not their whole operands.
@@ -58,6 +58,8 @@ OpInfo classify(const char* name, const char* overload) {
                  "aten::dot", "aten::vdot", "aten::_grouped_mm", "aten::_scaled_mm", "aten::_int_mm",
                  "meshtrain::linear_gelu", "meshtrain::linear_dgelu"}))
     info.kind = Kind::Gemm;
+  // ops/fp8.h's FP8 GEMM (at::_scaled_mm or its emulation: one GEMM on a GPU).
+  if (n == "meshtrain::fp8_mm") info.kind = Kind::Fp8Gemm;
   if (starts_with(name, "aten::_scaled_dot_product_flash_attention") ||
       starts_with(name, "aten::_scaled_dot_product_efficient_attention") ||
       starts_with(name, "aten::_scaled_dot_product_cudnn_attention") ||
@@ -150,6 +152,8 @@ double gemm_flop(const std::string& n, c10::ArrayRef<const c10::IValue> in) {
   // ops/gelu_gemm.h, batched or not: x [.., M, K] times w [.., N, K]^T; dy [.., M, N] times w [.., N, H].
   if (n == "meshtrain::linear_gelu") return 2 * static_cast<double>(T(0).numel()) * dim(T(1), T(1).dim() - 2);
   if (n == "meshtrain::linear_dgelu") return 2 * static_cast<double>(T(0).numel()) * dim(T(1), T(1).dim() - 1);
+  // ops/fp8.h: a [.., M, K] times b [.., N, K]^T.
+  if (n == "meshtrain::fp8_mm") return 2 * static_cast<double>(T(0).numel()) * dim(T(3), T(3).dim() - 2);
   return 0;
 }
 
@@ -260,7 +264,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       ++s->totals.host_syncs;
       ++s->totals.by_op[f.name + " (host sync)"].calls;
     }
-    if (f.on_device && f.info->kind == Kind::Gemm) f.flop = gemm_flop(f.name, inputs);
+    if (f.on_device && (f.info->kind == Kind::Gemm || f.info->kind == Kind::Fp8Gemm))
+      f.flop = gemm_flop(f.name, inputs);
+    // An FP8 quantization without a given amax reads x twice: the amax, then
+    // the scaled cast.
+    if (f.on_device && f.name == "meshtrain::fp8_quantize" && inputs.size() >= 4 && inputs[3].isNone())
+      f.in_bytes += tensor_bytes(inputs[0].toTensor());
     if (f.on_device && f.info->kind == Kind::Attention) f.flop = attention_flop(f.name, inputs);
   }
   t_stack.push_back(std::move(f));
@@ -291,6 +300,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     if (f.info->kind == Kind::Gemm) {
       t.gemm_flop += f.flop;
       t.gemm_bytes += bytes;
+    } else if (f.info->kind == Kind::Fp8Gemm) {
+      t.fp8_gemm_flop += f.flop;
+      t.fp8_gemm_bytes += bytes;
     } else if (f.info->kind == Kind::Attention) {
       t.attention_flop += f.flop;
       t.attention_bytes += bytes;

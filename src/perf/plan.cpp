@@ -194,7 +194,7 @@ PlanInputs plan_mesh(const Config& cfg, PlanDevice device, MemoryPlan& plan) {
 
   PlanInputs in;
   // The policy is the same on every device (model/mixed_precision.h).
-  const PrecisionPolicy policy = PrecisionPolicy::from_model_dtype(m.model_dtype);
+  const PrecisionPolicy policy = PrecisionPolicy::from_model_dtype(m.model_dtype, m.fp8_recipe);
   in.bf16 = policy.mixed();
   in.moments = cfg.optimizer_state_dtype == ModelDtype::Bfloat16 ? 4 : 8;
   plan.precision = policy.describe() +

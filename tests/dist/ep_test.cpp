@@ -189,13 +189,15 @@ TEST(ExpertParallelExchange, DevicePermutationAndNoOtherHostReads) {
   at::manual_seed(11 + world->rank());
   const at::Tensor expert = std::get<0>(at::randint(0, E, {M}, at::kLong).sort());
   const at::Tensor rows = at::randn({M, d}).requires_grad_(true);
-  at::Tensor seen_counts, seen_expert, out;
+  at::Tensor seen_counts, seen_expert, seen_sender, out;
   {
     OpObserver obs(at::Device(at::kCPU));
     out = dispatcher->run_experts(
-        rows, expert, E, [&](const at::Tensor& in, const at::Tensor& counts, const at::Tensor& row_expert) {
+        rows, expert, E,
+        [&](const at::Tensor& in, const at::Tensor& counts, const at::Tensor& row_expert, const at::Tensor& sender) {
           seen_counts = counts;
           seen_expert = row_expert;
+          seen_sender = sender;
           return in * (row_expert + 1).unsqueeze(1).to(in.scalar_type());
         });
     out.sum().backward();
@@ -212,4 +214,13 @@ TEST(ExpertParallelExchange, DevicePermutationAndNoOtherHostReads) {
   at::Tensor mine = at::zeros({E}, at::kLong).scatter_add_(0, expert, at::ones_like(expert));
   world->all_reduce(mine);
   EXPECT_TRUE(at::equal(seen_counts, mine.view({ep, local})[world->rank()]));
+  // Within an expert the rows come by sender (FP8's scale groups), each
+  // sender's as many as it sent.
+  const at::Tensor block = seen_expert * ep + seen_sender;
+  EXPECT_TRUE(at::equal(block, std::get<0>(block.sort())));
+  at::Tensor sent = at::zeros({ep, E}, at::kLong);
+  sent[world->rank()].scatter_add_(0, expert, at::ones_like(expert));
+  world->all_reduce(sent);
+  const at::Tensor from = sent.narrow(1, world->rank() * local, local).t().reshape({-1});  // [local, ep]
+  EXPECT_TRUE(at::equal(at::zeros({local * ep}, at::kLong).scatter_add_(0, block, at::ones_like(block)), from));
 }

@@ -67,6 +67,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
 // the config a checkpoint stores spell them.
 const std::vector<std::pair<std::string, std::vector<std::string>>> kChoiceKeys = {
     {"model_config.model_dtype", {"float32", "bfloat16"}},
+    {"model_config.fp8_recipe", {"none", "tensorwise", "rowwise", "blockwise"}},
     {"model_config.attention", {"mha", "mla"}},
     {"model_config.ffn", {"dense", "moe"}},
     {"model_config.router_score", {"softmax", "sigmoid"}},
@@ -390,6 +391,48 @@ TEST(ConfigErrors, CudaGraphsRefuseWhatAGraphCannotReplay) {
   EXPECT_NO_THROW(with({on, moe, experts, k, "model_config.capacity_factor=1.25"}));
   expect_refused({on, "activation_checkpointing=full"}, {"device_config.cuda_graphs", "activation_checkpointing"});
   expect_refused({on, "data_config.document_masking=true"}, {"device_config.cuda_graphs", "document_masking"});
+}
+
+// FP8 recipes: on top of bf16 only, and on the meshes where every rank's
+// scales are one process's; each refusal names the keys that conflict.
+TEST(ConfigErrors, Fp8Recipes) {
+  const std::string bf16 = "model_config.model_dtype=bfloat16";
+  for (const char* r : {"tensorwise", "rowwise", "blockwise"}) {
+    const std::string recipe = std::string("model_config.fp8_recipe=") + r;
+    expect_refused({recipe}, {"model_config.fp8_recipe", r, "model_config.model_dtype", "bfloat16", "float32"});
+    EXPECT_EQ(with({bf16, recipe}).model.fp8_recipe, parse_choice<Fp8Recipe>(r).value());
+  }
+  EXPECT_EQ(with({}).model.fp8_recipe, Fp8Recipe::None);
+  const std::string block = "model_config.fp8_recipe=blockwise", tensor = "model_config.fp8_recipe=tensorwise";
+  const std::string moe = "model_config.ffn=moe", experts = "model_config.n_experts=4";
+  // cp and ep together: refused for every recipe.
+  expect_refused({bf16, tensor, moe, experts, "device_config.n_device_axis=[2,1,1]", "device_config.context_parallel=2",
+                  "device_config.expert_parallel=2"},
+                 {"model_config.fp8_recipe", "device_config.context_parallel", "device_config.expert_parallel"});
+  EXPECT_NO_THROW(with({bf16, tensor, "device_config.context_parallel=2"}));
+  expect_refused({bf16, block, "device_config.context_parallel=2"},
+                 {"model_config.fp8_recipe \"blockwise\"", "device_config.context_parallel"});
+  // Blockwise under tp: shards of whole 128-wide tiles (the default model is 64 wide).
+  expect_refused({bf16, block, "device_config.n_device_axis=[1,1,2]"},
+                 {"model_config.fp8_recipe \"blockwise\"", "tp = 2", "device_config.n_device_axis[2]", "32", "128"});
+  const std::string wide = "model_config.model_dimension=256";
+  EXPECT_NO_THROW(with({bf16, block, wide, "device_config.n_device_axis=[1,1,2]"}));
+  expect_refused({bf16, block, wide, "device_config.n_device_axis=[1,1,2]", "model_config.mlp_hidden=384"},
+                 {"model_config.dense_mlp_hidden", "384", "192"});
+  // ... and under sequence parallelism a replicated layer's sequence shard too (MLA's down-projections).
+  const std::vector<std::string> mla = {bf16, block, wide, "device_config.n_device_axis=[1,1,2]",
+                                        "model_config.attention=mla", "model_config.latent_dim=64",
+                                        "sequence_parallel=true"};
+  std::vector<std::string> short_t = mla;
+  short_t.push_back("model_config.T=128");
+  short_t.push_back("data_config.T=128");
+  expect_refused(short_t, {"model_config.fp8_recipe \"blockwise\"", "sequence_parallel", "model_config.T", "256"});
+  std::vector<std::string> long_t = mla;
+  long_t.push_back("model_config.T=256");
+  long_t.push_back("data_config.T=256");
+  EXPECT_NO_THROW(with(long_t));
+  // Blockwise on one rank: any width (the last tile of a row or column is partial).
+  EXPECT_NO_THROW(with({bf16, block, "model_config.model_dimension=48"}));
 }
 
 TEST(ConfigErrors, BadEnums) {

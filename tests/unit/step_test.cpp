@@ -21,6 +21,7 @@
 #include "meshtrain/perf/op_observer.h"
 #include "meshtrain/perf/graph_safety.h"
 #include "meshtrain/perf/path_counter.h"
+#include "meshtrain/ops/fp8.h"
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/ops/gelu_gemm.h"
 #include "meshtrain/train/step.h"
@@ -233,6 +234,30 @@ TEST(Step, ObserverCountsKernelsFlopsBytesAndSyncs) {
   // copy 2x4KiB, mul 2x4KiB, sum 4KiB + 4 B, foreach read+write of a and b
   const double n = 64 * 16 * 4;
   EXPECT_DOUBLE_EQ(t.other_bytes, 2 * n + 2 * n + n + 4 + 2 * (64 * 32 + 32 * 16) * 4.0);
+}
+
+// FP8 (ops/fp8.h) on meta: a quantization is one memory-bound kernel that
+// reads its input twice (the amax, then the scaled cast; once when the amax
+// is given) and writes the fp8 values and the scales; an FP8 GEMM is one
+// GEMM whose FLOPs go to fp8_gemm_flop (priced at the FP8 peak), not
+// gemm_flop, whatever the emulation computes inside.
+TEST(Step, ObserverCountsFp8GemmsAndQuantizations) {
+  install_meta_kernels();
+  const auto meta = at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta);
+  const at::Tensor x = at::empty({64, 256}, meta), w = at::empty({32, 256}, meta);
+  OpObserver obs(at::Device(at::kMeta));
+  const ops::Fp8Tensor xq = ops::quantize_fp8(x, at::kFloat8_e4m3fn, ops::Fp8Granularity::kTile);
+  const ops::Fp8Tensor wq = ops::quantize_fp8(w, at::kFloat8_e4m3fn, ops::Fp8Granularity::kBlock);
+  const at::Tensor y = ops::fp8_mm(xq, wq, at::kBFloat16);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{64, 32}));
+  const OpTotals& t = obs.totals();
+  EXPECT_EQ(t.kernels, 3);
+  EXPECT_DOUBLE_EQ(t.gemm_flop, 0);
+  EXPECT_DOUBLE_EQ(t.fp8_gemm_flop, 2.0 * 64 * 32 * 256);
+  // x: 2 reads of bf16 + fp8 values + 64 x 2 fp32 scales; w: the same with 1 x 2 scales.
+  EXPECT_DOUBLE_EQ(t.other_bytes, (64 * 256 * 5 + 64 * 2 * 4) + (32 * 256 * 5 + 2 * 4));
+  // The GEMM: both fp8 operands and their scales read, bf16 written.
+  EXPECT_DOUBLE_EQ(t.fp8_gemm_bytes, 64 * 256 + 64 * 2 * 4 + 32 * 256 + 2 * 4 + 64 * 32 * 2);
 }
 
 // Flash attention on meta: picked for bf16 with equal head sizes, FLOPs of

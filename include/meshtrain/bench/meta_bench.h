@@ -5,6 +5,7 @@
 // meta device, where tensors have shapes but no data, under an OpObserver, and
 // estimates the step time on a GPU from what it dispatched:
 //   est_step_ms = gemm_tflop / (efficiency * peak_tflops)
+//               + fp8_gemm_tflop / (efficiency * fp8_peak_tflops)   (model_config.fp8_recipe)
 //               + attention_tflop / (attention_efficiency * peak_tflops)
 //               + non_gemm_gb / (memory_efficiency * bandwidth_tbps)
 //               + kernels * kernel_gap_us   (graph_kernel_gap_us with cuda_graphs)
@@ -30,6 +31,7 @@ namespace meshtrain {
 
 struct MetaBenchOptions {
   double peak_tflops = 989.0;          // dense bf16 per device
+  double fp8_peak_tflops = 1979.0;     // dense FP8 per device (the FP8 GEMMs of model_config.fp8_recipe)
   double bandwidth_tbps = 3.35;        // device memory bandwidth
   double efficiency = 0.75;            // fraction of peak_tflops the GEMMs reach
   double attention_efficiency = 0.25;  // fraction of peak_tflops attention reaches
@@ -56,7 +58,7 @@ struct MetaBenchResult {
 MetaBenchResult run_meta_bench(const Config& cfg, Runtime& runtime, const MetaBenchOptions& opts);
 
 // The readable table (top operators by bytes, totals) and the one-line JSON:
-// {"gemm_tflop","attention_tflop","non_gemm_gb","kernels","host_syncs",
+// {"gemm_tflop","fp8_gemm_tflop","attention_tflop","non_gemm_gb","kernels","host_syncs",
 //  "est_step_ms","est_tokens_per_sec","peak","assumed":{...the options}}.
 std::string to_string(const MetaBenchResult& r);
 std::string to_json(const MetaBenchResult& r);

@@ -16,6 +16,9 @@
 namespace meshtrain {
 
 enum class ModelDtype { Float32, Bfloat16 };                   // model_config.model_dtype
+// FP8 training of the linear layers' GEMMs on top of bfloat16 (model/fp8_linear.h):
+// none | tensorwise (torchtitan's) | rowwise (torchtitan's) | blockwise (DeepSeek-V3's).
+enum class Fp8Recipe { None, Tensorwise, Rowwise, Blockwise };  // model_config.fp8_recipe
 enum class AttentionKind { Mha, Mla };                          // model_config.attention
 enum class FfnKind { Dense, Moe };                              // model_config.ffn
 enum class RouterScore { Softmax, Sigmoid };                    // model_config.router_score
@@ -57,6 +60,13 @@ template <>
 struct ChoiceTable<ModelDtype> {
   static constexpr std::array<Choice<ModelDtype>, 2> entries{
       {{ModelDtype::Float32, "float32"}, {ModelDtype::Bfloat16, "bfloat16"}}};
+};
+template <>
+struct ChoiceTable<Fp8Recipe> {
+  static constexpr std::array<Choice<Fp8Recipe>, 4> entries{{{Fp8Recipe::None, "none"},
+                                                             {Fp8Recipe::Tensorwise, "tensorwise"},
+                                                             {Fp8Recipe::Rowwise, "rowwise"},
+                                                             {Fp8Recipe::Blockwise, "blockwise"}}};
 };
 template <>
 struct ChoiceTable<AttentionKind> {

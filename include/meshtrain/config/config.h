@@ -24,6 +24,8 @@ struct ModelConfig {
   int64_t dhR = 0;               // MLA: decoupled rope dims per head (0: no rope in MLA)
   double dropout_rate = 0.0;
   ModelDtype model_dtype = ModelDtype::Float32;  // float32 | bfloat16 (one policy on every device: model/mixed_precision.h)
+  // none | tensorwise | rowwise | blockwise: FP8 GEMMs in the linear layers (needs bfloat16; model/fp8_linear.h)
+  Fp8Recipe fp8_recipe = Fp8Recipe::None;
   int64_t k = 2;                 // MoE: experts per token
   int64_t n_experts = 0;         // MoE: routed experts
   int64_t n_shared = 0;          // MoE: always-on shared experts

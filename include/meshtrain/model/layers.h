@@ -132,6 +132,16 @@ class LayerFactory {
   // Sets ParamLayout::compute_cast of a recorded parameter.
   void set_compute_cast(const std::string& path, bool on) { layouts_.at(path).compute_cast = on; }
 
+  // FP8 (model/fp8_linear.h): which dim of a GEMM weight [.., N, K] tp
+  // splits, and mark_fp8, which marks w as an FP8 GEMM weight on the
+  // precision policy (a no-op without an FP8 recipe) with the reductions
+  // that make every rank's scales one process's: over tp for a split dim,
+  // and for the tokens of a replicated layer reading the sequence shard
+  // under sequence parallelism. The column/row/replicated/kv_heads layers
+  // mark their weights themselves; the MoE layer its experts'.
+  enum class Fp8Shard { None, Out, In };
+  void mark_fp8(const at::Tensor& w, Fp8Shard shard, bool reads_sequence_shard);
+
   uint64_t seed() const { return seed_; }
   void set_seed(uint64_t s) { seed_ = s; }
   // Where parameters are created (layers built outside the factory, such as
@@ -199,6 +209,8 @@ class LayerFactory {
   // Sequence parallelism is on: parameters whose layout says
   // reads_sequence_shard get partial gradients over tp (parallelize.cpp).
   virtual bool sequence_parallel() const { return false; }
+  // The max of an amax tensor over this factory's tp ranks (empty: no tp).
+  virtual AmaxReduce tp_amax_max() { return {}; }
 
  protected:
   // Layouts shared by every factory: a row layer's bias (replicated, added to
@@ -215,6 +227,8 @@ class LayerFactory {
   std::map<std::string, ParamLayout> layouts_;
   std::shared_ptr<TokenDispatcher> dispatcher_ = std::make_shared<TokenDispatcher>();
   std::shared_ptr<MixedPrecision> precision_ = std::make_shared<MixedPrecision>();
+  // mark_fp8's splits, one per kind (weights fused into one GEMM share theirs).
+  std::map<std::pair<Fp8Shard, bool>, std::shared_ptr<const Fp8Split>> fp8_splits_;
 };
 
 // Builds the model's parameters on the meta device (shapes, no storage or

@@ -71,6 +71,9 @@ at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, cons
 class WeightGradQueue {
  public:
   void push(const at::Tensor& param, const at::Tensor& dy, const at::Tensor& x, bool batched);
+  // A product computed by `dw` (fp32, param's shape): the FP8 GEMMs
+  // (model/fp8_linear.h), whose operands were quantized in B.
+  void push(const at::Tensor& param, std::function<at::Tensor()> dw);
   void after_run(std::function<void()> f);
   void run();
   // Products and after_run calls waiting.
@@ -80,15 +83,23 @@ class WeightGradQueue {
   struct Entry {
     at::Tensor param, dy, x;
     bool batched;
+    std::function<at::Tensor()> dw;  // set: the product is dw()
   };
   mutable std::mutex mu_;  // pushed from the thread running backward
   std::vector<Entry> entries_;
   std::vector<std::function<void()>> after_;
 };
 
+// param's weight gradient made by `dw` (an fp32 product of param's shape):
+// returned, or, with precision's weight gradients deferred, queued and an
+// undefined tensor returned (the FP8 GEMMs' param_weight_grad).
+at::Tensor param_weight_grad(const at::Tensor& param, std::function<at::Tensor()> dw, MixedPrecision* precision);
+
 // x [E, S, in] times each w[e] [out, in] transposed -> [E, S, out] in the
 // compute dtype (the experts' batched GEMM); w's gradient comes out fp32.
-at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision);
+// A weight marked FP8 runs model/fp8_linear.h's fp8_batched_linear with
+// `segments` (each expert's rows from that many senders).
+at::Tensor batched_linear(const at::Tensor& x, const at::Tensor& w, MixedPrecision& precision, int64_t segments = 1);
 
 // x [.., in] times the weights' rows concatenated ([sum of out, in]) plus
 // the biases' (or plus residual [.., sum of out], no biases), in the compute

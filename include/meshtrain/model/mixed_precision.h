@@ -43,7 +43,11 @@
 #include <utility>
 #include <vector>
 
+#include <memory>
+
 #include "meshtrain/config/choices.h"
+#include "meshtrain/model/fp8_linear.h"
+#include "meshtrain/ops/fp8.h"
 
 namespace meshtrain {
 
@@ -52,9 +56,11 @@ class WeightGradQueue;
 struct PrecisionPolicy {
   // Matmul operands and activations between layers and stages; kFloat: no cast.
   at::ScalarType compute = at::kFloat;
+  // FP8 GEMMs in the linear layers on top of a bf16 policy (model/fp8_linear.h).
+  Fp8Recipe fp8 = Fp8Recipe::None;
 
-  // model_config.model_dtype.
-  static PrecisionPolicy from_model_dtype(ModelDtype model_dtype);
+  // model_config.model_dtype and fp8_recipe.
+  static PrecisionPolicy from_model_dtype(ModelDtype model_dtype, Fp8Recipe fp8 = Fp8Recipe::None);
   bool mixed() const { return compute != at::kFloat; }
   // One line for the start-up log and `plan`.
   std::string describe() const;
@@ -92,7 +98,24 @@ class MixedPrecision {
   // instead of as a bf16 product cast up afterwards.
   at::Tensor fused_linear(const at::Tensor& x, at::TensorList weights, at::TensorList biases = {},
                           const at::Tensor& residual = {});
-  // Drops the cached cast of `param`: its next use casts it anew (FSDP).
+  // FP8 (model/fp8_linear.h). The layers' GEMM weights are marked as the
+  // factory makes them, with how a mesh splits their GEMMs; fused_linear and
+  // batched_linear run a marked weight's GEMMs in FP8 (the LM head, the
+  // embedding and the router are never marked).
+  bool fp8() const { return policy_.fp8 != Fp8Recipe::None; }
+  void mark_fp8(const at::Tensor& param, std::shared_ptr<const Fp8Split> split);
+  void unmark_fp8(const at::Tensor& param);
+  // param's split, or null where param is not an FP8 GEMM weight (or no recipe is set).
+  const Fp8Split* fp8_split(const at::Tensor& param) const;
+  // Context parallelism: the max over the cp ranks, for every scale group
+  // spanning tokens (each rank holds chunks of every sequence).
+  void set_fp8_token_reduce(AmaxReduce cp) { fp8_tokens_ = std::move(cp); }
+  const AmaxReduce& fp8_token_reduce() const { return fp8_tokens_; }
+  // The marked weight param [.., N, K] quantized from its compute-dtype cast
+  // (operand_detached) as the recipe's forward operand, or, `transposed`,
+  // as the input-gradient GEMM's [.., K, N]; shared inside a CastScope.
+  ops::Fp8Tensor fp8_weight(const at::Tensor& param, bool transposed);
+  // Drops the cached cast of `param` (and its FP8 quantizations): its next use casts it anew (FSDP).
   void forget(const at::Tensor& param);
   // operand(param) returns `cast` until forget(param) or the outermost scope
   // closes: FSDP's weights gathered in the compute dtype (parallel/fsdp.h).
@@ -140,6 +163,11 @@ class MixedPrecision {
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> cache_;  // impl -> (source, cast)
   std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> detached_;  // operand_detached's
   std::unordered_map<const c10::TensorImpl*, at::Tensor> provided_;  // provide()'s casts, without their history
+  // FP8: the marked weights' splits, and their quantizations in this scope
+  // (two per weight: forward, transposed).
+  std::unordered_map<const c10::TensorImpl*, std::shared_ptr<const Fp8Split>> fp8_marked_;
+  std::unordered_map<const c10::TensorImpl*, std::pair<at::Tensor, ops::Fp8Tensor>> fp8_cache_[2];
+  AmaxReduce fp8_tokens_;
 
   struct Kept {
     at::Tensor param, cast;  // cast: [rows >= param's, ...], rows past the parameter's zero

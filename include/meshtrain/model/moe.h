@@ -83,8 +83,10 @@ class MoE : public torch::nn::Module {
                                  int64_t T);
   at::Tensor experts_dropless(const at::Tensor& xflat, const Routing& r, const at::Tensor& gate);
   // This rank's experts on rows grouped by local expert (counts[e] rows each;
-  // row_expert: each row's local expert, for the input biases).
-  at::Tensor grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert);
+  // row_expert: each row's local expert, for the input biases; row_sender:
+  // the ep rank each row came from, FP8's scale groups).
+  at::Tensor grouped_experts(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert,
+                             const at::Tensor& row_sender);
 
   ModelConfig cfg_;
   LayerFactory* factory_;

@@ -38,14 +38,16 @@ class TokenDispatcher {
   virtual at::Tensor combine(const at::Tensor& rows, const Dispatched& d);
 
   // Dropless: `rows` [M, d] sorted by global expert (`expert` [M], int64,
-  // ascending) go to their experts; `experts(rows, counts, row_expert)` runs
-  // this rank's experts on what arrives (counts [E_local] and row_expert [rows]
-  // on the rows' device, by local expert) and the outputs come back in
-  // `rows`' order. Local: counts stay on the device (no host sync); expert
+  // ascending) go to their experts; `experts(rows, counts, row_expert,
+  // row_sender)` runs this rank's experts on what arrives (counts [E_local]
+  // and row_expert [rows] on the rows' device, by local expert; row_sender
+  // [rows] the rank of size() that sent each row, whose rows come in
+  // sender order within an expert) and the outputs come back in `rows`'
+  // order. Local: counts stay on the device (no host sync); expert
   // parallelism reads them on the host for the uneven exchange (dispatch,
   // then combine).
-  using ExpertsFn =
-      std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& row_expert)>;
+  using ExpertsFn = std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& counts,
+                                             const at::Tensor& row_expert, const at::Tensor& row_sender)>;
   virtual at::Tensor run_experts(const at::Tensor& rows, const at::Tensor& expert, int64_t n_experts,
                                  const ExpertsFn& experts);
 

@@ -84,6 +84,10 @@ struct Fp8Tensor {
 // x [R, K] or [E, R, K] (fp32, bf16 or fp16) quantized to fp8_dtype with
 // granularity g.
 Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType fp8_dtype, Fp8Granularity g);
+// The same with the tiles' amax given (fp8_amax's shape): a caller whose x
+// is a shard of a larger operand max-reduces fp8_amax(x, g) over the ranks
+// holding the rest first, so every rank scales as one process would.
+Fp8Tensor quantize_fp8(const at::Tensor& x, at::ScalarType fp8_dtype, Fp8Granularity g, const at::Tensor& amax);
 
 // y = dequant(a) dequant(b)^T in out_dtype (fp32, bf16 or fp16): a [M, K],
 // b [N, K] -> [M, N]; or batched, a [E, M, K], b [E, N, K] -> [E, M, N].

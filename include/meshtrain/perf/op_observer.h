@@ -31,6 +31,10 @@ struct OpRow {
 struct OpTotals {
   double gemm_flop = 0, attention_flop = 0;
   double gemm_bytes = 0, attention_bytes = 0;
+  // FP8 GEMMs (meshtrain::fp8_mm, model_config.fp8_recipe), apart from the
+  // others: they run at the FP8 peak. A quantization (meshtrain::fp8_quantize)
+  // is one memory-bound kernel, in other_bytes.
+  double fp8_gemm_flop = 0, fp8_gemm_bytes = 0;
   double other_bytes = 0;  // every other kernel: the non-GEMM traffic
   int64_t kernels = 0;     // all kernels, GEMM and attention included
   int64_t host_syncs = 0;
