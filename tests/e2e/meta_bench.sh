@@ -136,6 +136,32 @@ for run in moe1b-1gpu gpt2-124m; do
              ! grep -q 'aten::gelu' <<<\"\$1\"" _ "$text"
 done
 
+# FP8 (model_config.fp8_recipe): the linear layers' GEMMs leave gemm_tflop
+# for fp8_gemm_tflop (the same FLOPs: only the LM head stays a bf16 GEMM),
+# priced at the FP8 peak; each quantization is one kernel of its own.
+bf16=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" 2>&1)
+for recipe in tensorwise rowwise blockwise; do
+  fp8=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --set model_config.fp8_recipe=$recipe --top-ops 80 2>&1)
+  check "$recipe: bench --device meta exits 0" test $? -eq 0
+  check "$recipe: the FP8 GEMMs are the linear layers' ($(field "$fp8" fp8_gemm_tflop) of $(field "$bf16" gemm_tflop) TFLOP), the head stays bf16" python3 -c "
+import json, sys
+rows = lambda t: [json.loads(l) for l in t.splitlines() if l.startswith('{')][-1]
+f, b = rows(sys.argv[1]), rows(sys.argv[2])
+head = 2 * 3 * 768 * 50304 * 32 * 1024 / 1e12  # the LM head's three GEMMs
+assert abs(f['gemm_tflop'] + f['fp8_gemm_tflop'] - b['gemm_tflop']) < 1e-3 * b['gemm_tflop'], (f, b)
+assert abs(f['gemm_tflop'] - head) < 0.02 * head, (f['gemm_tflop'], head)
+a = f['assumed']
+ms = 1e3 * (f['gemm_tflop'] * 1e12 / (a['gemm_efficiency'] * a['peak_tflops'] * 1e12)
+            + f['fp8_gemm_tflop'] * 1e12 / (a['gemm_efficiency'] * a['fp8_peak_tflops'] * 1e12)
+            + f['attention_tflop'] * 1e12 / (a['attention_efficiency'] * a['peak_tflops'] * 1e12)
+            + f['non_gemm_gb'] * 1e9 / (a['memory_efficiency'] * a['bandwidth_tbps'] * 1e12)
+            + f['kernels'] * a['kernel_gap_us'] * 1e-6)
+assert abs(ms - f['est_step_ms']) < 1e-6 * ms and a['fp8_peak_tflops'] == 1979, (ms, f)
+" "$fp8" "$bf16"
+  check "$recipe: the quantizations are kernels of their own (meshtrain::fp8_quantize), the GEMMs meshtrain::fp8_mm" \
+    bash -c "grep -q 'meshtrain::fp8_quantize ' <<<\"\$1\" && grep -q 'meshtrain::fp8_mm ' <<<\"\$1\"" _ "$fp8"
+done
+
 out=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" --efficiency 1.5 2>&1)
 check "--efficiency above 1 is refused" test $? -ne 0
 check "... naming the flag" grep -q -- "--efficiency" <<<"$out"

@@ -799,6 +799,8 @@ TEST(ConfigReference, RendersEveryKeyWithItsDefaultAllowedValuesAndResumeRule) {
   EXPECT_EQ(resume_change("model_config.n_head"), ResumeChange::Refused);
   EXPECT_EQ(resume_change("lr.max_lr"), ResumeChange::Free);
   EXPECT_EQ(resume_change("seed"), ResumeChange::Warned);
+  // FP8 changes the GEMMs, not the parameters: a resume may switch recipes, and says so.
+  EXPECT_EQ(resume_change("model_config.fp8_recipe"), ResumeChange::Warned);
 }
 
 }  // namespace

@@ -259,6 +259,18 @@ TEST(Plan, FsdpGathersInBf16AndKeepGatheredCostsItsMemory) {
   EXPECT_DOUBLE_EQ(two.grads, plan_memory(c, PlanDevice::Cuda).worst().grads + 4 * L);
 }
 
+// The precision line names the FP8 recipe (the start-up log prints the same
+// PrecisionPolicy::describe).
+TEST(Plan, PrecisionNamesTheFp8Recipe) {
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
+  c.model.model_dtype = ModelDtype::Bfloat16;
+  EXPECT_EQ(plan_memory(c, PlanDevice::Cuda).precision.find("FP8"), std::string::npos);
+  c.model.fp8_recipe = Fp8Recipe::Tensorwise;
+  EXPECT_NE(plan_memory(c, PlanDevice::Cuda).precision.find("FP8 tensorwise"), std::string::npos);
+  c.model.fp8_recipe = Fp8Recipe::Blockwise;
+  EXPECT_NE(plan_memory(c, PlanDevice::Cuda).precision.find("FP8 blockwise"), std::string::npos);
+}
+
 // expert_parallel splits the routed experts (and only them) over its ranks;
 // the count per rank matches what a rank of such a mesh builds.
 TEST(Plan, ExpertParallelSplitsTheExperts) {
