@@ -97,7 +97,8 @@ const std::vector<std::string>& model_tuning_keys() {
   static const std::vector<std::string> keys = {
       "model_config.T",           "model_config.dropout_rate",  "model_config.model_dtype",
       "model_config.init_std",    "model_config.capacity_factor", "model_config.router_z_loss",
-      "model_config.active_params_scope"};  // what plan counts as active, not the model
+      "model_config.active_params_scope",  // what plan counts as active, not the model
+      "model_config.mtp_loss_weight"};
   return keys;
 }
 

@@ -55,6 +55,8 @@ void visit_model_fields(M& m, V&& v) {
   v("model_config", "moe_layers", m.moe_layers);
   v("model_config", "shared_expert", m.shared_expert);
   v("model_config", "active_params_scope", m.active_params_scope);
+  v("model_config", "mtp_depth", m.mtp_depth);
+  v("model_config", "mtp_loss_weight", m.mtp_loss_weight);
 }
 
 // Calls v(section, key, member) for every key; C is Config or const Config.

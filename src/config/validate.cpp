@@ -92,6 +92,9 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
   non_negative(m.router_bias_update_rate, "model_config.router_bias_update_rate");
   if (m.router_bias_update_rate > 0)
     MT_CHECK(m.router_bias, "model_config.router_bias_update_rate needs model_config.router_bias true");
+  at_least(m.mtp_depth, 0, "model_config.mtp_depth");
+  MT_CHECK(m.mtp_loss_weight >= 0 && m.mtp_loss_weight <= 10, "model_config.mtp_loss_weight must be in [0, 10], got ",
+           m.mtp_loss_weight);
 
   if (m.attention == AttentionKind::Mla) {
     MT_CHECK(m.latent_dim > 0, "model_config.latent_dim must be > 0 with attention 'mla', got ", m.latent_dim);
@@ -329,6 +332,11 @@ void validate_mesh(const Config& c) {
     MT_CHECK(m.n_experts % ep == 0, "device_config.expert_parallel (", ep, ") must divide model_config.n_experts (",
              m.n_experts, "): every rank of an ep group holds n_experts / expert_parallel experts");
   }
+  // Multi-token prediction runs on one pipeline stage and on whole sequences
+  // (its shifted tokens cross cp chunk borders): other meshes are not built yet.
+  if (m.mtp_depth > 0)
+    MT_CHECK(pp == 1 && cp == 1, "model_config.mtp_depth = ", m.mtp_depth, " needs pp 1 (device_config.n_device_axis[1]"
+             ", got ", pp, ") and device_config.context_parallel 1 (got ", cp, ") for now");
   validate_warmups(c);
   validate_pipeline(c);
 }
