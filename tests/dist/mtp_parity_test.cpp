@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -112,4 +113,57 @@ TEST(Mtp, Bf16MeshesMatchOneBf16Process) {
   Config c = mtp("mtp-bf16");
   c.model.model_dtype = ModelDtype::Bfloat16;
   expect_meshes_match(c, 2.0 / 256, true);
+}
+
+// A checkpoint holds the modules and their moments: a run resumed from step 2
+// continues with the losses of the uninterrupted run.
+TEST(Mtp, ResumesExactly) {
+  const MtpMesh mesh = test_runtime().size() == 2 ? MtpMesh{2, 1} : MtpMesh{2, 2, 2, 1, true};
+  Config full = on(mtp("mtp-resume"), mesh);
+  full.training_steps = 4;
+  const auto ref = test::run_losses(full, true);
+  Config half = full;
+  half.name += "-half";
+  half.training_steps = 2;
+  half.checkpoint_steps = 2;
+  test::run_losses(half, true);
+  Config next = full;
+  next.name += "-next";
+  test::expect_continues(half.run_dir(), next, ref, 2);
+}
+
+// A run may add the modules to a model trained without them: they start from
+// their initialisation (logged), and step 3's main loss, computed before any
+// update touches them, is the loss of the run that never had them.
+TEST(Mtp, StartsFromACheckpointWithoutModules) {
+  Config plain = on(mtp("mtp-add"), {2, 1});
+  plain.model.mtp_depth = 0;
+  plain.training_steps = 4;
+  if (test_runtime().size() != 2) plain = test::with_mesh(plain, 2, 1, 2);
+  const auto ref = test::run_losses(plain, true);
+  Config half = plain;
+  half.name += "-half";
+  half.training_steps = 2;
+  half.checkpoint_steps = 2;
+  test::run_losses(half, true);
+  Config with_mtp = plain;
+  with_mtp.name += "-mtp";
+  with_mtp.model.mtp_depth = 2;
+  auto world = test_runtime().world();
+  if (world->rank() == 0) {
+    std::filesystem::remove_all(with_mtp.run_dir());
+    std::filesystem::copy(half.run_dir(), with_mtp.run_dir(), std::filesystem::copy_options::recursive);
+  }
+  world->barrier();
+  const auto got = test::run_losses(with_mtp, false);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NEAR(got[0], ref[2], 1e-5) << "step 3's main loss";
+  for (double l : got) EXPECT_TRUE(std::isfinite(l));
+  if (world->rank() != 0) return;
+  const auto rows = mtp_rows(with_mtp);
+  ASSERT_EQ(rows.size(), 2u);  // steps 3 and 4 (the rows of steps 1-2 had none)
+  for (const auto& r : rows) {
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_TRUE(std::isfinite(r[0]) && r[0] > 0 && std::isfinite(r[1]) && r[1] > 0);
+  }
 }
