@@ -104,6 +104,7 @@ void visit_fields(C& c, V&& v) {
   v("inference_config", "max_tokens", i.max_tokens);
   v("inference_config", "use_cache", i.use_cache);
   v("inference_config", "n_devices", i.n_devices);
+  v("inference_config", "speculative", i.speculative);
   v("inference_config", "stop_at_eot", i.stop_at_eot);
   v("inference_config", "min_tokens", i.min_tokens);
 

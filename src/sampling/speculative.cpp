@@ -112,8 +112,8 @@ std::vector<int32_t> continue_one(Transformer& model, const std::vector<MtpModul
 std::vector<std::vector<int32_t>> generate_speculative(Transformer& model,
                                                        const std::vector<std::vector<int32_t>>& prompts,
                                                        const SampleOptions& options, SpeculativeStats* stats) {
-  MT_CHECK(options.temperature <= 0.0, "speculative decoding here is greedy: temperature must be 0, got ",
-           options.temperature);
+  MT_CHECK(options.temperature <= 0.0, "inference_config.speculative is greedy for now: it needs "
+           "inference_config.temperature 0 (generate --temperature 0), got ", options.temperature);
   MT_CHECK(model.mtp_depth() >= 1, "speculative decoding drafts with the multi-token prediction modules: "
            "model_config.mtp_depth must be >= 1");
   MT_CHECK(model.range().has_embedding && model.range().has_head, "speculative decoding needs the whole model "

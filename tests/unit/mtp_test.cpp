@@ -74,6 +74,12 @@ TEST(MtpConfig, BadValuesAreRefusedNamingTheKey) {
   EXPECT_NE(pp.find("model_config.mtp_depth"), std::string::npos) << pp;
   EXPECT_EQ(refusal({"model_config.mtp_depth=2", "model_config.mtp_loss_weight=10"}), "");
   EXPECT_EQ(refusal({"model_config.mtp_depth=0", "model_config.mtp_loss_weight=0"}), "");
+  // Speculative decoding drafts with the modules (its temperature 0 is
+  // checked when it samples: unit.speculative_test).
+  const std::string no_mtp = refusal({"inference_config.speculative=true", "inference_config.temperature=0"});
+  EXPECT_NE(no_mtp.find("inference_config.speculative"), std::string::npos) << no_mtp;
+  EXPECT_NE(no_mtp.find("model_config.mtp_depth"), std::string::npos) << no_mtp;
+  EXPECT_EQ(refusal({"inference_config.speculative=true", "model_config.mtp_depth=1"}), "");
 }
 
 // DeepSeek-V3's options (hf_model.h), tiny; every layer with rope, so the
