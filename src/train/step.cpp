@@ -80,7 +80,9 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
 void StepStats::start_read() {
   if (host_.defined()) return;
   std::vector<at::Tensor> flat;
-  for (at::Tensor* f : sums.fields()) flat.push_back(f->flatten());
+  // mtp is undefined in sums made without a model (no depth to read).
+  for (at::Tensor* f : sums.fields())
+    if (f->defined()) flat.push_back(f->flatten());
   if (grad_norm_t.defined()) flat.push_back(grad_norm_t.reshape({1}).to(at::kDouble));
   const at::Tensor packed = at::cat(flat);
   const at::Device device = packed.device();
@@ -127,7 +129,7 @@ void StepStats::read() {
     expert_fraction.push_back(std::move(f));
   }
   const double* mtp = experts + n_layers * E;
-  mtp_loss.assign(static_cast<size_t>(sums.mtp.numel()), 0.0);
+  mtp_loss.assign(sums.mtp.defined() ? static_cast<size_t>(sums.mtp.numel()) : 0, 0.0);
   for (size_t k = 0; k < mtp_loss.size(); ++k) mtp_loss[k] = tokens > 0 ? mtp[k] / tokens : 0.0;
   if (grad_norm_t.defined()) grad_norm = a[host.size(0) - 1];
 }
