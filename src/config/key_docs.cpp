@@ -106,6 +106,12 @@ const std::vector<KeyDoc> kModel = {
                                    "drops its output, as Jaxformer's code does."},
     {"model_config.active_params_scope", "What the active-parameter count covers: the whole model, or only the layer "
                                          "stack (Jaxformer: no embedding, head or final norm)."},
+    {"model_config.mtp_depth", "DeepSeek-V3's multi-token prediction: D chained modules after the last layer; module k "
+                             "predicts the token k + 1 ahead from module k - 1's hidden state and the embedding of the "
+                             "token k ahead, through the shared head (docs/models.md). 0 turns it off; at least 0. "
+                             "Needs pp 1 for now."},
+    {"model_config.mtp_loss_weight", "lambda of multi-token prediction: the loss is the main loss + lambda / mtp_depth x "
+                                     "the sum of the modules' losses. In [0, 10]."},
 };
 
 const std::vector<KeyDoc> kData = {
@@ -179,6 +185,10 @@ const std::vector<KeyDoc> kInference = {
                                    "each token."},
     {"inference_config.n_devices", "Jaxformer's inference device count: accepted and ignored with a warning (generate "
                                    "runs on the ranks mpirun starts)."},
+    {"inference_config.speculative", "Greedy self-speculative decoding: the multi-token prediction modules draft "
+                                     "mtp_depth tokens, one forward of the model verifies them; the output is plain "
+                                     "greedy sampling's token for token (docs/models.md). Needs model_config.mtp_depth "
+                                     ">= 1 (checked up front) and temperature 0 (checked when it samples)."},
     {"inference_config.stop_at_eot", "A sample ends at the tokenizer's end-of-text token, as a document does; false "
                                      "samples max_tokens into the next document."},
     {"inference_config.min_tokens", "With stop_at_eot, end-of-text is never drawn for the first min_tokens new tokens "

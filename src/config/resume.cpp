@@ -98,7 +98,11 @@ const std::vector<std::string>& model_tuning_keys() {
       "model_config.T",           "model_config.dropout_rate",  "model_config.model_dtype",
       "model_config.fp8_recipe",  // the GEMMs' precision: the master weights are fp32 either way
       "model_config.init_std",    "model_config.capacity_factor", "model_config.router_z_loss",
-      "model_config.active_params_scope"};  // what plan counts as active, not the model
+      "model_config.active_params_scope",  // what plan counts as active, not the model
+      "model_config.mtp_loss_weight",
+      // A run may add multi-token prediction modules to a model trained
+      // without them (train/components.cpp starts them from their init).
+      "model_config.mtp_depth"};
   return keys;
 }
 

@@ -56,6 +56,8 @@ void visit_model_fields(M& m, V&& v) {
   v("model_config", "moe_layers", m.moe_layers);
   v("model_config", "shared_expert", m.shared_expert);
   v("model_config", "active_params_scope", m.active_params_scope);
+  v("model_config", "mtp_depth", m.mtp_depth);
+  v("model_config", "mtp_loss_weight", m.mtp_loss_weight);
 }
 
 // Calls v(section, key, member) for every key; C is Config or const Config.
@@ -103,6 +105,7 @@ void visit_fields(C& c, V&& v) {
   v("inference_config", "max_tokens", i.max_tokens);
   v("inference_config", "use_cache", i.use_cache);
   v("inference_config", "n_devices", i.n_devices);
+  v("inference_config", "speculative", i.speculative);
   v("inference_config", "stop_at_eot", i.stop_at_eot);
   v("inference_config", "min_tokens", i.min_tokens);
 

@@ -95,6 +95,9 @@ void validate_model(const ModelConfig& m, const DataConfig& d) {
   non_negative(m.router_bias_update_rate, "model_config.router_bias_update_rate");
   if (m.router_bias_update_rate > 0)
     MT_CHECK(m.router_bias, "model_config.router_bias_update_rate needs model_config.router_bias true");
+  at_least(m.mtp_depth, 0, "model_config.mtp_depth");
+  MT_CHECK(m.mtp_loss_weight >= 0 && m.mtp_loss_weight <= 10, "model_config.mtp_loss_weight must be in [0, 10], got ",
+           m.mtp_loss_weight);
 
   if (m.attention == AttentionKind::Mla) {
     MT_CHECK(m.latent_dim > 0, "model_config.latent_dim must be > 0 with attention 'mla', got ", m.latent_dim);
@@ -338,6 +341,11 @@ void validate_mesh(const Config& c) {
     MT_CHECK(m.n_experts % ep == 0, "device_config.expert_parallel (", ep, ") must divide model_config.n_experts (",
              m.n_experts, "): every rank of an ep group holds n_experts / expert_parallel experts");
   }
+  // Multi-token prediction reads the embedding on its stage: the last
+  // stage's copy of it is not built yet.
+  if (m.mtp_depth > 0)
+    MT_CHECK(pp == 1, "model_config.mtp_depth = ", m.mtp_depth, " needs pp 1 (device_config.n_device_axis[1], got ",
+             pp, ") for now");
   validate_warmups(c);
   validate_pipeline(c);
 }
@@ -452,6 +460,10 @@ void validate_run(const Config& c) {
   non_negative(i.temperature, "inference_config.temperature");
   at_least(i.max_tokens, 0, "inference_config.max_tokens");
   at_least(i.min_tokens, 0, "inference_config.min_tokens");
+  // (Its temperature 0 is checked when it samples: generate's --temperature comes after this.)
+  if (i.speculative)
+    MT_CHECK(c.model.mtp_depth >= 1, "inference_config.speculative drafts with the multi-token prediction modules: it "
+             "needs model_config.mtp_depth >= 1, got ", c.model.mtp_depth);
   at_most(i.min_tokens, kMaxNewTokens, "inference_config.min_tokens", "new tokens per sample");
   at_most(i.max_tokens, kMaxNewTokens, "inference_config.max_tokens", "new tokens per sample");
   at_most(i.batch_size, kMaxInferenceBatch, "inference_config.batch_size", "samples at once");

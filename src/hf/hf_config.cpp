@@ -50,6 +50,7 @@ std::vector<std::string> hf_unmappable(const ModelConfig& m) {
   if (m.linear_bias) why.push_back("linear_bias true: stock Llama / DeepSeek-V3 linear layers have no biases");
   if (m.norm_bias) why.push_back("norm_bias true: stock RMSNorms have no bias");
   if (m.attention == AttentionKind::Mha) {
+    if (m.mtp_depth > 0) why.push_back("mtp_depth > 0 with attention 'mha': Llama has no multi-token prediction layers");
     if (hf_hidden_act(m.mlp_activation).empty())
       why.push_back(std::string("mlp_activation '") + choice_name(m.mlp_activation) + "': Llama has no hidden_act for it");
     if (m.ffn == FfnKind::Moe)
@@ -129,7 +130,10 @@ nlohmann::json hf_config_json(const ModelConfig& m, int64_t eos_token_id) {
   j["rope_interleave"] = true;  // the layout vLLM and llama.cpp assume; rows are permuted to it
   j["intermediate_size"] = m.dense_hidden_dim();
   const bool moe = m.ffn == FfnKind::Moe;
-  j["first_k_dense_replace"] = moe ? m.first_k_dense : m.n_layers();
+  // A dense model's multi-token prediction layers are dense too.
+  j["first_k_dense_replace"] = moe ? m.first_k_dense : m.n_layers() + m.mtp_depth;
+  // DeepSeek-V3's MTP modules: layers n_layers.. (stock transformers ignores them).
+  j["num_nextn_predict_layers"] = m.mtp_depth;
   j["moe_intermediate_size"] = moe ? m.hidden_dim() : m.dense_hidden_dim();
   j["n_routed_experts"] = moe ? m.n_experts : 1;
   j["num_experts_per_tok"] = moe ? m.k : 1;
@@ -223,6 +227,7 @@ void read_deepseek_v3(const nlohmann::json& j, const std::string& act, const Mod
     if (need_int(j, key) != hd)
       why.push_back(std::string(key) + " " + j.at(key).dump() + " != hidden_size / num_attention_heads = " +
                     std::to_string(hd));
+  m.mtp_depth = get_or<int64_t>(j, "num_nextn_predict_layers", 0);
   const int64_t first_dense = get_or<int64_t>(j, "first_k_dense_replace", 0);
   if (first_dense >= m.n_layers()) {
     m.ffn = FfnKind::Dense;
@@ -249,6 +254,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& j, const ModelConfig& bas
   m.capacity_factor = base.capacity_factor;
   m.router_z_loss = base.router_z_loss;
   m.init_std = base.init_std;
+  m.mtp_loss_weight = base.mtp_loss_weight;
 
   std::vector<std::string> why;
   read_shared_keys(j, m, why);

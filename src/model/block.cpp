@@ -22,9 +22,9 @@ at::Tensor DenseMLP::forward(const at::Tensor& x, const at::Tensor& residual) {
   return mlp_forward(activation_, *w_in_, w_gate_.get(), *w_out_, x, residual, *precision_);
 }
 
-Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer)
+Block::Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer, const std::string& name)
     : cfg_(cfg), dropout_(factory.dropout_rng()) {
-  const std::string prefix = "layers." + std::to_string(layer);
+  const std::string prefix = name.empty() ? "layers." + std::to_string(layer) : name;
   const int64_t d = cfg.model_dimension;
   attn_norm_ = register_module("attn_norm", factory.norm(prefix + ".attn_norm", d, cfg.norm_bias));
   if (cfg.attention == AttentionKind::Mha)

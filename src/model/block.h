@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <string>
 
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/attention.h"
@@ -34,8 +35,10 @@ class DenseMLP : public torch::nn::Module {
 
 class Block : public torch::nn::Module {
  public:
-  // layer: the global layer index, which names the parameters ("layers.<layer>.").
-  Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer);
+  // layer: the global layer index, which names the parameters ("layers.<layer>.")
+  // and picks the layer's kind (MoE or dense, MLA rope); a multi-token
+  // prediction module's block (model/mtp.h) is layer n_layers + j named by `prefix`.
+  Block(const ModelConfig& cfg, LayerFactory& factory, int64_t layer, const std::string& prefix = "");
   // layout: packed documents / context parallelism (model/token_layout.h), or nullptr.
   at::Tensor forward(at::Tensor h, ForwardAux* aux, LayerCache* cache, int64_t offset,
                      const TokenLayout* layout = nullptr);

@@ -96,11 +96,19 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
       head_ = register_module("embed", factory.head("embed", d, V, cfg.init_std, nullptr));
       mark_tied_embedding(factory, /*copy=*/true);
     }
+    if (cfg.mtp_depth > 0) {
+      MT_CHECK(embedding_, "model_config.mtp_depth = ", cfg.mtp_depth, " needs the embedding on the last pipeline "
+               "stage (pp 1)");
+      auto mtp = register_module("mtp", std::make_shared<torch::nn::Module>());
+      for (int64_t j = 0; j < cfg.mtp_depth; ++j)
+        mtp_.push_back(mtp->register_module(std::to_string(j), std::make_shared<MtpModule>(cfg, factory, j)));
+    }
   }
 }
 
 void Transformer::set_activation_checkpointing(ActivationCheckpointing mode) {
   for (auto& b : blocks_) b->set_checkpointing(mode);
+  for (auto& m : mtp_) m->block().set_checkpointing(mode);
 }
 
 at::Tensor Transformer::embed(const at::Tensor& tokens) {
@@ -156,6 +164,25 @@ at::Tensor Transformer::logits(const at::Tensor& h) {
   return head_->logits(final_norm_->forward(h));
 }
 
+std::vector<at::Tensor> Transformer::mtp_token_losses(const at::Tensor& h, const MtpTargets& t, ForwardAux* aux,
+                                                      const TokenLayout* layout) {
+  MT_CHECK(static_cast<int64_t>(t.tokens.size()) == mtp_depth(), "multi-token prediction: targets for ",
+           t.tokens.size(), " depths but the model has ", mtp_depth(), " modules (model_config.mtp_depth)");
+  if (hooks_) hooks_->before_root();
+  std::vector<at::Tensor> out;
+  ForwardAux mine;  // the modules' MoE statistics: their losses count, their expert loads are not a layer's
+  at::Tensor prev = h;
+  for (size_t k = 0; k < mtp_.size(); ++k) {
+    prev = mtp_[k]->forward(prev, embedding_->forward(t.tokens[k]), aux ? &mine : nullptr, layout);
+    out.push_back(head_->token_losses(mtp_[k]->head_norm(prev), t.targets[k]) * t.mask[k]);
+  }
+  if (aux) {
+    if (mine.aux_loss.defined()) aux->add_aux(mine.aux_loss);
+    if (mine.z_loss.defined()) aux->add_z(mine.z_loss);
+  }
+  return out;
+}
+
 at::Tensor Transformer::loss(const at::Tensor& tokens, const at::Tensor& targets, ForwardAux* aux) {
   return token_losses(forward_layers(embed(tokens), aux), targets).mean();
 }
@@ -209,13 +236,16 @@ ParamCount count_params(const ModelConfig& cfg) {
   ParamCount c;
   c.embedding = cfg.vocab_size * cfg.model_dimension * (cfg.tie_embeddings ? 1 : 2);
   const int64_t final_norm = cfg.model_dimension * (cfg.norm_bias ? 2 : 1);
-  int64_t layers = 0, inactive = 0;
-  for (int64_t i = 0; i < cfg.n_layers(); ++i) {
+  int64_t layers = 0, inactive = 0, mtp = 0;
+  for (int64_t i = 0; i < cfg.n_layers() + cfg.mtp_depth; ++i) {
     const LayerParamCount p = layer_param_count(cfg, i);
-    layers += p.total();
+    (i < cfg.n_layers() ? layers : mtp) += p.total();
     if (p.routed > 0) inactive += p.routed / cfg.n_experts * (cfg.n_experts - cfg.k);
   }
-  c.total = c.embedding + final_norm + layers;
+  // Each multi-token prediction module (model/mtp.h): its layer, three norms, eh_proj.
+  const int64_t d = cfg.model_dimension;
+  mtp += cfg.mtp_depth * (3 * final_norm + 2 * d * d + (cfg.linear_bias ? d : 0));
+  c.total = c.embedding + final_norm + layers + mtp;
   c.active = (cfg.active_params_scope == ActiveParamsScope::Layers ? layers : c.total) - inactive;
   return c;
 }

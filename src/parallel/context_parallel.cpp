@@ -43,6 +43,8 @@ void lay_out_tokens(std::vector<Microbatch>& mbs, const Config& cfg, Mesh& mesh)
     m.layout = std::move(layout);
     m.inputs = context_chunks(m.inputs, 1, rank, cp);
     m.targets = context_chunks(m.targets, 1, rank, cp);
+    for (auto* v : {&m.mtp.tokens, &m.mtp.targets, &m.mtp.mask})
+      for (at::Tensor& t : *v) t = context_chunks(t, 1, rank, cp);
   }
 }
 

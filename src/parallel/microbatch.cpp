@@ -27,6 +27,9 @@ RoundSums& RoundSums::operator+=(const RoundSums& o) {
   if (expert_tokens.size() < o.expert_tokens.size()) expert_tokens.resize(o.expert_tokens.size());
   for (size_t l = 0; l < o.expert_tokens.size(); ++l)
     if (o.expert_tokens[l].defined()) expert_tokens[l] = plus(expert_tokens[l], o.expert_tokens[l]);
+  if (mtp_sum.size() < o.mtp_sum.size()) mtp_sum.resize(o.mtp_sum.size());
+  for (size_t k = 0; k < o.mtp_sum.size(); ++k)
+    if (o.mtp_sum[k].defined()) mtp_sum[k] = plus(mtp_sum[k], o.mtp_sum[k]);
   peak_live_microbatches = std::max(peak_live_microbatches, o.peak_live_microbatches);
   waits.insert(waits.end(), o.waits.begin(), o.waits.end());
   passes.insert(passes.end(), o.passes.begin(), o.passes.end());
@@ -86,6 +89,19 @@ void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses) {
   sums.tokens += static_cast<double>(token_losses.numel());
 }
 
+void accumulate_mtp(RoundSums& sums, const std::vector<at::Tensor>& mtp_losses) {
+  if (sums.mtp_sum.size() < mtp_losses.size()) sums.mtp_sum.resize(mtp_losses.size());
+  for (size_t k = 0; k < mtp_losses.size(); ++k)
+    sums.mtp_sum[k] = plus(sums.mtp_sum[k], mtp_losses[k].detach().sum().to(at::kDouble));
+}
+
+void add_mtp_targets(std::vector<Microbatch>& mbs, const Config& cfg) {
+  if (cfg.model.mtp_depth == 0) return;
+  // Documents end where attention's do (lay_out_tokens): no prediction across one.
+  const int64_t eot = cfg.data.document_masking ? cfg.data.eot_token : -1;
+  for (Microbatch& m : mbs) m.mtp = mtp_targets(m.inputs, m.targets, cfg.model.mtp_depth, eot);
+}
+
 void run_backward(const RoundSpec& spec, const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads) {
   if (!spec.backward_thread) {
     torch::autograd::backward(roots, grads);
@@ -105,8 +121,10 @@ void run_backward(const RoundSpec& spec, const std::vector<at::Tensor>& roots, c
   if (error) std::rethrow_exception(error);
 }
 
-at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec) {
+at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec,
+                      const std::vector<at::Tensor>& mtp_losses) {
   at::Tensor loss = token_losses.sum() * spec.ce_scale;
+  for (const at::Tensor& l : mtp_losses) loss = loss + l.sum() * spec.mtp_scale;
   const double seqs = static_cast<double>(sequences);
   if (aux.aux_loss.defined() && spec.aux_scale != 0.0) loss = loss + aux.aux_loss * (spec.aux_scale * seqs);
   if (aux.z_loss.defined() && spec.z_scale != 0.0) loss = loss + aux.z_loss * (spec.z_scale * seqs);

@@ -139,6 +139,17 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   if (rg.has_head) {
     p.replicated += m.model_dimension * (m.norm_bias ? 2 : 1);  // final norm
     if (!m.tie_embeddings || !rg.has_embedding) p.split += table;  // own head, or the tied copy
+    // Multi-token prediction modules (model/mtp.h): layer n_layers + j, three
+    // norms and the replicated eh_proj each; FSDP gathers them with the root.
+    for (int64_t i = m.n_layers(); i < m.n_layers() + m.mtp_depth; ++i) {
+      const LayerParamCount l = layer_param_count(m, i);
+      const int64_t experts = routed_expert_params(m, l);
+      p.split += (l.split - experts) / tp + experts / tp / ep;
+      p.experts += experts / tp / ep;
+      p.replicated += l.replicated + 3 * m.model_dimension * (m.norm_bias ? 2 : 1) +
+                      2 * m.model_dimension * m.model_dimension + (m.linear_bias ? m.model_dimension : 0);
+      p.frozen += frozen_params(m, i);
+    }
   }
   return p;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "meshtrain/core/check.h"
+#include "meshtrain/core/log.h"
 #include "meshtrain/core/text.h"
 #include "meshtrain/parallel/checkpoint_writer.h"
 #include "meshtrain/parallel/fsdp.h"
@@ -72,6 +73,10 @@ void add_written(ComponentState& s, const std::string& name, const at::Tensor& h
   s.tensors.push_back({name, host, spec_of(l, mesh), write});
 }
 
+// A multi-token prediction module (model/mtp.h) a checkpoint may lack: a
+// run can add model_config.mtp_depth to a model trained without it.
+bool mtp_param(const ParamLayout& l) { return l.global_name.rfind("mtp.", 0) == 0; }
+
 }  // namespace
 
 ComponentState ModelState::state() const {
@@ -93,11 +98,19 @@ ComponentState ModelState::state() const {
 
 void ModelState::load_state(const ComponentReader& in) {
   gather_params(pm_);
+  int64_t fresh = 0;
   for (const ParamInfo& p : pm_.params) {
+    if (mtp_param(p.layout) && !in.has(p.layout.global_name)) {
+      ++fresh;  // keeps its initial value
+      continue;
+    }
     const at::Tensor t = read_chunk(in, p.layout.global_name, p.layout, spec_of(p.layout, mesh_), vocab_);
     p.tensor.detach().copy_(t.to(p.tensor.device(), p.tensor.scalar_type()));
   }
   release_params(pm_, /*written=*/true);
+  if (fresh > 0)
+    spdlog::info("checkpoint {} has no multi-token prediction modules: their {} tensors (mtp.*) start from their "
+                 "initialisation, with zero optimizer moments", in.dir(), fresh);
 }
 
 ComponentState OptimizerState::state() const {
@@ -122,6 +135,11 @@ void OptimizerState::load_state(const ComponentReader& in) {
   std::vector<at::Tensor> exp_avg, exp_avg_sq;
   for (const ParamInfo& p : pm_.params) {
     const ShardSpec spec = spec_of(p.layout, mesh_);
+    if (mtp_param(p.layout) && !in.has("exp_avg." + p.layout.global_name)) {  // ModelState::load_state logs it
+      exp_avg.push_back(at::zeros(shard_shape(spec), at::kFloat));
+      exp_avg_sq.push_back(at::zeros(shard_shape(spec), at::kFloat));
+      continue;
+    }
     exp_avg.push_back(read_chunk(in, "exp_avg." + p.layout.global_name, p.layout, spec, vocab_));
     exp_avg_sq.push_back(read_chunk(in, "exp_avg_sq." + p.layout.global_name, p.layout, spec, vocab_));
   }

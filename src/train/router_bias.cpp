@@ -33,7 +33,9 @@ void update_score_bias(Session& session, const StepStats& s) {
     if (is_moe_layer(m, i)) moe_layers.push_back(i);
   size_t k = 0;
   for (auto& p : session.model().params) {
-    if (!p.layout.router_score_bias) continue;
+    // Multi-token prediction modules' routers (mtp.*) keep their bias: the
+    // step counts experts per main layer only.
+    if (!p.layout.router_score_bias || p.path.rfind("mtp.", 0) == 0) continue;
     MT_ASSERT(k < moe_layers.size(), "more MoE score biases than MoE layers on this stage");
     const int64_t layer = moe_layers[k++];
     if (layer >= s.sums.expert_tokens.size(0)) continue;

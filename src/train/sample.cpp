@@ -11,6 +11,7 @@
 #include "meshtrain/core/log.h"
 #include "meshtrain/parallel/pipeline_generate.h"
 #include "meshtrain/sampling/generate.h"
+#include "meshtrain/sampling/speculative.h"
 
 namespace meshtrain {
 
@@ -69,7 +70,12 @@ std::string sample(Session& s) {
   ParallelModel& pm = s.model();
   CastScope casts(pm.model->precision());
   try {
-    if (s.mesh().shape().pp == 1) {
+    if (cfg.inference.speculative) {
+      SpeculativeStats st;
+      out = generate_speculative(*pm.model, prompts, so, &st);
+      spdlog::info("speculative decoding: {} of {} drafts accepted ({:.3f}), {} forwards of the model", st.accepted,
+                   st.drafted, st.acceptance(), st.forwards);
+    } else if (s.mesh().shape().pp == 1) {
       out = generate(*pm.model, prompts, so);
     } else {
       pm.model->eval();

@@ -44,6 +44,9 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
   st.sums.dropped = value(sums.dropped);
   st.sums.assigned = value(sums.assigned);
   st.sums.expert_tokens = at::zeros({E > 0 ? n_layers : 0, E}, opts);
+  st.sums.mtp = at::zeros({cfg.model.mtp_depth}, opts);
+  for (size_t k = 0; k < sums.mtp_sum.size(); ++k)
+    if (sums.mtp_sum[k].defined()) st.sums.mtp[static_cast<int64_t>(k)].copy_(sums.mtp_sum[k]);
   if (E > 0) {
     // expert_tokens has one entry per MoE layer of this stage, in order; with
     // moe_layers "last_in_block" those are not all of its layers.
@@ -77,7 +80,9 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
 void StepStats::start_read() {
   if (host_.defined()) return;
   std::vector<at::Tensor> flat;
-  for (at::Tensor* f : sums.fields()) flat.push_back(f->flatten());
+  // mtp is undefined in sums made without a model (no depth to read).
+  for (at::Tensor* f : sums.fields())
+    if (f->defined()) flat.push_back(f->flatten());
   if (grad_norm_t.defined()) flat.push_back(grad_norm_t.reshape({1}).to(at::kDouble));
   const at::Tensor packed = at::cat(flat);
   const at::Device device = packed.device();
@@ -124,6 +129,9 @@ void StepStats::read() {
     for (int64_t e = 0; e < E; ++e) f[static_cast<size_t>(e)] = row[e] / total;
     expert_fraction.push_back(std::move(f));
   }
+  const double* mtp = experts + n_layers * E;
+  mtp_loss.assign(sums.mtp.defined() ? static_cast<size_t>(sums.mtp.numel()) : 0, 0.0);
+  for (size_t k = 0; k < mtp_loss.size(); ++k) mtp_loss[k] = tokens > 0 ? mtp[k] / tokens : 0.0;
   if (grad_norm_t.defined()) grad_norm = a[host.size(0) - 1];
 }
 
@@ -162,6 +170,9 @@ StepStats run_step(Session& s, const StepBatches& b) {
   spec.ce_scale = 1.0 / global_tokens;
   spec.aux_scale = cfg.alpha / global_seqs;
   spec.z_scale = cfg.model.router_z_loss / global_seqs;
+  // L = L_main + lambda / D * sum_k L^k, each L^k over the step's tokens as the main loss (model/mtp.h).
+  if (cfg.model.mtp_depth > 0)
+    spec.mtp_scale = cfg.model.mtp_loss_weight / static_cast<double>(cfg.model.mtp_depth) / global_tokens;
   spec.backward_thread = s.options().backward_thread;
   RoundSums total;
   std::function<double()> wait;

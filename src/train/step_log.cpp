@@ -29,6 +29,7 @@ void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, 
   if (s.pipeline_pass_seconds[0] > 0) log_pass_costs(step, s.pipeline_pass_seconds, row);
   if (!cfg_.rampup_batch_size.empty()) row["batch_size"] = s.batch_size;
   if (cfg_.seq_len_warmup.total_curriculum_step > 0) row["seq_len"] = s.seq_len;
+  if (cfg_.model.mtp_depth > 0) row["mtp_loss"] = s.mtp_loss;  // per depth; TensorBoard: mtp_loss/<k - 1>
   if (cfg_.model.ffn == FfnKind::Moe) {
     row["aux_loss"] = s.aux_loss;
     row["loss_cross"] = s.loss;

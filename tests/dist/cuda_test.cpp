@@ -635,6 +635,7 @@ TEST(Cuda, StepStatsReadWaitsForItsOwnStepOnly) {
   st.sums.dropped = at::zeros({1}, f64);
   st.sums.assigned = at::zeros({1}, f64);
   st.sums.expert_tokens = at::zeros({0, 0}, f64);
+  st.sums.mtp = at::zeros({0}, f64);  // no multi-token prediction depth
   st.grad_norm_t = at::full({}, 0.5, f64);
   st.tokens = 8;
   st.seq_len = 4;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face in and out, against stock transformers (fp32, CPU):
 #  - a dense GELU model, a SwiGLU + GQA model and an MLA + MoE model with the
-#    DeepSeek-V3 options train a few steps, export with --format hf, and load in
+#    DeepSeek-V3 options (also with 2 multi-token prediction layers, which
+#    round-trip exactly) train a few steps, export with --format hf, and load in
 #    LlamaForCausalLM / DeepseekV3ForCausalLM with the same val loss (1e-5
 #    relative) and the same greedy text;
 #  - models without a stock equivalent are refused with what does not map;
@@ -62,6 +63,16 @@ export_and_compare() {  # NAME CLASS SETS...
 export_and_compare gelu LlamaForCausalLM "${GELU[@]}"
 export_and_compare llama LlamaForCausalLM "${LLAMA[@]}"
 export_and_compare v3 DeepseekV3ForCausalLM "${V3[@]}"
+# DeepSeek-V3's multi-token prediction layers (layers n_layers.., num_nextn_predict_layers):
+# stock transformers loads the export and ignores them; import reads them back exactly.
+export_and_compare v3mtp DeepseekV3ForCausalLM "${V3[@]}" --set model_config.mtp_depth=2
+check "v3mtp: config.json has num_nextn_predict_layers 2" grep -q '"num_nextn_predict_layers": 2' hf_v3mtp/config.json
+out=$("$BIN" train --config base.json --name rt_v3mtp --fresh --init-from-hf hf_v3mtp --training_steps 1 \
+      --set lr.max_lr=0 --set lr.end_lr=0 2>&1)
+check "v3mtp: --init-from-hf reads the MTP layers" test $? -eq 0
+"$BIN" checkpoint export runs/rt_v3mtp/checkpoints/step_00000001 --format hf --output rt_v3mtp >/dev/null 2>&1
+out=$("$PY" "$CHECK" same hf_v3mtp rt_v3mtp 2>&1)
+check "v3mtp: HF -> meshtrain -> HF gives identical tensors, MTP layers included" test $? -eq 0
 
 # Sharded like save_pretrained above the size limit.
 out=$("$BIN" checkpoint export runs/v3/checkpoints/step_00000006 --format hf --output hf_v3_sharded \

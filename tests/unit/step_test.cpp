@@ -48,6 +48,7 @@ TEST(Step, StatsAreCopiedWhenTheStepEndsAndReadLater) {
   st.sums.dropped = at::full({1}, 1.0, f64);
   st.sums.assigned = at::full({1}, 4.0, f64);
   st.sums.expert_tokens = at::tensor({3.0, 1.0}, f64).reshape({1, 2});
+  st.sums.mtp = at::zeros({0}, f64);  // no multi-token prediction depth
   st.grad_norm_t = at::full({}, 0.5, f64);
   st.tokens = 8;
   st.seq_len = 4;

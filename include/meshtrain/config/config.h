@@ -71,6 +71,10 @@ struct ModelConfig {
   int64_t topk_group = 1;
   int64_t first_k_dense = 0;             // MoE: the first k layers use a dense MLP
   int64_t dense_mlp_hidden = 0;          // hidden units of an MoE model's dense layers; 0: as the experts
+  // DeepSeek-V3's multi-token prediction (model/mtp.h): mtp_depth chained
+  // modules after the last layer, their losses weighted lambda / depth.
+  int64_t mtp_depth = 0;
+  double mtp_loss_weight = 0.3;
 
   int64_t n_layers() const { return blocks * layers_per_block; }
   int64_t head_dim() const { return model_dimension / n_head; }
@@ -168,6 +172,9 @@ struct InferenceConfig {
   // tokens (Hugging Face's min_new_tokens), so a sample shows text.
   int64_t min_tokens = 0;
   int64_t n_devices = 1;
+  // Greedy self-speculative decoding with the model's multi-token prediction
+  // modules (sampling/speculative.h): needs mtp_depth >= 1 and temperature 0.
+  bool speculative = false;
 };
 
 // DeepSpeed curriculum learning ("fixed_linear" on seqlen), see optim/rampup.h.

@@ -13,6 +13,7 @@
 #include "meshtrain/config/config.h"
 #include "meshtrain/model/layer_hooks.h"
 #include "meshtrain/model/layers.h"
+#include "meshtrain/model/mtp.h"
 #include "meshtrain/model/token_layout.h"
 
 namespace meshtrain {
@@ -82,6 +83,8 @@ double residual_std(const ModelConfig& cfg);
 //   layers.i.moe.*                                MoE (see moe.h), in the layers
 //                                                 is_moe_layer() picks
 //   final_norm.weight                             last stage
+//   mtp.j.{enorm,hnorm,head_norm}.weight, mtp.j.eh_proj.weight, mtp.j.block.*
+//                                                 last stage, j < mtp_depth (model/mtp.h)
 // With model_config.linear_bias every linear above also has ".bias" (not the
 // embedding/head), with norm_bias every norm.
 //   head.weight                                   last stage, untied only
@@ -121,6 +124,14 @@ class Transformer : public torch::nn::Module {
   at::Tensor token_losses(const at::Tensor& h, const at::Tensor& targets);
   // Final norm + head: full-vocabulary logits [B, T, vocab_size] (last stage only).
   at::Tensor logits(const at::Tensor& h);
+  // Multi-token prediction (model/mtp.h; last stage, with the embedding):
+  // h [B, T, d] the last layer's output (before the final norm) -> per depth
+  // k = 1..D the per-token losses [B, T] fp32, zero where t.mask is. The
+  // modules' MoE aux and z losses are added to aux (their expert counts are
+  // not: those are per main layer).
+  std::vector<at::Tensor> mtp_token_losses(const at::Tensor& h, const MtpTargets& t, ForwardAux* aux,
+                                           const TokenLayout* layout = nullptr);
+  int64_t mtp_depth() const { return static_cast<int64_t>(mtp_.size()); }
 
   // Whole model on one stage: mean loss over all tokens (+ aux in `aux`; the
   // caller weights and adds the aux losses).
@@ -146,6 +157,7 @@ class Transformer : public torch::nn::Module {
   std::vector<size_t> chunk_blocks_;  // chunk c runs blocks_[chunk_blocks_[c], chunk_blocks_[c + 1])
   std::shared_ptr<RMSNorm> final_norm_;
   std::shared_ptr<LMHead> head_;
+  std::vector<std::shared_ptr<MtpModule>> mtp_;  // last stage, model_config.mtp_depth
   std::shared_ptr<LayerHooks> hooks_;
   std::shared_ptr<DropoutRng> dropout_;  // embedding dropout: on the stream
   std::shared_ptr<MixedPrecision> precision_;

@@ -27,6 +27,7 @@ struct RoundSums {
   at::Tensor z_sum;
   at::Tensor dropped, assigned;                // MoE token-assignments (this rank's layers)
   std::vector<at::Tensor> expert_tokens;       // per local MoE layer: [E] fp64, per expert
+  std::vector<at::Tensor> mtp_sum;             // per multi-token prediction depth: sum of its token losses
   int64_t peak_live_microbatches = 0;          // activations held at once (schedule tests)
   // Blocked in pipeline send/recv (bubble measurement): host wall-clock on
   // CPU, CUDA events on GPU (src/parallel/wait_clock.h). One reader per
@@ -52,6 +53,7 @@ struct RoundSpec {
   double ce_scale = 1.0;    // multiplies the ce sum in the backward loss (1 / global tokens of the step)
   double aux_scale = 0.0;   // multiplies the per-sequence aux sum (alpha / global sequences of the step)
   double z_scale = 0.0;
+  double mtp_scale = 0.0;   // multiplies each depth's loss sum (lambda / D / global tokens of the step)
   bool backward = true;     // false: evaluation (no grad)
   // The step's last accumulation round: each chunk's last backward pass arms
   // pm.grad_buckets, so the dp sum of its gradients overlaps with the rest.
@@ -70,6 +72,9 @@ struct Microbatch {
   // Packed documents / context parallelism (parallel/context_parallel.h):
   // inputs and targets are then this cp rank's chunks. Null: plain rows.
   std::shared_ptr<const TokenLayout> layout;
+  // model_config.mtp_depth > 0: what each depth reads (model/mtp.h), from
+  // the whole sequences (this cp rank's chunks under cp, like inputs).
+  MtpTargets mtp;
 };
 
 // The round's rows in microbatches of data_config.micro_batch_size, each
@@ -82,12 +87,19 @@ std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& 
 void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, int64_t first_moe_layer = 0);
 // Adds one microbatch's per-token losses (their sum and count).
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses);
+// Adds one microbatch's multi-token prediction losses, per depth.
+void accumulate_mtp(RoundSums& sums, const std::vector<at::Tensor>& mtp_losses);
+// Gives each microbatch its multi-token prediction targets (model_config.
+// mtp_depth > 0), before any context-parallel split.
+void add_mtp_targets(std::vector<Microbatch>& mbs, const Config& cfg);
 // torch::autograd::backward(roots, grads) on this thread, or, under
 // spec.backward_thread, on a new thread that inherits this one's at::
 // ThreadLocalState (grad mode, ...) as the engine's device threads do; its
 // exceptions are rethrown here.
 void run_backward(const RoundSpec& spec, const std::vector<at::Tensor>& roots, const std::vector<at::Tensor>& grads);
 // The scalar whose backward gives this microbatch's share of the step's gradient.
-at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec);
+// mtp_losses: per depth (multi-token prediction), weighted by spec.mtp_scale.
+at::Tensor stage_loss(const at::Tensor& token_losses, const ForwardAux& aux, int64_t sequences, const RoundSpec& spec,
+                      const std::vector<at::Tensor>& mtp_losses = {});
 
 }  // namespace meshtrain

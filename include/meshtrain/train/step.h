@@ -40,8 +40,9 @@ struct StepStats {
     at::Tensor dropped;       // [1] MoE token-assignments dropped (capacity)
     at::Tensor assigned;      // [1] MoE token-assignments made
     at::Tensor expert_tokens; // [n_layers, n_experts] tokens per expert (zero rows: dense layers); [0, 0] dense models
+    at::Tensor mtp;           // [mtp_depth] sum of each multi-token prediction depth's token losses
     // The fields in one fixed order (the all-reduce and the read pack them).
-    std::vector<at::Tensor*> fields() { return {&ce, &aux, &z, &dropped, &assigned, &expert_tokens}; }
+    std::vector<at::Tensor*> fields() { return {&ce, &aux, &z, &dropped, &assigned, &expert_tokens, &mtp}; }
   } sums;
   at::Tensor grad_norm_t;  // 0-dim fp64 (apply_update)
 
@@ -61,6 +62,7 @@ struct StepStats {
   double loss = 0;       // mean cross-entropy over the step's tokens
   double aux_loss = 0;   // mean per-sequence aux loss (sum over MoE layers)
   double z_loss = 0;
+  std::vector<double> mtp_loss;  // per depth: its loss (1/T) sum of token losses, mean over sequences
   double dropped_fraction = 0;
   std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global order), per expert
   double grad_norm = 0;  // global gradient norm before clipping (after apply_update)

@@ -1,0 +1,169 @@
+// Multi-token prediction (model_config.mtp_depth, model/mtp.h) on every mesh
+// it runs on (pp 1): dp, tp with and without sequence parallelism, context
+// parallelism (the shifted tokens cut before the chunks), ZeRO-1, FSDP
+// (zero_stage 3), expert parallelism and activation recomputation give one
+// process's losses, gradient norms and per-depth MTP losses (metrics.jsonl's
+// mtp_loss), for the DeepSeek-V3-style MLA + MoE model with D = 2 and packed
+// documents: fp32 within 2e-5, bf16 within 2 bf16 roundings (bf16_test.cpp's
+// kMesh) of one bf16 process. Runs under mpirun -np 2 and 4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "parity.h"
+
+using namespace meshtrain;
+
+namespace {
+
+const std::string kData = test::scratch_dir("mtp-data");
+
+Config mtp(const std::string& name) {
+  Config c = test::deepseek_v3(test::tiny_config(test::synthetic_data(kData, 96), name));
+  c.model.capacity_factor = 0;  // dropless: no drop depends on how tokens group
+  c.model.mtp_depth = 2;
+  c.model.mtp_loss_weight = 0.5;
+  // Documents end at token 7: the MTP targets stop at each end.
+  c.data.document_masking = true;
+  c.data.eot_token = 7;
+  c.training_steps = 3;
+  return c;
+}
+
+struct MtpMesh {
+  int dp, tp, ep = 1, zero = 0;
+  bool sp = false, recompute = false;
+  int cp = 1;
+  std::string str() const {
+    return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " cp" + std::to_string(cp) + " ep" +
+           std::to_string(ep) + " zero" + std::to_string(zero) + (sp ? " sp" : "") + (recompute ? " recompute" : "");
+  }
+};
+
+Config on(Config c, const MtpMesh& m) {
+  c = test::with_mesh(c, m.dp, 1, m.tp);
+  c.device.expert_parallel = m.ep;
+  c.device.context_parallel = m.cp;
+  c.zero_stage = m.zero;
+  c.sequence_parallel = m.sp;
+  c.activation_checkpointing = m.recompute ? ActivationCheckpointing::Full : ActivationCheckpointing::None;
+  c.name += "-" + std::to_string(m.dp) + std::to_string(m.tp) + std::to_string(m.cp) + std::to_string(m.ep) +
+            std::to_string(m.zero) +
+            (m.sp ? "s" : "") + (m.recompute ? "r" : "");
+  return c;
+}
+
+std::vector<MtpMesh> meshes(int n) {
+  if (n == 2)
+    return {{2, 1}, {1, 2}, {1, 2, 1, 0, true}, {2, 1, 2, 1}, {2, 1, 1, 3, false, true}, {1, 1, 1, 0, false, false, 2}};
+  if (n == 4) return {{2, 2, 2, 1, true, true}, {4, 1, 4, 3}, {1, 2, 2, 0, true, false, 2}, {2, 1, 4, 1, false, true, 2}};
+  return {};
+}
+
+// The per-depth MTP losses of every training row of a run's metrics.jsonl.
+std::vector<std::vector<double>> mtp_rows(const Config& c) {
+  std::ifstream in(c.run_dir() + "/metrics.jsonl");
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.contains("mtp_loss")) rows.push_back(row["mtp_loss"].get<std::vector<double>>());
+  }
+  return rows;
+}
+
+void expect_meshes_match(const Config& base, double tol, bool relative) {
+  const auto ref = test::single_process_losses(base);
+  Config ref_cfg = base;
+  ref_cfg.name += "-ref-rank" + std::to_string(test_runtime().rank());
+  const auto ref_mtp = mtp_rows(ref_cfg);
+  ASSERT_EQ(ref_mtp.size(), static_cast<size_t>(base.training_steps));
+  ASSERT_EQ(ref_mtp[0].size(), 2u);
+  for (const MtpMesh& m : meshes(test_runtime().size())) {
+    SCOPED_TRACE(m.str());
+    const Config c = on(base, m);
+    const auto got = test::train_losses(c, /*backward_thread=*/true);
+    if (relative) {
+      for (size_t i = 0; i < ref.size(); ++i) {
+        EXPECT_NEAR(ref[i], got[i], tol * std::abs(ref[i])) << "loss of step " << i + 1;
+        EXPECT_NEAR(ref.grad_norms[i], got.grad_norms[i], tol * std::abs(ref.grad_norms[i])) << "norm of step " << i + 1;
+      }
+    } else {
+      test::expect_same_curve(ref, got, tol, "mtp " + m.str());
+    }
+    if (test_runtime().rank() != 0) continue;  // rank 0 writes metrics.jsonl
+    const auto rows = mtp_rows(c);
+    ASSERT_EQ(rows.size(), ref_mtp.size());
+    for (size_t s = 0; s < rows.size(); ++s)
+      for (size_t k = 0; k < 2; ++k)
+        EXPECT_NEAR(rows[s][k], ref_mtp[s][k], relative ? tol * std::abs(ref_mtp[s][k]) : tol)
+            << "step " << s + 1 << " depth " << k + 1;
+  }
+}
+
+}  // namespace
+
+TEST(Mtp, EveryMeshMatchesOneProcess) { expect_meshes_match(mtp("mtp"), 2e-5, false); }
+
+// bf16 mixed precision: within two bf16 roundings of one bf16 process (relative).
+TEST(Mtp, Bf16MeshesMatchOneBf16Process) {
+  Config c = mtp("mtp-bf16");
+  c.model.model_dtype = ModelDtype::Bfloat16;
+  expect_meshes_match(c, 2.0 / 256, true);
+}
+
+// A checkpoint holds the modules and their moments: a run resumed from step 2
+// continues with the losses of the uninterrupted run.
+TEST(Mtp, ResumesExactly) {
+  const MtpMesh mesh = test_runtime().size() == 2 ? MtpMesh{2, 1} : MtpMesh{2, 2, 2, 1, true};
+  Config full = on(mtp("mtp-resume"), mesh);
+  full.training_steps = 4;
+  const auto ref = test::run_losses(full, true);
+  Config half = full;
+  half.name += "-half";
+  half.training_steps = 2;
+  half.checkpoint_steps = 2;
+  test::run_losses(half, true);
+  Config next = full;
+  next.name += "-next";
+  test::expect_continues(half.run_dir(), next, ref, 2);
+}
+
+// A run may add the modules to a model trained without them: they start from
+// their initialisation (logged), and step 3's main loss, computed before any
+// update touches them, is the loss of the run that never had them.
+TEST(Mtp, StartsFromACheckpointWithoutModules) {
+  Config plain = on(mtp("mtp-add"), {2, 1});
+  plain.model.mtp_depth = 0;
+  plain.training_steps = 4;
+  if (test_runtime().size() != 2) plain = test::with_mesh(plain, 2, 1, 2);
+  const auto ref = test::run_losses(plain, true);
+  Config half = plain;
+  half.name += "-half";
+  half.training_steps = 2;
+  half.checkpoint_steps = 2;
+  test::run_losses(half, true);
+  Config with_mtp = plain;
+  with_mtp.name += "-mtp";
+  with_mtp.model.mtp_depth = 2;
+  auto world = test_runtime().world();
+  if (world->rank() == 0) {
+    std::filesystem::remove_all(with_mtp.run_dir());
+    std::filesystem::copy(half.run_dir(), with_mtp.run_dir(), std::filesystem::copy_options::recursive);
+  }
+  world->barrier();
+  const auto got = test::run_losses(with_mtp, false);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NEAR(got[0], ref[2], 1e-5) << "step 3's main loss";
+  for (double l : got) EXPECT_TRUE(std::isfinite(l));
+  if (world->rank() != 0) return;
+  const auto rows = mtp_rows(with_mtp);
+  ASSERT_EQ(rows.size(), 2u);  // steps 3 and 4 (the rows of steps 1-2 had none)
+  for (const auto& r : rows) {
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_TRUE(std::isfinite(r[0]) && r[0] > 0 && std::isfinite(r[1]) && r[1] > 0);
+  }
+}
