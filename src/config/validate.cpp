@@ -341,11 +341,6 @@ void validate_mesh(const Config& c) {
     MT_CHECK(m.n_experts % ep == 0, "device_config.expert_parallel (", ep, ") must divide model_config.n_experts (",
              m.n_experts, "): every rank of an ep group holds n_experts / expert_parallel experts");
   }
-  // Multi-token prediction reads the embedding on its stage: the last
-  // stage's copy of it is not built yet.
-  if (m.mtp_depth > 0)
-    MT_CHECK(pp == 1, "model_config.mtp_depth = ", m.mtp_depth, " needs pp 1 (device_config.n_device_axis[1], got ",
-             pp, ") for now");
   validate_warmups(c);
   validate_pipeline(c);
 }

@@ -69,9 +69,12 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
            cfg.model_dimension, ") must be a multiple of n_head (", cfg.n_head, ")");
   const int64_t d = cfg.model_dimension, V = cfg.vocab_size;
 
+  // Multi-token prediction reads Emb(t_{i+k}) on the last stage: a last
+  // stage without the embedding holds a copy of it (as a tied head does).
+  const bool mtp_copy = cfg.mtp_depth > 0 && range_.has_head && !range_.has_embedding;
   if (range_.has_embedding) {
     embedding_ = register_module("embed", factory.embedding("embed", V, d, cfg.init_std));
-    if (cfg.tie_embeddings) mark_tied_embedding(factory, /*copy=*/false);
+    if (cfg.tie_embeddings || (cfg.mtp_depth > 0 && !range_.has_head)) mark_tied_embedding(factory, /*copy=*/false);
   }
 
   // A child "layers" with children "<i>" gives the dotted global names
@@ -86,6 +89,12 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
 
   if (range_.has_head) {
     final_norm_ = register_module("final_norm", factory.norm("final_norm", d, cfg.norm_bias));
+    if (mtp_copy) {
+      // Same name, same draw as the first stage's table; saved once (from
+      // the first stage), its gradient summed with the first stage's over pp.
+      embedding_ = register_module("embed", factory.embedding("embed", V, d, cfg.init_std));
+      mark_tied_embedding(factory, /*copy=*/true);
+    }
     if (!cfg.tie_embeddings) {
       head_ = register_module("head", factory.head("head", d, V, cfg.init_std, nullptr));
     } else if (embedding_) {
@@ -97,8 +106,7 @@ Transformer::Transformer(const ModelConfig& cfg, LayerFactory& factory, StageRan
       mark_tied_embedding(factory, /*copy=*/true);
     }
     if (cfg.mtp_depth > 0) {
-      MT_CHECK(embedding_, "model_config.mtp_depth = ", cfg.mtp_depth, " needs the embedding on the last pipeline "
-               "stage (pp 1)");
+      MT_ASSERT(embedding_, "model_config.mtp_depth = ", cfg.mtp_depth, ": the last stage has no embedding copy");
       auto mtp = register_module("mtp", std::make_shared<torch::nn::Module>());
       for (int64_t j = 0; j < cfg.mtp_depth; ++j)
         mtp_.push_back(mtp->register_module(std::to_string(j), std::make_shared<MtpModule>(cfg, factory, j)));

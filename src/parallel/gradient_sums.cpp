@@ -52,8 +52,10 @@ void sum_partial_gradients(ParallelModel& pm, Mesh& mesh, const std::vector<size
     all_reduce_flat(sp, mesh.tp());
   }
   // zbv's V holds the embedding and the head on stage 0: one tensor, no copy.
-  if (mesh.shape().pp > 1 && pm.model->config().tie_embeddings && !pm.model->range().v_shape) {
-    // The embedding (first stage) and the head copy (last stage) are one
+  const ModelConfig& config = pm.model->config();
+  if (mesh.shape().pp > 1 && (config.tie_embeddings || config.mtp_depth > 0) && !pm.model->range().v_shape) {
+    // The embedding (first stage) and its copy on the last stage (the tied
+    // head's weight, the multi-token prediction modules' embedding) are one
     // parameter: both take the sum of the two gradients. Stages in between
     // contribute zeros so the collective is uniform over the pp group.
     at::Tensor g;

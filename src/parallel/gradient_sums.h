@@ -16,8 +16,9 @@ namespace meshtrain {
 // after backward: a trainable one without a gradient (an expert that got no
 // token here) gets zeros, so every rank reaches the same collectives; the
 // gradients partial over tp (sequence-parallel norms) are summed over tp;
-// and the tied embedding's first- and last-stage copies sum their gradients
-// over pp (every stage takes part: the ones between contribute zeros).
+// and the embedding's first- and last-stage copies (the tied head's, the
+// multi-token prediction modules') sum their gradients over pp (every stage
+// takes part: the ones between contribute zeros).
 void sum_partial_gradients(ParallelModel& pm, Mesh& mesh, const std::vector<size_t>& params);
 
 // Sum of the tensors over `comm`, in flat buckets of one dtype and at most

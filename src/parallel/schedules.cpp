@@ -205,11 +205,17 @@ class StageRunner {
     ForwardAux aux;
     at::Tensor h = pm_.model->forward_chunk(chunk, first_virtual(chunk) ? pm_.model->embed(m.inputs) : s.input, &aux,
                                             nullptr, m.layout.get());
+    // Multi-token prediction trains (as run_single_stage): its modules' MoE
+    // losses join this chunk's before they are counted.
+    std::vector<at::Tensor> mtp;
+    if (last_virtual(chunk) && spec_.backward && !m.mtp.empty())
+      mtp = pm_.model->mtp_token_losses(h, m.mtp, &aux, m.layout.get());
     accumulate_aux(sums_, aux, seqs, first_moe_[static_cast<size_t>(chunk)]);
     if (last_virtual(chunk)) {
       at::Tensor losses = pm_.model->token_losses(h, m.targets);
       accumulate_losses(sums_, losses);
-      if (spec_.backward) s.loss = stage_loss(losses, aux, seqs, spec_);
+      accumulate_mtp(sums_, mtp);
+      if (spec_.backward) s.loss = stage_loss(losses, aux, seqs, spec_, mtp);
     } else {
       MT_ASSERT(h.sizes().vec() == hidden_shape(mb) && h.scalar_type() == options_.dtype(),
                 "stage ", stage_, " produced ", h.sizes(), " ", h.scalar_type(), " but the next stage expects ",

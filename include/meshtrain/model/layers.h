@@ -81,9 +81,10 @@ struct ParamLayout {
   int64_t split_dim = -1;
   std::string global_name;
   bool tied_copy = false;  // a replica of another stage's parameter: never saved twice
-  // The embedding shared with the LM head (tie_embeddings): the first
-  // stage's table and the last stage's copy (tied_copy) of it; under
-  // pipeline parallelism their gradients are summed over pp.
+  // The embedding with a copy on the last stage (tied_copy), read by the LM
+  // head (tie_embeddings) or the multi-token prediction modules (mtp_depth,
+  // also untied): the first stage's table and that copy; under pipeline
+  // parallelism their gradients are summed over pp.
   bool tied_embedding = false;
   // Rows by vocabulary id (the embedding and the head), padded past
   // vocab_size to a multiple of tp: a checkpoint or Hugging Face table with
