@@ -1,11 +1,12 @@
-// Multi-token prediction (model_config.mtp_depth, model/mtp.h) on every mesh
-// it runs on (pp 1): dp, tp with and without sequence parallelism, context
-// parallelism (the shifted tokens cut before the chunks), ZeRO-1, FSDP
-// (zero_stage 3), expert parallelism and activation recomputation give one
-// process's losses, gradient norms and per-depth MTP losses (metrics.jsonl's
-// mtp_loss), for the DeepSeek-V3-style MLA + MoE model with D = 2 and packed
-// documents: fp32 within 2e-5, bf16 within 2 bf16 roundings (bf16_test.cpp's
-// kMesh) of one bf16 process. Runs under mpirun -np 2 and 4.
+// Multi-token prediction (model_config.mtp_depth, model/mtp.h) on every mesh:
+// dp, tp with and without sequence parallelism, context parallelism (the
+// shifted tokens cut before the chunks), ZeRO-1, FSDP (zero_stage 3), expert
+// parallelism, activation recomputation and pipeline parallelism (the last
+// stage's embedding copy) give one process's losses, gradient norms and
+// per-depth MTP losses (metrics.jsonl's mtp_loss), for the DeepSeek-V3-style
+// MLA + MoE model with D = 2 and packed documents: fp32 within 2e-5, bf16
+// within 2 bf16 roundings (bf16_test.cpp's kMesh) of one bf16 process. Runs
+// under mpirun -np 2 and 4.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,23 +37,27 @@ Config mtp(const std::string& name) {
 struct MtpMesh {
   int dp, tp, ep = 1, zero = 0;
   bool sp = false, recompute = false;
-  int cp = 1;
+  int cp = 1, pp = 1;
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   std::string str() const {
     return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " cp" + std::to_string(cp) + " ep" +
-           std::to_string(ep) + " zero" + std::to_string(zero) + (sp ? " sp" : "") + (recompute ? " recompute" : "");
+           std::to_string(ep) + " zero" + std::to_string(zero) + (sp ? " sp" : "") + (recompute ? " recompute" : "") +
+           " pp" + std::to_string(pp) + " schedule " + std::to_string(static_cast<int>(schedule));
   }
 };
 
 Config on(Config c, const MtpMesh& m) {
-  c = test::with_mesh(c, m.dp, 1, m.tp);
+  c = test::with_mesh(c, m.dp, m.pp, m.tp);
   c.device.expert_parallel = m.ep;
   c.device.context_parallel = m.cp;
   c.zero_stage = m.zero;
   c.sequence_parallel = m.sp;
   c.activation_checkpointing = m.recompute ? ActivationCheckpointing::Full : ActivationCheckpointing::None;
+  c.pipeline_schedule = m.schedule;
+  c.virtual_stages = m.schedule == PipelineSchedule::Interleaved ? 2 : 1;
   c.name += "-" + std::to_string(m.dp) + std::to_string(m.tp) + std::to_string(m.cp) + std::to_string(m.ep) +
-            std::to_string(m.zero) +
-            (m.sp ? "s" : "") + (m.recompute ? "r" : "");
+            std::to_string(m.zero) + (m.sp ? "s" : "") + (m.recompute ? "r" : "") + "p" + std::to_string(m.pp) +
+            "s" + std::to_string(static_cast<int>(m.schedule));
   return c;
 }
 
@@ -60,6 +65,24 @@ std::vector<MtpMesh> meshes(int n) {
   if (n == 2)
     return {{2, 1}, {1, 2}, {1, 2, 1, 0, true}, {2, 1, 2, 1}, {2, 1, 1, 3, false, true}, {1, 1, 1, 0, false, false, 2}};
   if (n == 4) return {{2, 2, 2, 1, true, true}, {4, 1, 4, 3}, {1, 2, 2, 0, true, false, 2}, {2, 1, 4, 1, false, true, 2}};
+  return {};
+}
+
+// Pipeline parallelism: the modules on the last stage read its copy of the
+// embedding (summed with the first stage's over pp); zbv's V keeps both on
+// stage 0. The 4 layers fill the interleaved and V chunks at pp 2.
+std::vector<MtpMesh> pp_meshes(int n) {
+  using S = PipelineSchedule;
+  MtpMesh one_f{1, 1}, interleaved{1, 1}, zb{1, 1}, zbv{1, 1};
+  one_f.pp = interleaved.pp = zb.pp = zbv.pp = 2;
+  interleaved.schedule = S::Interleaved;
+  zb.schedule = S::ZbH1;
+  zbv.schedule = S::Zbv;
+  if (n == 2) return {one_f, interleaved, zb, zbv};
+  MtpMesh zero1{2, 1, 1, 1}, zero3{2, 1, 1, 3}, tp_sp{1, 2, 1, 0, true}, interleaved_dp{2, 1};
+  zero1.pp = zero3.pp = tp_sp.pp = interleaved_dp.pp = 2;
+  interleaved_dp.schedule = S::Interleaved;
+  if (n == 4) return {zero1, zero3, tp_sp, interleaved_dp};
   return {};
 }
 
@@ -75,14 +98,15 @@ std::vector<std::vector<double>> mtp_rows(const Config& c) {
   return rows;
 }
 
-void expect_meshes_match(const Config& base, double tol, bool relative) {
+void expect_meshes_match(const Config& base, double tol, bool relative, const std::vector<MtpMesh>& all) {
   const auto ref = test::single_process_losses(base);
   Config ref_cfg = base;
   ref_cfg.name += "-ref-rank" + std::to_string(test_runtime().rank());
   const auto ref_mtp = mtp_rows(ref_cfg);
   ASSERT_EQ(ref_mtp.size(), static_cast<size_t>(base.training_steps));
   ASSERT_EQ(ref_mtp[0].size(), 2u);
-  for (const MtpMesh& m : meshes(test_runtime().size())) {
+  ASSERT_FALSE(all.empty()) << "no meshes for " << test_runtime().size() << " ranks";
+  for (const MtpMesh& m : all) {
     SCOPED_TRACE(m.str());
     const Config c = on(base, m);
     const auto got = test::train_losses(c, /*backward_thread=*/true);
@@ -106,20 +130,44 @@ void expect_meshes_match(const Config& base, double tol, bool relative) {
 
 }  // namespace
 
-TEST(Mtp, EveryMeshMatchesOneProcess) { expect_meshes_match(mtp("mtp"), 2e-5, false); }
+TEST(Mtp, EveryMeshMatchesOneProcess) { expect_meshes_match(mtp("mtp"), 2e-5, false, meshes(test_runtime().size())); }
+
+// pp 2 (np 2: 1f1b, interleaved, zb-h1, zbv; np 4: with dp 2 and ZeRO-1 or
+// FSDP, with tp 2 + sp, interleaved with dp 2) for the MLA + MoE model and a
+// dense one, each with a tied and an untied head: the untied last stage holds
+// the embedding copy for the modules alone.
+TEST(Mtp, PipelineMeshesMatchOneProcess) {
+  for (const bool dense : {false, true}) {
+    for (const bool tied : {true, false}) {
+      SCOPED_TRACE(std::string(dense ? "dense" : "mla+moe") + (tied ? " tied" : " untied"));
+      Config c = mtp(std::string("mtp-pp") + (dense ? "-dense" : "") + (tied ? "-tied" : "-untied"));
+      if (dense) {
+        Config d = test::tiny_config(kData, c.name);
+        d.model.mtp_depth = c.model.mtp_depth;
+        d.model.mtp_loss_weight = c.model.mtp_loss_weight;
+        d.data.document_masking = true;
+        d.data.eot_token = 7;
+        d.training_steps = c.training_steps;
+        c = d;
+      }
+      c.model.tie_embeddings = tied;
+      c.data.micro_batch_size = 2;  // microbatches to pipeline (interleaved: a multiple of pp per rank)
+      expect_meshes_match(c, 2e-5, false, pp_meshes(test_runtime().size()));
+    }
+  }
+}
 
 // bf16 mixed precision: within two bf16 roundings of one bf16 process (relative).
 TEST(Mtp, Bf16MeshesMatchOneBf16Process) {
   Config c = mtp("mtp-bf16");
   c.model.model_dtype = ModelDtype::Bfloat16;
-  expect_meshes_match(c, 2.0 / 256, true);
+  expect_meshes_match(c, 2.0 / 256, true, meshes(test_runtime().size()));
 }
 
 // A checkpoint holds the modules and their moments: a run resumed from step 2
 // continues with the losses of the uninterrupted run.
-TEST(Mtp, ResumesExactly) {
-  const MtpMesh mesh = test_runtime().size() == 2 ? MtpMesh{2, 1} : MtpMesh{2, 2, 2, 1, true};
-  Config full = on(mtp("mtp-resume"), mesh);
+void expect_resumes_exactly(const Config& base, const MtpMesh& mesh) {
+  Config full = on(base, mesh);
   full.training_steps = 4;
   const auto ref = test::run_losses(full, true);
   Config half = full;
@@ -130,6 +178,23 @@ TEST(Mtp, ResumesExactly) {
   Config next = full;
   next.name += "-next";
   test::expect_continues(half.run_dir(), next, ref, 2);
+}
+
+TEST(Mtp, ResumesExactly) {
+  const MtpMesh mesh = test_runtime().size() == 2 ? MtpMesh{2, 1} : MtpMesh{2, 2, 2, 1, true};
+  expect_resumes_exactly(mtp("mtp-resume"), mesh);
+}
+
+// Under pp the checkpoint holds the embedding once (the first stage's) and
+// restores both copies, with their moments: untied (the copy serves the
+// modules alone) at pp 2, and with dp 2 and ZeRO-1 at np 4.
+TEST(Mtp, ResumesExactlyUnderPipelineParallelism) {
+  Config c = mtp("mtp-resume-pp");
+  c.model.tie_embeddings = false;
+  c.data.micro_batch_size = 2;
+  MtpMesh mesh{test_runtime().size() == 2 ? 1 : 2, 1, 1, test_runtime().size() == 2 ? 0 : 1};
+  mesh.pp = 2;
+  expect_resumes_exactly(c, mesh);
 }
 
 // A run may add the modules to a model trained without them: they start from
