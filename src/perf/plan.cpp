@@ -139,6 +139,8 @@ StageParams stage_params(const ModelConfig& m, int64_t pp, int64_t tp, int64_t s
   if (rg.has_head) {
     p.replicated += m.model_dimension * (m.norm_bias ? 2 : 1);  // final norm
     if (!m.tie_embeddings || !rg.has_embedding) p.split += table;  // own head, or the tied copy
+    // Multi-token prediction's copy of the embedding (untied: the tied copy above serves both).
+    if (m.mtp_depth > 0 && !m.tie_embeddings && !rg.has_embedding) p.split += table;
     // Multi-token prediction modules (model/mtp.h): layer n_layers + j, three
     // norms and the replicated eh_proj each; FSDP gathers them with the root.
     for (int64_t i = m.n_layers(); i < m.n_layers() + m.mtp_depth; ++i) {

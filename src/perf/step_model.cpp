@@ -283,7 +283,8 @@ namespace {
 // Pipeline sends on the bubble's path: a round's first microbatch crosses
 // every stage boundary forward and its last one backward (an activation of
 // this rank's tokens, split over tp under sequence parallelism); tied
-// embeddings sum their fp32 gradients between the first and last stage.
+// embeddings (and multi-token prediction's copy) sum their fp32 gradients
+// between the first and last stage.
 double pp_seconds(const Config& cfg, const MeshFacts& f, const Hardware& hw, const StepAssumptions& a) {
   if (f.pp == 1) return 0;
   const ModelConfig& m = cfg.model;
@@ -292,7 +293,7 @@ double pp_seconds(const Config& cfg, const MeshFacts& f, const Hardware& hw, con
                          (cfg.sequence_parallel ? static_cast<double>(f.tp) : 1.0);
   const double send = l.latency_s + payload / (l.gbps * 1e9 * a.p2p_efficiency);
   const double vocab_local = std::ceil(static_cast<double>(m.vocab_size) / static_cast<double>(f.tp));
-  const double tied = m.tie_embeddings
+  const double tied = m.tie_embeddings || m.mtp_depth > 0
                           ? collective_s(4 * vocab_local * static_cast<double>(m.model_dimension), 2, 2, l,
                                          a.ring_efficiency)
                           : 0;

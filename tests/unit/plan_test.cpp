@@ -88,8 +88,11 @@ TEST(Plan, CountsMatchBuiltModels) {
   }
 }
 
+// With multi-token prediction the last stage also holds the modules and (an
+// untied model too) a copy of the embedding they read.
 TEST(Plan, StagesSplitTheModelLikeTheBuiltStages) {
-  for (Config c : variants()) {
+  for (Config c : variants()) for (const int64_t depth : {0, 2}) {
+    c.model.mtp_depth = depth;
     c.model.blocks = 1;
     c.model.layers_per_block = 5;  // uneven over pp 2: 3 + 2 layers
     const auto ranges = partition_stages(c.model.n_layers(), 2);
@@ -98,11 +101,12 @@ TEST(Plan, StagesSplitTheModelLikeTheBuiltStages) {
       const StageParams sp = stage_params(c.model, 2, 1, s);
       LayerFactory plain;
       Transformer stage(c.model, plain, ranges[static_cast<size_t>(s)]);
-      EXPECT_EQ(sp.total(), numel(stage)) << name(c) << " stage " << s;
+      EXPECT_EQ(sp.total(), numel(stage)) << name(c) << " stage " << s << " mtp_depth " << depth;
       sum += sp.total();
     }
-    const int64_t tied_copy = c.model.tie_embeddings ? c.model.vocab_size * c.model.model_dimension : 0;
-    EXPECT_EQ(sum, count_params(c.model).total + tied_copy) << name(c);
+    const bool copy = c.model.tie_embeddings || depth > 0;
+    const int64_t copy_params = copy ? c.model.vocab_size * c.model.model_dimension : 0;
+    EXPECT_EQ(sum, count_params(c.model).total + copy_params) << name(c) << " mtp_depth " << depth;
   }
 }
 
