@@ -109,7 +109,7 @@ const std::vector<KeyDoc> kModel = {
     {"model_config.mtp_depth", "DeepSeek-V3's multi-token prediction: D chained modules after the last layer; module k "
                              "predicts the token k + 1 ahead from module k - 1's hidden state and the embedding of the "
                              "token k ahead, through the shared head (docs/models.md). 0 turns it off; at least 0. "
-                             "Needs pp 1 for now."},
+                             "Under pp the last stage holds a copy of the embedding for them."},
     {"model_config.mtp_loss_weight", "lambda of multi-token prediction: the loss is the main loss + lambda / mtp_depth x "
                                      "the sum of the modules' losses. In [0, 10]."},
 };
