@@ -74,17 +74,19 @@ class Fp8LinearFn : public torch::autograd::Function<Fp8LinearFn> {
     const at::Tensor xc = mp.operand(x);
     const at::Tensor x2 = xc.reshape({-1, xc.size(-1)});
     const Fp8Tensor xq = fp8_quantize(x2, plan.x, token_reduce(mp, sp), sp.in);
+    // Each product leaves its GEMM in the compute dtype; a bias or the
+    // residual is added to it there (as an unfused bf16 linear adds them).
     std::vector<at::Tensor> parts;
     std::vector<int64_t> rows;
     for (const at::Tensor& w : weights) {
-      parts.push_back(ops::fp8_mm(xq, mp.fp8_weight(w, false), at::kFloat));
+      parts.push_back(ops::fp8_mm(xq, mp.fp8_weight(w, false), mp.activation_dtype()));
       rows.push_back(w.size(0));
     }
-    at::Tensor y = parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [M, sum N] fp32
+    at::Tensor y = parts.size() == 1 ? parts[0] : at::cat(parts, 1);  // [M, sum N], this function's own
     if (!biases.empty()) {
       std::vector<at::Tensor> b;
       for (const at::Tensor& t : biases) b.push_back(mp.operand_detached(t));
-      y.add_((b.size() == 1 ? b[0] : at::cat(b, 0)).to(at::kFloat));
+      y.add_(b.size() == 1 ? b[0] : at::cat(b, 0));
     }
     if (residual) y.add_(residual->reshape(y.sizes()));
     std::vector<int64_t> shape = x.sizes().vec();
@@ -98,7 +100,7 @@ class Fp8LinearFn : public torch::autograd::Function<Fp8LinearFn> {
     ctx->saved_data["residual"] = residual.has_value();
     ctx->saved_data["precision"] = precision;
     ctx->saved_data["split"] = split;
-    return y.to(mp.activation_dtype()).view(shape);
+    return y.view(shape);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -125,7 +127,9 @@ class Fp8LinearFn : public torch::autograd::Function<Fp8LinearFn> {
       col += rows[i];
       const Fp8Tensor gq = fp8_quantize(g, plan.dy, tokens, sp.out);
       if (ctx->needs_input_grad(0)) {
-        const at::Tensor part = ops::fp8_mm(gq, mp.fp8_weight(weights[i], true), at::kFloat);
+        // One weight: dx leaves its GEMM in x's dtype; several: summed in fp32 first.
+        const at::ScalarType dt = weights.size() == 1 ? ctx->saved_data["x_dtype"].toScalarType() : at::kFloat;
+        const at::Tensor part = ops::fp8_mm(gq, mp.fp8_weight(weights[i], true), dt);
         dx = dx.defined() ? dx.add_(part) : part;
       }
       const Fp8Tensor gt = for_weight_grad(gq, g, plan.dy, tokens, sp.out);
@@ -194,9 +198,9 @@ class Fp8BatchedFn : public torch::autograd::Function<Fp8BatchedFn> {
     const int64_t segments = ctx->saved_data["segments"].toInt(), E = w.size(0);
     const at::Tensor g = grads[0].to(xs.scalar_type()).reshape({xs.size(0), xs.size(1), w.size(1)});
     const Fp8Tensor gq = fp8_quantize(g, plan.dy, tokens, sp.out);
-    const at::Tensor dx = ops::fp8_mm(gq, per_segment(mp.fp8_weight(w, true), segments), at::kFloat)
-                              .view({E, -1, w.size(2)})
-                              .to(ctx->saved_data["x_dtype"].toScalarType());
+    const at::Tensor dx =
+        ops::fp8_mm(gq, per_segment(mp.fp8_weight(w, true), segments), ctx->saved_data["x_dtype"].toScalarType())
+            .view({E, -1, w.size(2)});
     const Fp8Tensor gt = for_weight_grad(gq, g, plan.dy, tokens, sp.out);
     const Fp8Tensor xt = for_weight_grad({saved[1], saved[2], plan.x.granularity}, xs, plan.x, tokens, sp.in);
     // Each block's product in fp32, summed over an expert's blocks in fp32.

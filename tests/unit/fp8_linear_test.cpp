@@ -119,8 +119,8 @@ TEST(Fp8Linear, ForwardAndBothGradientsAreTheDefinition) {
 }
 
 // Fused projections (q, k, v) stay one GEMM per weight, each weight its
-// own scales; biases and a residual are added in fp32 before the one
-// rounding; their gradients are mixed_linear's.
+// own scales; biases and a residual are added to the bf16 products (one
+// more bf16 rounding); their gradients are mixed_linear's.
 TEST(Fp8Linear, FusedWeightsBiasesAndResidual) {
   const at::Tensor x = randn({2, 9, 64}, 4).to(at::kBFloat16);
   for (Fp8Recipe r : kRecipes) {
@@ -135,7 +135,7 @@ TEST(Fp8Linear, FusedWeightsBiasesAndResidual) {
     const at::Tensor one = mp->fused_linear(x, w1), two = mp->fused_linear(x, w2);
     const at::Tensor bias = at::cat({b1, b2}).to(at::kBFloat16).to(at::kFloat);
     const at::Tensor apart = (at::cat({one, two}, -1).to(at::kFloat) + bias);
-    // One rounding of (product + bias) against two: a bf16 ulp of each weight's largest apart at most.
+    // The bf16 sum against the fp32 one: a bf16 ulp of each weight's largest apart at most.
     for (const auto& [from, n] : {std::pair<int64_t, int64_t>{0, 48}, {48, 16}}) {
       const at::Tensor a = apart.narrow(-1, from, n), f = fused.to(at::kFloat).narrow(-1, from, n);
       EXPECT_LE(max_abs(f - a) / max_abs(a), std::ldexp(1.0, -7)) << "columns from " << from;

@@ -10,6 +10,10 @@
 // fused kernels, ops/fused.h), the MoE router, weight gradients of the head
 // (accumulated in fp32), and the optimizer. "float32": no cast anywhere.
 //
+// On top of bf16, model_config.fp8_recipe runs the linear layers' GEMMs in
+// FP8 (model/fp8_linear.h): the weights they mark here, fused_linear and
+// batched_linear take to the FP8 functions.
+//
 // The policy is passed, never kept per thread: the LayerFactory hands one
 // MixedPrecision to every layer it makes, and the model keeps it. CUDA's
 // autograd engine runs backward -- and with it the activation recomputation

@@ -32,7 +32,10 @@
 // its s NaN or 0 (inv NaN or inf), so the tile dequantizes to NaN (the loss
 // shows it, as it would in bf16).
 //
-// Not differentiable: autograd functions on top of these are the model's.
+// Not differentiable: autograd functions on top of these are the model's
+// (model/fp8_linear.h). quantize_fp8 and fp8_mm dispatch as the operators
+// meshtrain::fp8_quantize and meshtrain::fp8_mm, one kernel each to
+// `bench --device meta` (perf/op_observer.h).
 #include <ATen/core/Tensor.h>
 
 #include <array>
