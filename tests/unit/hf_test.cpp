@@ -13,6 +13,7 @@
 #include "meshtrain/hf/hf_dir.h"
 #include "meshtrain/hf/hf_model.h"
 #include "meshtrain/model/transformer.h"
+#include "tiny_model.h"
 
 namespace meshtrain {
 namespace {
@@ -28,30 +29,7 @@ ModelConfig llama() {
   return m;
 }
 
-ModelConfig v3() {
-  ModelConfig m;
-  m.model_dimension = 32;
-  m.n_head = 4;
-  m.vocab_size = 50;
-  m.attention = AttentionKind::Mla;
-  m.latent_dim = 16;
-  m.dhR = 4;
-  m.mla_latent_norm = true;
-  m.ffn = FfnKind::Moe;
-  m.n_experts = 4;
-  m.k = 2;
-  m.n_shared = 1;
-  m.mlp_hidden = 16;
-  m.mlp_activation = MlpActivation::Swiglu;
-  m.router_score = RouterScore::Sigmoid;
-  m.router_bias = true;
-  m.routed_scaling_factor = 2.5;
-  m.n_group = 2;
-  m.first_k_dense = 1;
-  m.dense_mlp_hidden = 24;
-  m.mla_last_layer_no_rope = false;
-  return m;
-}
+ModelConfig v3() { return test::tiny_v3_model(); }
 
 // Parameters of a built model with random values (norms and biases too).
 std::map<std::string, at::Tensor> random_params(const ModelConfig& m) {
