@@ -20,28 +20,30 @@ struct RoundTiming {
 };
 
 // cfg built on mesh, one warm-up round, then `rounds` timed rounds of
-// `inputs` (their own targets). Collective over the world.
+// `inputs` (their own targets). Seconds and bubble are the median round's
+// (worst rank in each round), so one descheduled round on a shared machine
+// does not move them. Collective over the world.
 inline RoundTiming time_rounds(const Config& cfg, Mesh& mesh, Communicator& world, const at::Tensor& inputs,
                                const RoundSpec& spec, int64_t rounds) {
   const auto pm_owned = build_parallel_model(cfg, mesh);
   ParallelModel& pm = *pm_owned;
   run_round(pm, mesh, cfg, inputs, inputs, spec);  // warm-up
   world.barrier();
-  double wait = 0;
+  at::Tensor per_round = at::zeros({2, rounds}, at::kDouble);  // seconds, blocked seconds
   std::array<double, 3> passes{};
-  const auto t0 = std::chrono::steady_clock::now();
   for (int64_t r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
     const RoundSums sums = run_round(pm, mesh, cfg, inputs, inputs, spec);
-    wait += sums.wait_seconds();
+    per_round[0][r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    per_round[1][r] = sums.wait_seconds();
     const std::array<double, 3> p = sums.pass_seconds();
     for (size_t i = 0; i < 3; ++i) passes[i] += p[i];
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  at::Tensor stats = at::tensor({seconds / static_cast<double>(rounds), wait / seconds}, at::kDouble);
-  world.all_reduce(stats, ReduceOp::Max);
+  world.all_reduce(per_round, ReduceOp::Max);
+  const at::Tensor seconds = per_round[0].median(), bubble = (per_round[1] / per_round[0]).median();
   at::Tensor summed = at::tensor({passes[0], passes[1], passes[2]}, at::kDouble);
   world.all_reduce(summed, ReduceOp::Sum);
-  return {stats[0].item<double>(), stats[1].item<double>(),
+  return {seconds.item<double>(), bubble.item<double>(),
           {summed[0].item<double>(), summed[1].item<double>(), summed[2].item<double>()}};
 }
 
