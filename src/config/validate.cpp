@@ -455,7 +455,6 @@ void validate_run(const Config& c) {
   non_negative(i.temperature, "inference_config.temperature");
   at_least(i.max_tokens, 0, "inference_config.max_tokens");
   at_least(i.min_tokens, 0, "inference_config.min_tokens");
-  // (Its temperature 0 is checked when it samples: generate's --temperature comes after this.)
   if (i.speculative)
     MT_CHECK(c.model.mtp_depth >= 1, "inference_config.speculative drafts with the multi-token prediction modules: it "
              "needs model_config.mtp_depth >= 1, got ", c.model.mtp_depth);
