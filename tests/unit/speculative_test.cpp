@@ -116,6 +116,8 @@ struct Kind {
   const char* name;
 };
 
+void PrintTo(const Kind& k, std::ostream* os) { *os << k.name; }
+
 class Speculative : public ::testing::TestWithParam<Kind> {};
 
 TEST_P(Speculative, GreedyOutputIsPlainGreedysTokenForToken) {
@@ -136,6 +138,32 @@ INSTANTIATE_TEST_SUITE_P(Models, Speculative,
                                            Kind{FfnKind::Moe, AttentionKind::Mla, "mla+moe"}),
                          [](const auto& info) { return std::string(info.param.ffn == FfnKind::Dense ? "Dense" : "Moe") +
                                                        (info.param.attention == AttentionKind::Mla ? "Mla" : "Mha"); });
+
+// Past T the cached paths restart on the last T/2 tokens and the uncached ones
+// slide: on a model whose argmax hangs on the whole context (large weights),
+// where those two differ, speculative decoding follows each exactly.
+TEST(SpeculativeGreedy, FollowsEachPathsWindowPastT) {
+  for (FfnKind ffn : {FfnKind::Dense, FfnKind::Moe}) {
+    ModelConfig m = tiny(ffn);
+    m.init_std = 0.5;
+    LayerFactory f;
+    f.set_seed(9);
+    Transformer model(m, f);
+    const std::vector<std::vector<int32_t>> prompts = {{1, 4, 7}, {10, 13, 2, 2, 40}, {31}};
+    SampleOptions o;
+    o.temperature = 0;
+    o.max_tokens = 80;  // with a prompt of 3 the cache restarts before new tokens 30, 47 and 64 (from 0)
+    for (bool cache : {false, true}) {
+      o.use_cache = cache;
+      EXPECT_EQ(generate_speculative(model, prompts, o, nullptr), generate(model, prompts, o)) << "cache " << cache;
+    }
+    // The two windows give different tokens, so a wrong window shows.
+    o.use_cache = false;
+    const auto uncached = generate(model, prompts, o);
+    o.use_cache = true;
+    EXPECT_NE(uncached, generate(model, prompts, o));
+  }
+}
 
 // Cut back to 3 of 5 positions, a cache continues as one that held only those 3.
 TEST(KVCacheTruncate, ContinuesAsTheShorterCache) {
@@ -187,9 +215,10 @@ std::vector<double> as_vector(const at::Tensor& t) {
   return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
 }
 
-// Temperature 1 over 6 ids, 5 the stop token (never the first: min_tokens 1),
-// 3 new tokens at most: the first token comes from a plain step, the next two
-// from a chain of 2 drafts. The joint of (x1, x2) and of (x2, x3) (stop as an
+// Temperature 1 over 6 ids, the top 4 of them (so p and q often differ in
+// support), 5 the stop token (never the first: min_tokens 1), 3 new tokens at
+// most: the first token comes from a plain step, the next two from a chain of
+// 2 drafts. The joint of (x1, x2) and of (x2, x3) (stop as an
 // outcome) of 6000 samples against the exact ones from the model's logits.
 TEST(SpeculativeSampling, FirstTokensFollowTheModelsDistribution) {
   at::set_num_threads(1);
@@ -204,6 +233,7 @@ TEST(SpeculativeSampling, FirstTokensFollowTheModelsDistribution) {
   SampleOptions o;
   o.temperature = 1.0;
   o.vocab_limit = K;
+  o.top_k = 4;
   o.stop_token = kStop;
   o.min_tokens = 1;
   o.max_tokens = 3;

@@ -38,7 +38,8 @@ struct SpeculativeStats {
 
 // As generate(model, prompts, options): the same options, the same
 // distribution of outputs (generator seeded from options.seed, so a run
-// repeats exactly). stats may be nullptr.
+// repeats exactly); check_stop is called before each forward of the main
+// model (1 to D + 1 new tokens). stats may be nullptr.
 std::vector<std::vector<int32_t>> generate_speculative(Transformer& model,
                                                        const std::vector<std::vector<int32_t>>& prompts,
                                                        const SampleOptions& options, SpeculativeStats* stats);
