@@ -81,6 +81,10 @@ TEST(MtpConfig, BadValuesAreRefusedNamingTheKey) {
   EXPECT_NE(no_mtp.find("inference_config.speculative"), std::string::npos) << no_mtp;
   EXPECT_NE(no_mtp.find("model_config.mtp_depth"), std::string::npos) << no_mtp;
   EXPECT_EQ(refusal({"inference_config.speculative=true", "model_config.mtp_depth=1"}), "");
+  const std::string pp = refusal({"inference_config.speculative=true", "model_config.mtp_depth=1",
+                                  "device_config.n_device_axis=[1,2,1]"});
+  EXPECT_NE(pp.find("inference_config.speculative"), std::string::npos) << pp;
+  EXPECT_NE(pp.find("device_config.n_device_axis[1]"), std::string::npos) << pp;
 }
 
 // DeepSeek-V3's options (hf_model.h), tiny; every layer with rope, so the
