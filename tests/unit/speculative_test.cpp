@@ -3,7 +3,8 @@
 // cache as with it and without as without, for untrained models (drafts
 // mostly rejected) and ones trained on a cyclic sequence (drafts mostly
 // accepted), dense, MoE and MLA + MoE, past the context length T (cache
-// restarts) too; prints the acceptance and tokens/s against plain sampling.
+// restarts) too, also on a model whose cached and uncached outputs differ
+// there; prints the acceptance and tokens/s against plain sampling.
 // Temperature 1: the first new tokens of many samples follow the model's own
 // distribution (chi-square against the exact one from its logits). And the
 // cache's truncation, and the refusals.
