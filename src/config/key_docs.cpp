@@ -185,10 +185,12 @@ const std::vector<KeyDoc> kInference = {
                                    "each token."},
     {"inference_config.n_devices", "Jaxformer's inference device count: accepted and ignored with a warning (generate "
                                    "runs on the ranks mpirun starts)."},
-    {"inference_config.speculative", "Greedy self-speculative decoding: the multi-token prediction modules draft "
-                                     "mtp_depth tokens, one forward of the model verifies them; the output is plain "
-                                     "greedy sampling's token for token (docs/models.md). Needs model_config.mtp_depth "
-                                     ">= 1 (checked up front) and temperature 0 (checked when it samples)."},
+    {"inference_config.speculative", "Self-speculative decoding: the multi-token prediction modules draft up to "
+                                     "mtp_depth tokens, one forward of the model (on its KV cache with use_cache) "
+                                     "verifies them by speculative sampling's rule. At temperature 0 the output is "
+                                     "plain greedy sampling's token for token; above it, distributed exactly as plain "
+                                     "sampling's, not the same tokens for the same seed (docs/models.md). Needs "
+                                     "model_config.mtp_depth >= 1 and pp 1 (both checked up front)."},
     {"inference_config.stop_at_eot", "A sample ends at the tokenizer's end-of-text token, as a document does; false "
                                      "samples max_tokens into the next document."},
     {"inference_config.min_tokens", "With stop_at_eot, end-of-text is never drawn for the first min_tokens new tokens "

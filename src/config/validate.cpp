@@ -455,10 +455,13 @@ void validate_run(const Config& c) {
   non_negative(i.temperature, "inference_config.temperature");
   at_least(i.max_tokens, 0, "inference_config.max_tokens");
   at_least(i.min_tokens, 0, "inference_config.min_tokens");
-  // (Its temperature 0 is checked when it samples: generate's --temperature comes after this.)
-  if (i.speculative)
+  if (i.speculative) {
     MT_CHECK(c.model.mtp_depth >= 1, "inference_config.speculative drafts with the multi-token prediction modules: it "
              "needs model_config.mtp_depth >= 1, got ", c.model.mtp_depth);
+    // Up front, not at the end-of-run sample after the training.
+    MT_CHECK(c.device.pp() == 1, "inference_config.speculative runs the whole model on one stage: it needs pp 1 "
+             "(device_config.n_device_axis[1]), got ", c.device.pp());
+  }
   at_most(i.min_tokens, kMaxNewTokens, "inference_config.min_tokens", "new tokens per sample");
   at_most(i.max_tokens, kMaxNewTokens, "inference_config.max_tokens", "new tokens per sample");
   at_most(i.batch_size, kMaxInferenceBatch, "inference_config.batch_size", "samples at once");

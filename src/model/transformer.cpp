@@ -41,6 +41,18 @@ int64_t KVCache::bytes() const {
   return n;
 }
 
+void KVCache::truncate(int64_t keep) {
+  MT_CHECK(keep >= 0 && keep <= length, "KV cache: cannot keep ", keep, " of its ", length, " positions");
+  const auto cut = [keep](at::Tensor& t) {
+    if (t.defined()) t = t.narrow(t.dim() == 4 ? 2 : 1, 0, keep);
+  };
+  for (LayerCache& l : layers) {
+    cut(l.a);
+    cut(l.b);
+  }
+  length = keep;
+}
+
 double residual_std(const ModelConfig& cfg) {
   return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers()));
 }

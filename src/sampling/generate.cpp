@@ -20,23 +20,12 @@ constexpr int32_t kNonFinite = std::numeric_limits<int32_t>::min();
 // Ranks that do not compute logits (pipeline stages before the last) return -1
 // and learn the token from share(). allow_stop false: the stop token cannot
 // be drawn (min_tokens, as Hugging Face's min_new_tokens).
-int32_t sample(at::Tensor logits, const SampleOptions& o, at::Generator& gen, bool allow_stop) {
+int32_t sample(const at::Tensor& logits, const SampleOptions& o, at::Generator& gen, bool allow_stop) {
   if (!logits.defined()) return -1;
-  logits = logits.to(at::kCPU, at::kFloat);
-  if (o.vocab_limit > 0 && o.vocab_limit < logits.size(0)) logits = logits.narrow(0, 0, o.vocab_limit);
+  const at::Tensor probs = token_distribution(logits, o, allow_stop);
   // softmax/multinomial would fail with a raw libtorch error (or argmax pick NaN).
-  if (!at::isfinite(logits).all().item<bool>()) return kNonFinite;
-  if (!allow_stop && o.stop_token >= 0 && o.stop_token < logits.size(0)) {
-    logits = logits.clone();
-    logits[o.stop_token] = -std::numeric_limits<float>::infinity();
-  }
-  if (o.temperature <= 0.0) return static_cast<int32_t>(logits.argmax().item<int64_t>());
-  logits = logits / o.temperature;
-  if (o.top_k > 0 && o.top_k < logits.size(0)) {
-    const auto kth = std::get<0>(logits.topk(o.top_k)).min();
-    logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-  }
-  const auto probs = at::softmax(logits, -1);
+  if (!probs.defined()) return kNonFinite;
+  if (o.temperature <= 0.0) return static_cast<int32_t>(probs.argmax().item<int64_t>());
   return static_cast<int32_t>(at::multinomial(probs, 1, /*replacement=*/false, gen).item<int64_t>());
 }
 
@@ -76,6 +65,24 @@ std::vector<int32_t> continue_one(const ModelConfig& cfg, const ForwardFn& last_
 }
 
 }  // namespace
+
+at::Tensor token_distribution(at::Tensor logits, const SampleOptions& o, bool allow_stop) {
+  logits = logits.to(at::kCPU, at::kFloat);
+  if (o.vocab_limit > 0 && o.vocab_limit < logits.size(-1)) logits = logits.narrow(-1, 0, o.vocab_limit);
+  if (!at::isfinite(logits).all().item<bool>()) return {};
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  if (!allow_stop && o.stop_token >= 0 && o.stop_token < logits.size(-1)) {
+    logits = logits.clone();
+    logits.select(-1, o.stop_token).fill_(kNever);
+  }
+  if (o.temperature <= 0.0) return at::zeros_like(logits).scatter_(-1, logits.argmax(-1, /*keepdim=*/true), 1.0);
+  logits = logits / o.temperature;
+  if (o.top_k > 0 && o.top_k < logits.size(-1)) {
+    const at::Tensor kth = std::get<0>(logits.topk(o.top_k)).narrow(-1, o.top_k - 1, 1);  // sorted: the k-th largest
+    logits = logits.masked_fill(logits < kth, kNever);
+  }
+  return at::softmax(logits, -1);
+}
 
 std::vector<std::vector<int32_t>> generate(const ModelConfig& cfg, const at::Device& device, const ForwardFn& forward,
                                            const ShareFn& share, const std::vector<std::vector<int32_t>>& prompts,

@@ -1,14 +1,15 @@
-// Greedy self-speculative decoding with the MTP modules (see speculative.h).
+// Self-speculative decoding and sampling with the MTP modules (see speculative.h).
 #include "meshtrain/sampling/speculative.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <limits>
 #include <string>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/mtp.h"
+#include "meshtrain/sampling/speculative_rule.h"
 
 namespace meshtrain {
 
@@ -26,107 +27,185 @@ std::vector<MtpModule*> mtp_modules(Transformer& model) {
   return out;
 }
 
-// The greedy token from logits [V]: the stop token left out while !allow_stop.
-int64_t greedy(at::Tensor logits, const SampleOptions& o, bool allow_stop) {
-  logits = logits.to(at::kCPU, at::kFloat);
-  if (o.vocab_limit > 0 && o.vocab_limit < logits.size(0)) logits = logits.narrow(0, 0, o.vocab_limit);
-  if (!at::isfinite(logits).all().item<bool>()) throw NonFiniteLogits("speculative decoding: non-finite logits");
-  if (!allow_stop && o.stop_token >= 0 && o.stop_token < logits.size(0)) {
-    logits = logits.clone();
-    logits[o.stop_token] = -std::numeric_limits<float>::infinity();
-  }
-  return logits.argmax().item<int64_t>();
-}
-
 at::Tensor row(const std::vector<int64_t>& ids, const at::Device& device) {
   return at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({1, -1}).to(device);
 }
 
-// The MTP chain on hidden states h [1, n, d] of tokens ext[0..n) with ext[n]
-// the token after them: drafts of the D tokens after ext[n].
-std::vector<int64_t> draft(Transformer& model, const std::vector<MtpModule*>& mtp, at::Tensor h,
-                           std::vector<int64_t> ext, const SampleOptions& o, const at::Device& device) {
-  const auto n = static_cast<int64_t>(h.size(1));
-  std::vector<int64_t> out;
-  for (size_t k = 0; k < mtp.size(); ++k) {
-    const std::vector<int64_t> shifted(ext.begin() + static_cast<std::ptrdiff_t>(k) + 1,
-                                       ext.begin() + static_cast<std::ptrdiff_t>(k) + 1 + n);
-    h = mtp[k]->forward(h, model.embedding()->forward(row(shifted, device)), nullptr, nullptr);
-    const int64_t d = greedy(model.head()->logits(mtp[k]->head_norm(h.narrow(1, n - 1, 1)))[0][0], o, true);
-    out.push_back(d);
-    ext.push_back(d);
-  }
-  return out;
+template <typename C>
+int64_t ssize(const C& c) {
+  return static_cast<int64_t>(c.size());
 }
 
-std::vector<int32_t> continue_one(Transformer& model, const std::vector<MtpModule*>& mtp,
-                                  const std::vector<int32_t>& prompt, const SampleOptions& o, SpeculativeStats& st) {
-  const auto T = static_cast<size_t>(model.config().T);
-  const at::Device device = model.parameters().front().device();
-  std::vector<int64_t> ctx(prompt.begin(), prompt.end()), drafts;
-  std::vector<int32_t> out;
-  while (static_cast<int64_t>(out.size()) < o.max_tokens) {
-    if (o.check_stop) o.check_stop();
-    if (ctx.size() + drafts.size() > T) drafts.clear();  // verified on the context plain greedy sees
-    std::vector<int64_t> seq = ctx;
-    seq.insert(seq.end(), drafts.begin(), drafts.end());
-    const size_t cut = seq.size() - std::min(seq.size(), T);
-    const std::vector<int64_t> window(seq.begin() + static_cast<std::ptrdiff_t>(cut), seq.end());
-    const at::Tensor h = model.forward_layers(model.embed(row(window, device)), nullptr);
-    const at::Tensor logits = model.logits(h)[0];  // [window, V]
-    ++st.forwards;
-    st.drafted += static_cast<int64_t>(drafts.size());
-    // The main model's token after ctx + drafts[0..a), while it equals the next draft.
-    const size_t base = ctx.size();
-    size_t a = 0;
-    int64_t next = 0;
-    bool stop = false;
-    for (;; ++a) {
-      const size_t pos = base + a - 1 - cut;
-      const bool allow_stop = static_cast<int64_t>(out.size()) >= o.min_tokens;
-      next = greedy(logits[static_cast<int64_t>(pos)], o, allow_stop);
-      stop = o.stop_token >= 0 && next == o.stop_token;
-      if (stop || a == drafts.size() || next != drafts[a]) break;
-      out.push_back(static_cast<int32_t>(next));
-      ctx.push_back(next);
-      ++st.accepted;
-      if (static_cast<int64_t>(out.size()) == o.max_tokens) return out;
+// One prompt's continuation. The main model sees the window ctx_[ws_..) (its
+// position 0 at ws_), placed as generate() places it, so each kept token is
+// drawn from the distribution plain sampling draws it from.
+class Decoder {
+ public:
+  Decoder(Transformer& model, const std::vector<MtpModule*>& mtp, const SampleOptions& o, at::Generator& gen,
+          SpeculativeStats& st)
+      : model_(model), mtp_(mtp), o_(o), gen_(gen), st_(st), T_(model.config().T),
+        device_(model.parameters().front().device()) {}
+
+  std::vector<int32_t> run(const std::vector<int32_t>& prompt) {
+    ctx_.assign(prompt.begin(), prompt.end());
+    ws_ = std::max<int64_t>(0, ssize(ctx_) - T_);
+    while (ssize(out_) < o_.max_tokens) {
+      if (o_.check_stop) o_.check_stop();
+      place_window();
+      if (!verify()) break;
+      draft();
     }
-    if (stop) break;
-    out.push_back(static_cast<int32_t>(next));
-    ctx.push_back(next);
-    drafts.clear();
-    const size_t room = static_cast<size_t>(o.max_tokens) - out.size();
-    if (mtp.empty() || room == 0 || ctx.size() > T) continue;
-    // Hidden states of the verified tokens (the window up to the one before next).
-    const auto n = static_cast<int64_t>(ctx.size() - 1 - cut);
-    std::vector<int64_t> ext(ctx.begin() + static_cast<std::ptrdiff_t>(cut), ctx.end());
-    drafts = draft(model, mtp, h.narrow(1, 0, n), ext, o, device);
-    if (drafts.size() > room) drafts.resize(room);
+    return out_;
   }
-  return out;
-}
+
+ private:
+  // Without the cache every token sees the last T tokens; with it, as
+  // generate()'s cache: once a token's context would pass T, the window
+  // starts again at the last T/2 tokens (drafts never cross that: draft()).
+  void place_window() {
+    const int64_t J = ssize(ctx_);
+    if (!o_.use_cache) {
+      ws_ = std::max<int64_t>(0, J - T_);
+    } else if (J - ws_ > T_) {
+      MT_ASSERT(drafts_.empty(), "speculative decoding: drafts past the context length T=", T_);
+      ws_ = J - std::max<int64_t>(T_ / 2, 1);
+      cache_ = KVCache{};
+      hidden_ = at::Tensor();
+    }
+  }
+
+  // The distributions plain sampling draws new tokens first.. from, one per
+  // row of logits [n, V] (those before min_tokens without the stop token).
+  at::Tensor distributions(const at::Tensor& logits, int64_t first, const std::string& what) {
+    const int64_t n = logits.size(0), masked = std::clamp<int64_t>(o_.min_tokens - first, 0, n);
+    std::vector<at::Tensor> parts;
+    if (masked > 0) parts.push_back(token_distribution(logits.narrow(0, 0, masked), o_, /*allow_stop=*/false));
+    if (masked < n) parts.push_back(token_distribution(logits.narrow(0, masked, n - masked), o_, true));
+    for (const at::Tensor& p : parts)
+      if (!p.defined())
+        throw NonFiniteLogits("speculative decoding: " + what + " logits are NaN or infinite at new tokens " +
+                              std::to_string(first + 1) + " to " + std::to_string(first + n));
+    return parts.size() == 1 ? parts[0] : at::cat(parts);
+  }
+
+  // Appends a kept token; false when the sample ends (the stop token, which
+  // is not kept, or max_tokens reached).
+  bool keep(int64_t token) {
+    if (o_.stop_token >= 0 && token == o_.stop_token) return false;
+    out_.push_back(static_cast<int32_t>(token));
+    ctx_.push_back(token);
+    return ssize(out_) < o_.max_tokens;
+  }
+
+  // One forward of the main model over the tokens not yet cached and the
+  // pending drafts, then the acceptance rule (sampling/speculative_rule.h).
+  // False when the sample ended.
+  bool verify() {
+    const int64_t J = ssize(ctx_), m = ssize(drafts_);
+    const int64_t start = o_.use_cache ? ws_ + cache_.length : ws_;
+    std::vector<int64_t> input(ctx_.begin() + start, ctx_.end());
+    input.insert(input.end(), drafts_.begin(), drafts_.end());
+    const at::Tensor h =
+        model_.forward_layers(model_.embed(row(input, device_)), nullptr, o_.use_cache ? &cache_ : nullptr);
+    hidden_ = o_.use_cache && hidden_.defined() ? at::cat({hidden_, h}, 1) : h;
+    ++st_.forwards;
+    st_.drafted += m;
+    // p at ctx's last token (for the first draft) and at each draft.
+    const at::Tensor logits = model_.logits(hidden_.narrow(1, J - 1 - ws_, m + 1))[0];
+    const DraftVerdict v = verify_drafts(distributions(logits, ssize(out_), "the model's"), q_, drafts_, gen_);
+    for (int64_t i = 0; i < v.accepted; ++i) {
+      ++st_.accepted;
+      if (!keep(drafts_[static_cast<size_t>(i)])) return false;
+    }
+    if (!keep(v.next)) return false;
+    // Positions up to the last kept draft stay; the rejected drafts' go.
+    const int64_t kept = J + v.accepted - ws_;
+    hidden_ = hidden_.narrow(1, 0, kept);
+    if (o_.use_cache) cache_.truncate(kept);
+    drafts_.clear();
+    return true;
+  }
+
+  // The MTP chain drafts the tokens after ctx's last, each drawn from its
+  // module's distribution (masked as p would be at that new token), fed to
+  // the next module. The modules run over the whole window each round rather
+  // than on caches of their own: module k reads the token k ahead, so its
+  // last k positions hold drafts that change every round, and a cache would
+  // have to be cut back to the window's length - D and the chain re-run
+  // over the last D + accepted positions. That is D layers over up to T
+  // positions a round, little beside the main model's forward at these
+  // sizes; at long contexts such caches would cut it (not built).
+  void draft() {
+    const int64_t J = ssize(ctx_);
+    // No draft past max_tokens or past the window plain sampling gives the
+    // tokens (J + m - ws_ <= T).
+    const int64_t m = std::min({ssize(mtp_), o_.max_tokens - ssize(out_), T_ - (J - ws_)});
+    if (m <= 0) return;
+    const int64_t n = J - 1 - ws_;  // positions with the main model's hidden states
+    MT_ASSERT(n >= 1 && hidden_.size(1) == n, "speculative decoding: ", hidden_.size(1), " hidden states for ", n,
+              " positions");
+    std::vector<int64_t> ext(ctx_.begin() + ws_, ctx_.end());
+    at::Tensor h = hidden_;
+    std::vector<at::Tensor> q;
+    for (int64_t k = 0; k < m; ++k) {
+      // Module k + 1 reads, at position i, h^k_i and the token k + 1 after i.
+      const std::vector<int64_t> shifted(ext.begin() + k + 1, ext.begin() + k + 1 + n);
+      h = mtp_[static_cast<size_t>(k)]->forward(h, model_.embedding()->forward(row(shifted, device_)), nullptr,
+                                                nullptr);
+      const at::Tensor logits = model_.head()->logits(mtp_[static_cast<size_t>(k)]->head_norm(h.narrow(1, n - 1, 1)));
+      q.push_back(distributions(logits[0], ssize(out_) + k, "multi-token prediction module " + std::to_string(k) +
+                                                                "'s")[0]);
+      drafts_.push_back(draw(q.back(), gen_));
+      ext.push_back(drafts_.back());
+    }
+    q_ = at::stack(q);
+  }
+
+  Transformer& model_;
+  const std::vector<MtpModule*>& mtp_;
+  const SampleOptions& o_;
+  at::Generator& gen_;
+  SpeculativeStats& st_;
+  const int64_t T_;
+  const at::Device device_;
+  std::vector<int64_t> ctx_;     // prompt + kept tokens
+  std::vector<int32_t> out_;     // kept tokens
+  std::vector<int64_t> drafts_;  // pending, verified by the next forward
+  at::Tensor q_;                 // [drafts, V'] the distributions they were drawn from
+  int64_t ws_ = 0;               // the window's first token in ctx_
+  KVCache cache_;                // the main model's keys at positions ws_.. (use_cache)
+  at::Tensor hidden_;            // [1, t, d] its last layer's output there
+};
 
 }  // namespace
 
 std::vector<std::vector<int32_t>> generate_speculative(Transformer& model,
                                                        const std::vector<std::vector<int32_t>>& prompts,
                                                        const SampleOptions& options, SpeculativeStats* stats) {
-  MT_CHECK(options.temperature <= 0.0, "inference_config.speculative is greedy for now: it needs "
-           "inference_config.temperature 0 (generate --temperature 0), got ", options.temperature);
-  MT_CHECK(model.mtp_depth() >= 1, "speculative decoding drafts with the multi-token prediction modules: "
-           "model_config.mtp_depth must be >= 1");
-  MT_CHECK(model.range().has_embedding && model.range().has_head, "speculative decoding needs the whole model "
-           "on one stage");
+  MT_CHECK(model.mtp_depth() >= 1, "speculative decoding (inference_config.speculative) drafts with the "
+           "multi-token prediction modules: model_config.mtp_depth must be >= 1");
+  MT_CHECK(model.range().has_embedding && model.range().has_head, "speculative decoding "
+           "(inference_config.speculative) needs the whole model on one stage");
+  MT_CHECK(options.max_tokens >= 0, "max_tokens must be >= 0, got ", options.max_tokens);
+  MT_CHECK(options.top_k >= 0, "top_k must be >= 0, got ", options.top_k);
+  const int64_t V = model.config().vocab_size;
+  for (const auto& p : prompts) {
+    MT_CHECK(!p.empty(), "speculative decoding: empty prompt (hint: start it with at least one token)");
+    for (int32_t t : p)
+      MT_CHECK(t >= 0 && t < V, "speculative decoding: prompt token ", t, " outside the vocabulary [0, ", V, ")");
+  }
   at::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
   const std::vector<MtpModule*> mtp = mtp_modules(model);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
   SpeculativeStats st;
   std::vector<std::vector<int32_t>> out;
-  for (const auto& p : prompts) {
-    MT_CHECK(!p.empty(), "speculative decoding: a prompt is empty");
-    out.push_back(continue_one(model, mtp, p, options, st));
+  try {
+    for (const auto& p : prompts) out.push_back(Decoder(model, mtp, options, gen, st).run(p));
+  } catch (...) {
+    model.train(was_training);
+    throw;
   }
   model.train(was_training);
   if (stats) *stats = st;

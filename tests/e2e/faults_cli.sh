@@ -71,6 +71,13 @@ refused "eval with no checkpoint: refused" ev.log "no checkpoint" "$BIN" eval "$
 refused "generate with no checkpoint: refused" gn.log "--random_weights" "$BIN" generate "${T[@]}" --name nothing
 "$BIN" generate "${T[@]}" --name nothing --random_weights --max_tokens 2 > gn2.log 2>&1
 check "generate --random_weights: runs (rc $?)" test $? -eq 0
+# Speculative sampling (temperature > 0) through generate's sample path: it
+# samples and logs the drafts accepted.
+"$BIN" generate "${T[@]}" --name nothing --random_weights --max_tokens 8 --temperature 1 \
+  --set model_config.mtp_depth=2 --set inference_config.speculative=true > gspec.log 2>&1
+check "generate, speculative at temperature 1: runs (rc $?)" test $? -eq 0
+check "generate, speculative at temperature 1: logs the drafts accepted" \
+  grep -q "speculative decoding: [0-9]* of [0-9]* drafts accepted" gspec.log
 check "eval/generate created no run dir" test ! -e runs/nothing
 
 finish

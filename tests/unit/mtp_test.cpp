@@ -75,12 +75,16 @@ TEST(MtpConfig, BadValuesAreRefusedNamingTheKey) {
   EXPECT_EQ(refusal({"model_config.mtp_depth=1", "device_config.n_device_axis=[1,2,1]"}), "");
   EXPECT_EQ(refusal({"model_config.mtp_depth=2", "model_config.mtp_loss_weight=10"}), "");
   EXPECT_EQ(refusal({"model_config.mtp_depth=0", "model_config.mtp_loss_weight=0"}), "");
-  // Speculative decoding drafts with the modules (its temperature 0 is
-  // checked when it samples: unit.speculative_test).
+  // Speculative decoding drafts with the modules (greedy or sampled:
+  // unit.speculative_test).
   const std::string no_mtp = refusal({"inference_config.speculative=true", "inference_config.temperature=0"});
   EXPECT_NE(no_mtp.find("inference_config.speculative"), std::string::npos) << no_mtp;
   EXPECT_NE(no_mtp.find("model_config.mtp_depth"), std::string::npos) << no_mtp;
   EXPECT_EQ(refusal({"inference_config.speculative=true", "model_config.mtp_depth=1"}), "");
+  const std::string pp = refusal({"inference_config.speculative=true", "model_config.mtp_depth=1",
+                                  "device_config.n_device_axis=[1,2,1]"});
+  EXPECT_NE(pp.find("inference_config.speculative"), std::string::npos) << pp;
+  EXPECT_NE(pp.find("device_config.n_device_axis[1]"), std::string::npos) << pp;
 }
 
 // DeepSeek-V3's options (hf_model.h), tiny; every layer with rope, so the

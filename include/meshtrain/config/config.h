@@ -172,8 +172,8 @@ struct InferenceConfig {
   // tokens (Hugging Face's min_new_tokens), so a sample shows text.
   int64_t min_tokens = 0;
   int64_t n_devices = 1;
-  // Greedy self-speculative decoding with the model's multi-token prediction
-  // modules (sampling/speculative.h): needs mtp_depth >= 1 and temperature 0.
+  // Self-speculative decoding with the model's multi-token prediction modules
+  // (sampling/speculative.h), greedy or sampled: needs mtp_depth >= 1.
   bool speculative = false;
 };
 

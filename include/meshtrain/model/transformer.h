@@ -64,6 +64,10 @@ struct KVCache {
   std::vector<LayerCache> layers;  // one per layer of this stage
   int64_t length = 0;              // tokens already cached
   int64_t bytes() const;
+  // Keeps the first `length` positions (0 <= length <= this->length):
+  // speculative decoding drops the keys of its rejected drafts. The time axis
+  // is dim 2 of MHA's [B, H, t, hd] and dim 1 of MLA's [B, t, *].
+  void truncate(int64_t length);
 };
 
 class Block;  // one transformer layer (defined in src/model)

@@ -48,6 +48,14 @@ struct SampleOptions {
   std::function<void()> check_stop;
 };
 
+// The distribution a new token is drawn from: logits [..., V] (any device
+// and dtype) -> probabilities [..., V'] fp32 on the CPU over the first V' =
+// min(V, vocab_limit) ids, the stop token's 0 while !allow_stop; softmax of
+// logits / temperature over the top_k, or at temperature 0 one-hot at the
+// argmax. Undefined when those logits are not all finite. Plain sampling and
+// speculative sampling (sampling/speculative_rule.h) both draw from it.
+at::Tensor token_distribution(at::Tensor logits, const SampleOptions& o, bool allow_stop);
+
 // Returns, per prompt, only the generated tokens (max_tokens of them, fewer
 // when stop_token ends it). Prompts
 // must be non-empty and may have different lengths. Runs in eval mode under

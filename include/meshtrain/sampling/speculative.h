@@ -1,17 +1,26 @@
 #pragma once
-// Greedy self-speculative decoding with a model's multi-token prediction
-// modules (model/mtp.h; DeepSeek-V3 section 2.2's use at inference): one
-// forward of the main model over the context and the pending drafts verifies
-// the drafts (each accepted while the main model's own greedy choice at the
-// position before it equals it), gives the next token after the last accepted
-// one, and its hidden states feed the MTP chain that drafts the following D
-// tokens. Every kept token is the main model's argmax on the same context as
-// generate()'s greedy path without the cache, so the output is theirs token
-// for token (drafts are only proposals); with an MoE capacity (capacity_factor
-// > 0) a longer forward may drop other tokens, so exactness needs dropless
-// routing. Drafts are proposed only while context and drafts fit in T (past T
-// each step is a plain greedy step). Single stage, no KV cache; greedy only.
-// Not wired to `generate`'s command line yet.
+// Self-speculative decoding and sampling with a model's multi-token
+// prediction modules (model/mtp.h; DeepSeek-V3 section 2.2's use at
+// inference): the MTP chain drafts up to D tokens, each drawn from its
+// module's distribution q_k and fed to the next module; one forward of the
+// main model over the new tokens and the drafts gives p at each of them, and
+// speculative sampling's rule (sampling/speculative_rule.h) keeps a prefix of
+// the drafts and draws the token after it. Each p is the distribution
+// generate() draws that new token from (same window of context,
+// temperature, top_k, vocab_limit, stop token and min_tokens), so the output
+// is distributed exactly as plain sampling's, though not the same tokens for
+// the same seed (the draws differ). At temperature 0 every distribution is
+// one-hot, a draft is kept exactly while it equals the main model's argmax,
+// and the output is plain greedy's token for token (with the cache: as
+// generate()'s cached path, restarts past T included; without: as its
+// uncached path). With an MoE capacity (capacity_factor > 0) a longer forward
+// may drop other tokens, so exactness needs dropless routing. Drafts never
+// cross a change of the window generate() gives their tokens: with the cache
+// they stop short of each restart (and resume after it); without it they stop
+// once the context reaches T (each later step is a plain one).
+// With use_cache the main model keeps a KV cache that drops the rejected
+// drafts' positions; the MTP modules recompute over the window (one layer
+// each). Single stage only.
 #include <cstdint>
 #include <vector>
 
@@ -27,8 +36,10 @@ struct SpeculativeStats {
   double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0; }
 };
 
-// As generate(model, prompts, options) at temperature 0 with use_cache false
-// (options.temperature must be 0; use_cache is ignored). stats may be nullptr.
+// As generate(model, prompts, options): the same options, the same
+// distribution of outputs (generator seeded from options.seed, so a run
+// repeats exactly); check_stop is called before each forward of the main
+// model (1 to D + 1 new tokens). stats may be nullptr.
 std::vector<std::vector<int32_t>> generate_speculative(Transformer& model,
                                                        const std::vector<std::vector<int32_t>>& prompts,
                                                        const SampleOptions& options, SpeculativeStats* stats);
