@@ -2,8 +2,9 @@
 // router_bias_update_rate) through the real Trainer: on a router skewed so
 // that two of four experts get every token, the bias update balances the
 // loads (MaxVio, as metrics.jsonl reports it) within a few hundred steps
-// while the aux loss alone does not; the bias is identical on every rank of
-// a mesh; checkpoints carry it. Runs under mpirun -np 1, 2 and 4.
+// while the aux loss alone does not, a multi-token prediction module's router
+// too; the bias is identical on every rank of a mesh; checkpoints carry it.
+// Runs under mpirun -np 1, 2 and 4.
 #include <gtest/gtest.h>
 
 #include <algorithm>
