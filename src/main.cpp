@@ -231,8 +231,10 @@ struct EvalCommand : Command {
     const Config c = model_of_hf_run(*cfg, use.checkpoint, o);
     check_memory(c, runtime);
     Session session(c, runtime, o);
-    const double v = evaluate(session);
+    const Evaluation e = evaluate(session);
+    const double v = e.loss;
     spdlog::info("step {}: val_loss {:.4f}", session.progress().step, v);
+    for (size_t k = 0; k < e.mtp_loss.size(); ++k) spdlog::info("val_mtp_loss depth {}: {:.4f}", k + 1, e.mtp_loss[k]);
     if (runtime.rank() == 0) std::cout << "val_loss " << v << std::endl;
   }
 };

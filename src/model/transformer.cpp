@@ -190,15 +190,26 @@ std::vector<at::Tensor> Transformer::mtp_token_losses(const at::Tensor& h, const
            t.tokens.size(), " depths but the model has ", mtp_depth(), " modules (model_config.mtp_depth)");
   if (hooks_) hooks_->before_root();
   std::vector<at::Tensor> out;
-  ForwardAux mine;  // the modules' MoE statistics: their losses count, their expert loads are not a layer's
+  // The modules' MoE statistics apart: their expert loads are layers
+  // n_layers + k's, not the stage's next layers' (aux->expert_tokens).
+  ForwardAux mine;
   at::Tensor prev = h;
+  if (aux) aux->mtp_expert_tokens.assign(mtp_.size(), at::Tensor());
   for (size_t k = 0; k < mtp_.size(); ++k) {
+    const size_t counted = mine.expert_tokens.size();
     prev = mtp_[k]->forward(prev, embedding_->forward(t.tokens[k]), aux ? &mine : nullptr, layout);
+    if (aux && mine.expert_tokens.size() > counted) aux->mtp_expert_tokens[k] = mine.expert_tokens.back();
     out.push_back(head_->token_losses(mtp_[k]->head_norm(prev), t.targets[k]) * t.mask[k]);
   }
   if (aux) {
     if (mine.aux_loss.defined()) aux->add_aux(mine.aux_loss);
     if (mine.z_loss.defined()) aux->add_z(mine.z_loss);
+    // Their assignments count with the layers' (dropped_fraction).
+    auto add = [](at::Tensor& sum, const at::Tensor& c) {
+      if (c.defined()) sum = sum.defined() ? sum + c : c;
+    };
+    add(aux->dropped, mine.dropped);
+    add(aux->assigned, mine.assigned);
   }
   return out;
 }

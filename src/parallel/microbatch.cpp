@@ -27,6 +27,9 @@ RoundSums& RoundSums::operator+=(const RoundSums& o) {
   if (expert_tokens.size() < o.expert_tokens.size()) expert_tokens.resize(o.expert_tokens.size());
   for (size_t l = 0; l < o.expert_tokens.size(); ++l)
     if (o.expert_tokens[l].defined()) expert_tokens[l] = plus(expert_tokens[l], o.expert_tokens[l]);
+  if (mtp_expert_tokens.size() < o.mtp_expert_tokens.size()) mtp_expert_tokens.resize(o.mtp_expert_tokens.size());
+  for (size_t j = 0; j < o.mtp_expert_tokens.size(); ++j)
+    if (o.mtp_expert_tokens[j].defined()) mtp_expert_tokens[j] = plus(mtp_expert_tokens[j], o.mtp_expert_tokens[j]);
   if (mtp_sum.size() < o.mtp_sum.size()) mtp_sum.resize(o.mtp_sum.size());
   for (size_t k = 0; k < o.mtp_sum.size(); ++k)
     if (o.mtp_sum[k].defined()) mtp_sum[k] = plus(mtp_sum[k], o.mtp_sum[k]);
@@ -82,6 +85,11 @@ void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, i
     sums.expert_tokens.resize(first + aux.expert_tokens.size());
   for (size_t l = 0; l < aux.expert_tokens.size(); ++l)
     sums.expert_tokens[first + l] = plus(sums.expert_tokens[first + l], f64(aux.expert_tokens[l]));
+  if (sums.mtp_expert_tokens.size() < aux.mtp_expert_tokens.size())
+    sums.mtp_expert_tokens.resize(aux.mtp_expert_tokens.size());
+  for (size_t j = 0; j < aux.mtp_expert_tokens.size(); ++j)
+    if (aux.mtp_expert_tokens[j].defined())
+      sums.mtp_expert_tokens[j] = plus(sums.mtp_expert_tokens[j], f64(aux.mtp_expert_tokens[j]));
 }
 
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses) {

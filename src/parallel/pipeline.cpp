@@ -18,9 +18,9 @@ RoundSums run_single_stage(ParallelModel& pm, const std::vector<Microbatch>& mbs
     ForwardAux aux;
     at::Tensor h = pm.model->forward_layers(pm.model->embed(mb.inputs), &aux, nullptr, mb.layout.get());
     at::Tensor losses = pm.model->token_losses(h, mb.targets);
-    // Multi-token prediction trains; evaluation reports the main loss only.
+    // Multi-token prediction: trained, and reported by evaluation.
     std::vector<at::Tensor> mtp;
-    if (spec.backward && !mb.mtp.empty()) mtp = pm.model->mtp_token_losses(h, mb.mtp, &aux, mb.layout.get());
+    if (!mb.mtp.empty()) mtp = pm.model->mtp_token_losses(h, mb.mtp, &aux, mb.layout.get());
     accumulate_losses(sums, losses);
     accumulate_mtp(sums, mtp);
     accumulate_aux(sums, aux, mb.inputs.size(0));
@@ -41,7 +41,7 @@ RoundSums run_round(ParallelModel& pm, Mesh& mesh, const Config& cfg, const at::
   const bool layouts = uses_token_layouts(cfg, mesh);
   const at::Tensor host = !layouts ? at::Tensor() : host_inputs.defined() ? host_inputs : inputs.cpu();
   std::vector<Microbatch> mbs = split_microbatches(cfg, inputs, targets, host);
-  if (spec.backward) add_mtp_targets(mbs, cfg);
+  add_mtp_targets(mbs, cfg);
   if (layouts) lay_out_tokens(mbs, cfg, mesh);
   if (mesh.shape().pp == 1) return run_single_stage(pm, mbs, spec);
   return run_pipeline(pm, mesh, cfg, std::move(mbs), spec);

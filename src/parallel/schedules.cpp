@@ -205,10 +205,10 @@ class StageRunner {
     ForwardAux aux;
     at::Tensor h = pm_.model->forward_chunk(chunk, first_virtual(chunk) ? pm_.model->embed(m.inputs) : s.input, &aux,
                                             nullptr, m.layout.get());
-    // Multi-token prediction trains (as run_single_stage): its modules' MoE
-    // losses join this chunk's before they are counted.
+    // Multi-token prediction (as run_single_stage): its modules' MoE losses
+    // join this chunk's before they are counted.
     std::vector<at::Tensor> mtp;
-    if (last_virtual(chunk) && spec_.backward && !m.mtp.empty())
+    if (last_virtual(chunk) && !m.mtp.empty())
       mtp = pm_.model->mtp_token_losses(h, m.mtp, &aux, m.layout.get());
     accumulate_aux(sums_, aux, seqs, first_moe_[static_cast<size_t>(chunk)]);
     if (last_virtual(chunk)) {

@@ -313,6 +313,11 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
   std::vector<int64_t> stage_layers;
   for (const LayerSpan& c : sm.params.chunks)
     for (int64_t i = c.first; i < c.end; ++i) stage_layers.push_back(i);
+  const bool head_stage = in.v_shape ? st == 0 : st == plan.pp - 1;
+  // Multi-token prediction's modules run on the head's stage, each a layer
+  // n_layers + j of the model's kind (model/mtp.h), held like the stage's own.
+  if (head_stage)
+    for (int64_t j = 0; j < m.mtp_depth; ++j) stage_layers.push_back(m.n_layers() + j);
   for (int64_t i : stage_layers) {
     auto bytes = [&](const LayerActs& a) {
       return tokens * ((a.split / tp + a.replicated / rep_div) * e + a.masks / tp * mask);
@@ -326,12 +331,18 @@ void plan_stage_activations(const Config& cfg, const MemoryPlan& plan, const Pla
   const double n_layers = static_cast<double>(stage_layers.size());
   double extra = 0;  // per microbatch, outside the layers
   if (st == 0 && m.dropout_rate > 0) extra += tokens * d / rep_div * mask;  // embedding dropout
-  if (in.v_shape ? st == 0 : st == plan.pp - 1) {  // the head's stage
+  if (head_stage) {
     // The last chunk's forward is followed by its backward under the
-    // interleaved order: one cross-entropy buffer at a time.
+    // interleaved order: one cross-entropy buffer at a time (the main
+    // head's and each multi-token prediction depth's).
     const double ce_live = v > 1 ? 1.0 : inflight;
-    sm.logits = ce_live * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
+    const double depths = 1.0 + static_cast<double>(m.mtp_depth);
+    sm.logits = depths * ce_live * tokens * static_cast<double>((m.vocab_size + plan.tp - 1) / plan.tp) * 4.0;
     extra += tokens * 3 * d / rep_div * e;  // final norm: input, normalised, output
+    // Each module besides its layer: enorm's input and output, hnorm's
+    // output, their concatenation (eh_proj's input, 2d) and head_norm's
+    // input, normalised and output, as the final norm: 8d a token.
+    extra += static_cast<double>(m.mtp_depth) * tokens * 8 * d / rep_div * e;
   }
   const double inputs = tokens * d / rep_div * e * n_layers;  // checkpointed layer inputs
   sm.activations_none = inflight * (layers_none + extra) + sm.logits;
@@ -399,6 +410,8 @@ MemoryPlan plan_memory(const Config& cfg, PlanDevice device) {
     std::vector<int64_t> layers;
     for (const LayerSpan& c : sm.params.chunks)
       for (int64_t i = c.first; i < c.end; ++i) layers.push_back(i);
+    if (in.v_shape ? st == 0 : st == plan.pp - 1)  // the multi-token prediction modules' layers gather too
+      for (int64_t j = 0; j < cfg.model.mtp_depth; ++j) layers.push_back(cfg.model.n_layers() + j);
     plan.cp_exchange_bytes = std::max(plan.cp_exchange_bytes, cp_exchange_bytes(cfg, layers));
     plan.stages.push_back(sm);
   }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
 
 #include "meshtrain/core/check.h"
 #include "meshtrain/model/moe.h"
@@ -27,18 +28,23 @@ void update_score_bias(Session& session, const StepStats& s) {
   const double mean = 1.0 / static_cast<double>(m.n_experts);
   // This stage's score biases are in its MoE layers' order (MoE tags them
   // where it creates them, ParamLayout::router_score_bias); expert_tokens
-  // has one row per layer of the model, the layer's global counts.
+  // has one row per layer of the model, the layer's global counts, then one
+  // per multi-token prediction module (mtp.<j>.*: layer n_layers + j).
   std::vector<int64_t> moe_layers;
   for (int64_t i : session.model().model->range().layers())
     if (is_moe_layer(m, i)) moe_layers.push_back(i);
   size_t k = 0;
   for (auto& p : session.model().params) {
-    // Multi-token prediction modules' routers (mtp.*) keep their bias: the
-    // step counts experts per main layer only.
-    if (!p.layout.router_score_bias || p.path.rfind("mtp.", 0) == 0) continue;
-    MT_ASSERT(k < moe_layers.size(), "more MoE score biases than MoE layers on this stage");
-    const int64_t layer = moe_layers[k++];
-    if (layer >= s.sums.expert_tokens.size(0)) continue;
+    if (!p.layout.router_score_bias) continue;
+    int64_t layer = 0;
+    if (p.path.rfind("mtp.", 0) == 0) {
+      layer = m.n_layers() + std::stoll(p.path.substr(4));  // "mtp.<j>.block.moe.score_bias"
+    } else {
+      MT_ASSERT(k < moe_layers.size(), "more MoE score biases than MoE layers on this stage");
+      layer = moe_layers[k++];
+    }
+    MT_ASSERT(layer < s.sums.expert_tokens.size(0), p.path, " is the score bias of layer ", layer,
+              " but the step counted experts for ", s.sums.expert_tokens.size(0), " layers");
     const at::Tensor counts = s.sums.expert_tokens[layer];  // fp64: the load in double, then float, as read() does
     const at::Tensor total = counts.sum();
     const at::Tensor load = (counts / total.clamp_min(1)).to(at::kFloat);

@@ -31,9 +31,11 @@ Batch next_train_batch(Session& s, int64_t global_batch, int64_t following) {
 StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, int64_t seq_len) {
   // ce lives on the last stage, aux on every stage; the expert counts of this
   // stage's MoE layers go to their global rows (layers this stage does not
-  // own, or dense ones, stay zero).
+  // own, or dense ones, stay zero), multi-token prediction module j's to row
+  // n_layers + j (the last stage's).
   const Config& cfg = s.config();
   const int64_t n_layers = cfg.model.n_layers();
+  const int64_t D = cfg.model.mtp_depth;
   const int64_t E = cfg.model.ffn == FfnKind::Moe ? cfg.model.n_experts : 0;
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(s.device());
   auto value = [&](const at::Tensor& t) { return t.defined() ? t.reshape({1}) : at::zeros({1}, opts); };
@@ -43,7 +45,7 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
   st.sums.z = value(sums.z_sum);
   st.sums.dropped = value(sums.dropped);
   st.sums.assigned = value(sums.assigned);
-  st.sums.expert_tokens = at::zeros({E > 0 ? n_layers : 0, E}, opts);
+  st.sums.expert_tokens = at::zeros({E > 0 ? n_layers + D : 0, E}, opts);
   st.sums.mtp = at::zeros({cfg.model.mtp_depth}, opts);
   for (size_t k = 0; k < sums.mtp_sum.size(); ++k)
     if (sums.mtp_sum[k].defined()) st.sums.mtp[static_cast<int64_t>(k)].copy_(sums.mtp_sum[k]);
@@ -57,6 +59,11 @@ StepStats reduce_stats(Session& s, const RoundSums& sums, double global_tokens, 
               " layers but the stage has ", moe_layers.size(), " MoE layers");
     for (size_t l = 0; l < sums.expert_tokens.size(); ++l)
       if (sums.expert_tokens[l].defined()) st.sums.expert_tokens[moe_layers[l]].copy_(sums.expert_tokens[l]);
+    MT_ASSERT(static_cast<int64_t>(sums.mtp_expert_tokens.size()) <= D, "expert counts for ",
+              sums.mtp_expert_tokens.size(), " multi-token prediction modules but mtp_depth is ", D);
+    for (size_t j = 0; j < sums.mtp_expert_tokens.size(); ++j)
+      if (sums.mtp_expert_tokens[j].defined())
+        st.sums.expert_tokens[n_layers + static_cast<int64_t>(j)].copy_(sums.mtp_expert_tokens[j]);
   }
   // One sum over dp and pp, packed: tp ranks hold the same statistics. Their
   // communicators move device tensors (NCCL on GPU), so the statistics never

@@ -49,10 +49,12 @@ void StepLog::step(int64_t step, const StepStats& s, double lr, double seconds, 
     spdlog::info("{}{}", format_step_line(row), progress_suffix(step));
 }
 
-void StepLog::validation(int64_t step, double train_loss, double val_loss) {
-  nlohmann::json row = {{"step", step}, {"val_loss", val_loss}};
+void StepLog::validation(int64_t step, double train_loss, const Evaluation& val) {
+  nlohmann::json row = {{"step", step}, {"val_loss", val.loss}};
+  // Per depth, as the training rows' mtp_loss; TensorBoard: val_mtp_loss/<k - 1>.
+  if (!val.mtp_loss.empty()) row["val_mtp_loss"] = val.mtp_loss;
   metrics_->log(row);
-  spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step, train_loss, val_loss);
+  spdlog::info("Step {}, Loss: {:.4f}, Eval Loss: {:.4f}", step, train_loss, val.loss);
 }
 
 void StepLog::checkpoint(int64_t step, const nlohmann::json& fields) {

@@ -171,8 +171,8 @@ int Trainer::after_step(const StepStats& s, int stop) {
   if (boundary && !stop) {
     watchdog.beat("evaluation at step " + std::to_string(n));
     try {
-      const double val = evaluate(session_);
-      if (std::isfinite(val)) log_->validation(n, s.loss, val);
+      const Evaluation val = evaluate(session_);
+      if (std::isfinite(val.loss)) log_->validation(n, s.loss, val);
     } catch (const Stopped& e) {
       stop = e.signal_number();
       spdlog::warn("{}: the evaluation of step {} is dropped", e.what(), n);

@@ -2,18 +2,24 @@
 // dp, tp with and without sequence parallelism, context parallelism (the
 // shifted tokens cut before the chunks), ZeRO-1, FSDP (zero_stage 3), expert
 // parallelism, activation recomputation and pipeline parallelism (the last
-// stage's embedding copy) give one process's losses, gradient norms and
-// per-depth MTP losses (metrics.jsonl's mtp_loss), for the DeepSeek-V3-style
-// MLA + MoE model with D = 2 and packed documents: fp32 within 2e-5, bf16
-// within 2 bf16 roundings (bf16_test.cpp's kMesh) of one bf16 process. Runs
-// under mpirun -np 2 and 4.
+// stage's embedding copy; pp 4, and pp 2 with dp, tp, cp or ep) give one
+// process's losses, gradient norms and per-depth MTP losses (metrics.jsonl's
+// mtp_loss), for the DeepSeek-V3-style MLA + MoE model with D = 2 and packed
+// documents: fp32 within 2e-5, bf16 within 2 bf16 roundings (bf16_test.cpp's
+// kMesh) of one bf16 process; so do the evaluation's per-depth losses
+// (val_mtp_loss) after the last step. Its MTP modules are MoE layers whose score
+// biases move with the main layers' (router_bias): equal to one process's
+// after the run. Runs under mpirun -np 2 and 4.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/model/moe.h"
 #include "parity.h"
 
 using namespace meshtrain;
@@ -86,16 +92,60 @@ std::vector<MtpMesh> pp_meshes(int n) {
   return {};
 }
 
-// The per-depth MTP losses of every training row of a run's metrics.jsonl.
-std::vector<std::vector<double>> mtp_rows(const Config& c) {
+// np 4 only: pp 4 (one layer a stage; zbv's V needs 2 * pp = 8 layers, so
+// its own model) and pp 2 with context or expert parallelism.
+std::vector<MtpMesh> more_pp_meshes(int n, bool zbv) {
+  if (n != 4) return {};
+  MtpMesh pp4{1, 1}, cp{1, 1}, ep{2, 1, 2};
+  pp4.pp = 4;
+  if (zbv) {
+    pp4.schedule = PipelineSchedule::Zbv;
+    return {pp4};
+  }
+  cp.cp = cp.pp = ep.pp = 2;
+  return {pp4, cp, ep};
+}
+
+// The per-depth MTP losses of every training row of a run's metrics.jsonl
+// (key mtp_loss), or of its evaluation rows (val_mtp_loss).
+std::vector<std::vector<double>> mtp_rows(const Config& c, const std::string& key = "mtp_loss") {
   std::ifstream in(c.run_dir() + "/metrics.jsonl");
   std::vector<std::vector<double>> rows;
   std::string line;
   while (std::getline(in, line)) {
     const auto row = nlohmann::json::parse(line);
-    if (row.contains("mtp_loss")) rows.push_back(row["mtp_loss"].get<std::vector<double>>());
+    if (row.contains(key)) rows.push_back(row[key].get<std::vector<double>>());
   }
   return rows;
+}
+
+// expert_load of every training row: per MoE layer, the modules' last.
+std::vector<std::vector<std::vector<double>>> load_rows(const Config& c) {
+  std::ifstream in(c.run_dir() + "/metrics.jsonl");
+  std::vector<std::vector<std::vector<double>>> rows;
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.contains("expert_load")) rows.push_back(row["expert_load"].get<std::vector<std::vector<double>>>());
+  }
+  return rows;
+}
+
+// The expert loads each step counted, summed over the mesh: one process's
+// (fp32: a token whose routing flips on rounding moves a load by 1 / 256,
+// the step's 128 tokens x top-2).
+void expect_same_loads(const Config& ref, const Config& got, const ModelConfig& m) {
+  const auto want = load_rows(ref), have = load_rows(got);
+  ASSERT_EQ(have.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s) {
+    ASSERT_EQ(have[s].size(), want[s].size());
+    for (size_t l = 0; l < want[s].size(); ++l)
+      for (size_t e = 0; e < want[s][l].size(); ++e)
+        EXPECT_NEAR(have[s][l][e], want[s][l][e], 1.5 / 256) << "step " << s + 1 << " MoE layer " << l << " expert " << e;
+  }
+  if (m.ffn != FfnKind::Moe || want.empty()) return;
+  size_t moe = 0;
+  for (int64_t i = 0; i < m.n_layers() + m.mtp_depth; ++i) moe += is_moe_layer(m, i);
+  EXPECT_EQ(want[0].size(), moe) << "expert_load: the MoE layers, the modules' included";
 }
 
 void expect_meshes_match(const Config& base, double tol, bool relative, const std::vector<MtpMesh>& all) {
@@ -105,6 +155,11 @@ void expect_meshes_match(const Config& base, double tol, bool relative, const st
   const auto ref_mtp = mtp_rows(ref_cfg);
   ASSERT_EQ(ref_mtp.size(), static_cast<size_t>(base.training_steps));
   ASSERT_EQ(ref_mtp[0].size(), 2u);
+  // The evaluation after the last step: the modules' validation losses.
+  const auto ref_val = mtp_rows(ref_cfg, "val_mtp_loss");
+  ASSERT_EQ(ref_val.size(), 1u);
+  ASSERT_EQ(ref_val[0].size(), 2u);
+  for (double l : ref_val[0]) EXPECT_TRUE(std::isfinite(l) && l > 0) << "val_mtp_loss " << l;
   ASSERT_FALSE(all.empty()) << "no meshes for " << test_runtime().size() << " ranks";
   for (const MtpMesh& m : all) {
     SCOPED_TRACE(m.str());
@@ -119,12 +174,18 @@ void expect_meshes_match(const Config& base, double tol, bool relative, const st
       test::expect_same_curve(ref, got, tol, "mtp " + m.str());
     }
     if (test_runtime().rank() != 0) continue;  // rank 0 writes metrics.jsonl
-    const auto rows = mtp_rows(c);
+    const auto rows = mtp_rows(c), val = mtp_rows(c, "val_mtp_loss");
     ASSERT_EQ(rows.size(), ref_mtp.size());
     for (size_t s = 0; s < rows.size(); ++s)
       for (size_t k = 0; k < 2; ++k)
         EXPECT_NEAR(rows[s][k], ref_mtp[s][k], relative ? tol * std::abs(ref_mtp[s][k]) : tol)
             << "step " << s + 1 << " depth " << k + 1;
+    if (!relative) expect_same_loads(ref_cfg, c, base.model);
+    ASSERT_EQ(val.size(), 1u);
+    ASSERT_EQ(val[0].size(), 2u);
+    for (size_t k = 0; k < 2; ++k)
+      EXPECT_NEAR(val[0][k], ref_val[0][k], relative ? tol * std::abs(ref_val[0][k]) : tol)
+          << "val_mtp_loss depth " << k + 1;
   }
 }
 
@@ -157,11 +218,92 @@ TEST(Mtp, PipelineMeshesMatchOneProcess) {
   }
 }
 
-// bf16 mixed precision: within two bf16 roundings of one bf16 process (relative).
+// pp 4 (1f1b; zbv on 8 layers) and pp 2 x cp 2, pp 2 x dp 2 with ep 2 (np 4).
+TEST(Mtp, MorePipelineMeshesMatchOneProcess) {
+  if (test_runtime().size() != 4) GTEST_SKIP() << "runs under mpirun -np 4";
+  for (const bool zbv : {false, true}) {
+    Config c = mtp(zbv ? "mtp-pp4-zbv" : "mtp-pp-more");
+    c.model.tie_embeddings = false;  // the last stage's copy serves the modules alone
+    c.data.micro_batch_size = 2;     // 4 microbatches: pp 4 pipelines them
+    if (zbv) c.model.blocks = 4;     // 8 layers: two chunks on each of 4 stages
+    SCOPED_TRACE(c.name);
+    expect_meshes_match(c, 2e-5, false, more_pp_meshes(test_runtime().size(), zbv));
+  }
+}
+
+// bf16 mixed precision: within two bf16 roundings of one bf16 process
+// (relative), also under pp 2 (np 2: 1f1b; np 4: with dp 2).
 TEST(Mtp, Bf16MeshesMatchOneBf16Process) {
   Config c = mtp("mtp-bf16");
   c.model.model_dtype = ModelDtype::Bfloat16;
   expect_meshes_match(c, 2.0 / 256, true, meshes(test_runtime().size()));
+  c.name = "mtp-bf16-pp";
+  c.data.micro_batch_size = 2;
+  MtpMesh pp{test_runtime().size() / 2, 1};
+  pp.pp = 2;
+  expect_meshes_match(c, 2.0 / 256, true, {pp});
+}
+
+// The score biases of every MoE router (the modules', mtp.*, among them),
+// by name, after training c from scratch: on this mesh, or (alone) on one
+// process inside every rank.
+std::map<std::string, at::Tensor> trained_biases(Config c, bool alone) {
+  SessionOptions o;
+  o.fresh = true;
+  o.quiet = true;
+  o.backward_thread = true;
+  std::unique_ptr<Communicator> self;
+  if (alone) {
+    c.device.n_device_axis = {1, 1, 1};
+    c.device.expert_parallel = 1;
+    c.name += "-ref-rank" + std::to_string(test_runtime().rank());
+    self = split_communicator(*test_runtime().world(), test_runtime().rank(), 0);
+  }
+  Trainer t(c, test_runtime(), o, self.get());
+  t.train();
+  std::map<std::string, at::Tensor> out;
+  for (auto& p : t.model().params)
+    if (p.layout.router_score_bias) out[p.layout.global_name] = p.tensor.detach().clone();
+  return out;
+}
+
+// DeepSeek-V3's balancing moves the modules' biases from their own expert
+// loads, counted over the whole mesh: after 3 steps every rank holding a
+// router has one process's bias, the modules' included (moved: with the
+// modules' routers left out they stay 0). np 2: dp 2 x ep 2, pp 2;
+// np 4: dp 2 x pp 2 x ep 2, dp 2 x tp 2 + sp x ep 2.
+TEST(Mtp, RouterBiasesMatchOneProcess) {
+  Config base = mtp("mtp-bias");
+  base.data.micro_batch_size = 2;  // microbatches to pipeline, the same on one process
+  const auto ref = trained_biases(base, true);
+  for (int64_t j = 0; j < base.model.mtp_depth; ++j) {
+    const std::string name = "mtp." + std::to_string(j) + ".block.moe.score_bias";
+    ASSERT_TRUE(ref.count(name)) << name;
+    EXPECT_GT(ref.at(name).abs().max().item<double>(), 0.0) << name << " never moved";
+  }
+  const int n = test_runtime().size();
+  MtpMesh a{2, 1, 2}, b{1, 1};
+  b.pp = 2;
+  if (n == 4) {
+    a = {2, 2, 2, 0, true};
+    b = {2, 1, 2};
+    b.pp = 2;
+  }
+  for (const MtpMesh& m : {a, b}) {
+    SCOPED_TRACE(m.str());
+    const Config c = on(base, m);
+    const auto got = trained_biases(c, false);
+    size_t mtp_biases = 0;
+    for (const auto& [name, bias] : got) {
+      ASSERT_TRUE(ref.count(name)) << name;
+      EXPECT_TRUE(at::allclose(bias, ref.at(name), 0, 1e-6)) << name << ": " << bias << " vs one process's "
+                                                               << ref.at(name);
+      mtp_biases += name.rfind("mtp.", 0) == 0;
+    }
+    // The last stage holds the modules (pp 2: this rank's stage may not).
+    if (m.pp == 1 || test_runtime().rank() == n - 1)
+      EXPECT_EQ(mtp_biases, static_cast<size_t>(base.model.mtp_depth));
+  }
 }
 
 // A checkpoint holds the modules and their moments: a run resumed from step 2

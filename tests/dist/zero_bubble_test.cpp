@@ -260,7 +260,7 @@ TEST(ZeroBubble, EvaluationMatchesOneProcess) {
     o.fresh = o.quiet = true;
     Trainer t(cfg, test_runtime(), o, world);
     t.train();
-    return evaluate(t.session());
+    return evaluate(t.session()).loss;
   };
   Config one = c;
   one.device.n_device_axis = {1, 1, 1};

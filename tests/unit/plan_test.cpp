@@ -356,6 +356,83 @@ struct CpuAllocations : c10::MemoryReportingInfoBase {
   bool memoryProfilingEnabled() const override { return true; }
 };
 
+// Multi-token prediction (model/mtp.h) on the head's stage: each module
+// adds, per token of a microbatch in flight, one layer of the model's kind,
+// 8d for its norms and eh_proj's input (plan.cpp) and a cross-entropy buffer
+// of vocab fp32 values. For the tiny dense MHA model (CPU's fused attention,
+// no dropout) a layer keeps 6d (its two norms) + 5 H hd (q, k, v, the
+// attention's output and its merged copy) + 2 hidden (gelu's input and
+// output) elements. pp 2: the first stage's estimate does not change.
+TEST(Plan, MultiTokenPredictionAddsItsModulesActivations) {
+  Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
+  const ModelConfig& m = c.model;
+  const double d = static_cast<double>(m.model_dimension), hidden = static_cast<double>(m.hidden_dim());
+  const double heads = static_cast<double>(m.n_head * m.head_dim());
+  const double tokens = static_cast<double>(c.data.micro_batch_size * m.T), e = 4;  // fp32
+  const double layer = 6 * d + 5 * heads + 2 * hidden;
+  const double per_module = tokens * (e * (layer + 8 * d) + 4.0 * static_cast<double>(m.vocab_size));
+  for (const int pp : {1, 2}) {
+    c.device.n_device_axis = {1, pp, 1};
+    c.model.mtp_depth = 0;
+    const MemoryPlan none = plan_memory(c, PlanDevice::Cpu);
+    ASSERT_EQ(none.stages.back().microbatches_in_flight, 1) << "pp " << pp;
+    for (const int64_t depth : {1, 2}) {
+      c.model.mtp_depth = depth;
+      const MemoryPlan with = plan_memory(c, PlanDevice::Cpu);
+      const double k = static_cast<double>(depth);
+      EXPECT_DOUBLE_EQ(with.stages.back().activations_none - none.stages.back().activations_none, k * per_module)
+          << "pp " << pp << " depth " << depth;
+      EXPECT_DOUBLE_EQ(with.stages.back().logits - none.stages.back().logits,
+                       k * tokens * 4.0 * static_cast<double>(m.vocab_size));
+      if (pp == 2) EXPECT_DOUBLE_EQ(with.stages[0].activations_none, none.stages[0].activations_none);
+    }
+  }
+}
+
+// The bytes allocated during the forward that are still alive when it
+// returns (the loss holds the graph), with the multi-token prediction
+// modules' losses when c has them.
+double kept_by_forward(const Config& c) {
+  at::set_num_threads(1);  // allocations on this thread only
+  LayerFactory plain;
+  Transformer model(c.model, plain);
+  model.train();
+  const int64_t B = c.data.micro_batch_size, T = c.model.T;
+  const auto tokens = at::randint(c.model.vocab_size, {B, T}, at::kLong);
+  const auto targets = at::randint(c.model.vocab_size, {B, T}, at::kLong);
+  auto tracker = std::make_shared<CpuAllocations>();
+  at::Tensor loss;
+  {
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, tracker);
+    ForwardAux aux;
+    const at::Tensor h = model.forward_layers(model.embed(tokens), &aux);
+    loss = model.token_losses(h, targets).mean();
+    if (c.model.mtp_depth > 0)
+      for (const at::Tensor& l : model.mtp_token_losses(h, mtp_targets(tokens, targets, c.model.mtp_depth, -1), &aux))
+        loss = loss + l.mean();
+  }
+  const double measured = static_cast<double>(tracker->current);
+  loss.backward();
+  return measured;
+}
+
+// The modules' activations against what their forward keeps: the dense MHA
+// model and DeepSeek-V3's options (MLA, an MoE module), at depth 1 and 2.
+TEST(Plan, MultiTokenPredictionActivationsMatchWhatForwardKeeps) {
+  std::vector<Config> configs = {tiny(AttentionKind::Mha, FfnKind::Dense, true), variants().back()};
+  for (Config c : configs)
+    for (const int64_t depth : {1, 2}) {
+      c.model.blocks = 2;
+      c.data.micro_batch_size = 4;
+      c.model.mtp_depth = depth;
+      const double measured = kept_by_forward(c);
+      const double planned = plan_memory(c, PlanDevice::Cpu).worst().activations_none;
+      std::printf("activations %-16s mtp_depth %lld planned %8.0f KiB, forward kept %8.0f KiB (ratio %.2f)\n",
+                  name(c).c_str(), static_cast<long long>(depth), planned / 1024, measured / 1024, planned / measured);
+      EXPECT_NEAR(planned / measured, 1.0, 0.20) << name(c) << " mtp_depth " << depth;
+    }
+}
+
 // Activations a forward keeps for backward: the bytes allocated during the
 // forward that are still alive when it returns (the loss holds the graph).
 TEST(Plan, ActivationEstimateMatchesWhatForwardKeeps) {

@@ -48,6 +48,9 @@ struct ForwardAux {
   at::Tensor aux_loss;                    // scalar: sum over MoE layers of E*sum(f_i*P_i), mean over sequences
   at::Tensor z_loss;                      // scalar: router z-loss, same reduction
   std::vector<at::Tensor> expert_tokens;  // per MoE layer [E]: token-assignments routed (detached, before capacity)
+  // Per multi-token prediction module j (layer n_layers + j): its [E] as
+  // above, undefined for a dense module (Transformer::mtp_token_losses).
+  std::vector<at::Tensor> mtp_expert_tokens;
   at::Tensor dropped;                     // scalar: token-assignments dropped by capacity (detached)
   at::Tensor assigned;                    // scalar: token-assignments made (detached)
   void add_aux(const at::Tensor& a);
@@ -131,8 +134,8 @@ class Transformer : public torch::nn::Module {
   // Multi-token prediction (model/mtp.h; last stage, with the embedding):
   // h [B, T, d] the last layer's output (before the final norm) -> per depth
   // k = 1..D the per-token losses [B, T] fp32, zero where t.mask is. The
-  // modules' MoE aux and z losses are added to aux (their expert counts are
-  // not: those are per main layer).
+  // modules' MoE aux and z losses and assignments are added to aux, their
+  // expert counts go to aux->mtp_expert_tokens (one entry per module).
   std::vector<at::Tensor> mtp_token_losses(const at::Tensor& h, const MtpTargets& t, ForwardAux* aux,
                                            const TokenLayout* layout = nullptr);
   int64_t mtp_depth() const { return static_cast<int64_t>(mtp_.size()); }

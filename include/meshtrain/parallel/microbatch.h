@@ -27,6 +27,7 @@ struct RoundSums {
   at::Tensor z_sum;
   at::Tensor dropped, assigned;                // MoE token-assignments (this rank's layers)
   std::vector<at::Tensor> expert_tokens;       // per local MoE layer: [E] fp64, per expert
+  std::vector<at::Tensor> mtp_expert_tokens;   // per multi-token prediction module: likewise (dense: undefined)
   std::vector<at::Tensor> mtp_sum;             // per multi-token prediction depth: sum of its token losses
   int64_t peak_live_microbatches = 0;          // activations held at once (schedule tests)
   // Blocked in pipeline send/recv (bubble measurement): host wall-clock on
@@ -83,7 +84,8 @@ std::vector<Microbatch> split_microbatches(const Config& cfg, const at::Tensor& 
                                            const at::Tensor& host_inputs = {});
 // Adds one microbatch's MoE statistics to the round's sums (on the device);
 // aux.expert_tokens[l] is the stage's MoE layer first_moe_layer + l (a later
-// chunk of an interleaved stage starts after the earlier chunks' layers).
+// chunk of an interleaved stage starts after the earlier chunks' layers);
+// aux.mtp_expert_tokens[j] is multi-token prediction module j's.
 void accumulate_aux(RoundSums& sums, const ForwardAux& aux, int64_t sequences, int64_t first_moe_layer = 0);
 // Adds one microbatch's per-token losses (their sum and count).
 void accumulate_losses(RoundSums& sums, const at::Tensor& token_losses);

@@ -39,7 +39,9 @@ struct StepStats {
     at::Tensor z;             // [1] router z-loss, likewise
     at::Tensor dropped;       // [1] MoE token-assignments dropped (capacity)
     at::Tensor assigned;      // [1] MoE token-assignments made
-    at::Tensor expert_tokens; // [n_layers, n_experts] tokens per expert (zero rows: dense layers); [0, 0] dense models
+    // [n_layers + mtp_depth, n_experts] tokens per expert (zero rows: dense
+    // layers; row n_layers + j: multi-token prediction module j); [0, 0] dense models
+    at::Tensor expert_tokens;
     at::Tensor mtp;           // [mtp_depth] sum of each multi-token prediction depth's token losses
     // The fields in one fixed order (the all-reduce and the read pack them).
     std::vector<at::Tensor*> fields() { return {&ce, &aux, &z, &dropped, &assigned, &expert_tokens, &mtp}; }
@@ -64,7 +66,9 @@ struct StepStats {
   double z_loss = 0;
   std::vector<double> mtp_loss;  // per depth: its loss (1/T) sum of token losses, mean over sequences
   double dropped_fraction = 0;
-  std::vector<std::vector<double>> expert_fraction;  // per MoE layer (global order), per expert
+  // Per MoE layer (global order, the MoE multi-token prediction modules'
+  // last), per expert.
+  std::vector<std::vector<double>> expert_fraction;
   double grad_norm = 0;  // global gradient norm before clipping (after apply_update)
   double pipeline_wait_seconds = 0;
   std::array<double, 3> pipeline_pass_seconds{};  // zero but under zb-h1 / zbv

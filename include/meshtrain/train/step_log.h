@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshtrain/metrics/metrics.h"
+#include "meshtrain/train/evaluate.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain {
@@ -29,8 +30,9 @@ class StepLog {
   // A checkpoint row at `step`: checkpoint_blocked_seconds (training time the
   // save cost) and the fields of `fields`.
   void checkpoint(int64_t step, const nlohmann::json& fields);
-  // The evaluation row of `step`.
-  void validation(int64_t step, double train_loss, double val_loss);
+  // The evaluation row of `step`: val_loss, and val_mtp_loss per depth
+  // with multi-token prediction.
+  void validation(int64_t step, double train_loss, const Evaluation& val);
 
  private:
   void warn_starved_experts(const StepStats& s);
