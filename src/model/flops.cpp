@@ -9,12 +9,13 @@ namespace meshtrain {
 namespace {
 
 // Attention's score and value products per token, forward and backward (3x
-// the forward's), over every layer.
+// the forward's), over every layer, the multi-token prediction modules'
+// (layers n_layers + j) included.
 double attention_flops_per_token(const ModelConfig& m) {
   const double T = static_cast<double>(m.T), H = static_cast<double>(m.n_head);
   const double hd = static_cast<double>(m.head_dim());
   double attn = 0;
-  for (int64_t i = 0; i < m.n_layers(); ++i) {
+  for (int64_t i = 0; i < m.n_layers() + m.mtp_depth; ++i) {
     const double r = m.attention == AttentionKind::Mla ? static_cast<double>(mla_layer_dhR(m, i)) : 0.0;
     attn += 6 * H * (2 * hd + r) * T;
   }
@@ -31,7 +32,12 @@ double active_params(const ModelConfig& m) {
 
 }  // namespace
 
-double flops_per_token(const ModelConfig& m) { return 6.0 * active_params(m) + attention_flops_per_token(m); }
+double flops_per_token(const ModelConfig& m) {
+  // Each multi-token prediction depth runs the shared head once more, a
+  // [d, V] GEMM its parameters (counted once, in the embedding) do not show.
+  const double mtp_heads = 6.0 * static_cast<double>(m.mtp_depth * m.model_dimension * m.vocab_size);
+  return 6.0 * active_params(m) + attention_flops_per_token(m) + mtp_heads;
+}
 
 PassCostRatios pass_cost_ratios(const ModelConfig& m) {
   const double gemm = 2 * active_params(m), attn = attention_flops_per_token(m) / 3;

@@ -337,6 +337,20 @@ TEST(Plan, FlopsPerTokenIsNanoGptsEstimate) {
   EXPECT_DOUBLE_EQ(flops_per_token(m), want);
 }
 
+// Each MTP depth adds its module's parameters (6 N), one layer's attention
+// (12 H Q T) and one more pass of the shared head (6 d V).
+TEST(Plan, FlopsPerTokenCountsTheMultiTokenPredictionModules) {
+  const Config c = tiny(AttentionKind::Mha, FfnKind::Dense, true);
+  ModelConfig m = c.model;
+  const double plain = flops_per_token(m);
+  const int64_t plain_params = count_params(m).total;
+  m.mtp_depth = 2;
+  const double per_depth_attention = 12.0 * static_cast<double>(m.n_head * m.head_dim() * m.T);
+  const double head = 6.0 * static_cast<double>(m.model_dimension * m.vocab_size);
+  EXPECT_DOUBLE_EQ(flops_per_token(m), plain + 6.0 * static_cast<double>(count_params(m).total - plain_params) +
+                                           2 * (per_depth_attention + head));
+}
+
 TEST(Plan, KnownPeaks) {
   EXPECT_EQ(peak_tflops_for("NVIDIA H100 80GB HBM3"), 989.0);
   EXPECT_EQ(peak_tflops_for("NVIDIA A100-SXM4-80GB"), 312.0);

@@ -9,7 +9,9 @@ namespace meshtrain {
 // Training FLOPs per token, nanoGPT / llm.c estimate_mfu: 6*N + 12*L*H*Q*T with
 // N all parameters (embedding included; MoE: the active ones) and Q the head
 // size. MLA scores use hd + dhR dims and values hd, so its attention term is
-// 6*H*(2*hd + dhR)*T per layer (= 12*H*Q*T when dhR = 0).
+// 6*H*(2*hd + dhR)*T per layer (= 12*H*Q*T when dhR = 0). Multi-token
+// prediction (mtp_depth D) adds its modules to N and L, and D more head
+// GEMMs, 6*d*V each (Megatron-Core counts MTP alike).
 double flops_per_token(const ModelConfig& m);
 
 // A layer stack's forward, input-gradient (B) and weight-gradient (W)
