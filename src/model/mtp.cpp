@@ -51,11 +51,18 @@ MtpModule::MtpModule(const ModelConfig& cfg, LayerFactory& factory, int64_t j) {
   head_norm_ = register_module("head_norm", factory.norm(prefix + ".head_norm", d, cfg.norm_bias));
 }
 
+at::Tensor MtpModule::block_input(const at::Tensor& h_prev, const at::Tensor& emb) {
+  const at::Tensor e = enorm_->forward(emb), h = hnorm_->forward(h_prev);
+  return eh_proj_->forward(at::cat({e, h.to(e.scalar_type())}, -1));
+}
+
 at::Tensor MtpModule::forward(const at::Tensor& h_prev, const at::Tensor& emb, ForwardAux* aux,
                               const TokenLayout* layout) {
-  const at::Tensor e = enorm_->forward(emb), h = hnorm_->forward(h_prev);
-  const at::Tensor x = eh_proj_->forward(at::cat({e, h.to(e.scalar_type())}, -1));
-  return block_->forward(x, aux, nullptr, 0, layout);
+  return block_->forward(block_input(h_prev, emb), aux, nullptr, 0, layout);
+}
+
+at::Tensor MtpModule::forward(const at::Tensor& h_prev, const at::Tensor& emb, LayerCache& cache, int64_t offset) {
+  return block_->forward(block_input(h_prev, emb), nullptr, &cache, offset);
 }
 
 }  // namespace meshtrain

@@ -70,6 +70,7 @@ class Decoder {
       MT_ASSERT(drafts_.empty(), "speculative decoding: drafts past the context length T=", T_);
       ws_ = J - std::max<int64_t>(T_ / 2, 1);
       cache_ = KVCache{};
+      mtp_cache_ = KVCache{};
       hidden_ = at::Tensor();
     }
   }
@@ -128,13 +129,12 @@ class Decoder {
 
   // The MTP chain drafts the tokens after ctx's last, each drawn from its
   // module's distribution (masked as p would be at that new token), fed to
-  // the next module. The modules run over the whole window each round rather
-  // than on caches of their own: module k reads the token k ahead, so its
-  // last k positions hold drafts that change every round, and a cache would
-  // have to be cut back to the window's length - D and the chain re-run
-  // over the last D + accepted positions. That is D layers over up to T
-  // positions a round, little beside the main model's forward at these
-  // sizes; at long contexts such caches would cut it (not built).
+  // the next module. Without the cache the chain runs over the window. With
+  // it each module keeps its own keys (mtp_cache_, one layer per module, one
+  // length for all): module k reads at position i the token k + 1 after i, so
+  // its last k positions read drafts, which change every round; the caches
+  // keep only the positions where every module read kept tokens and each
+  // round runs the chain over those after them (D + accepted a module).
   void draft() {
     const int64_t J = ssize(ctx_);
     // No draft past max_tokens or past the window plain sampling gives the
@@ -142,23 +142,33 @@ class Decoder {
     const int64_t m = std::min({ssize(mtp_), o_.max_tokens - ssize(out_), T_ - (J - ws_)});
     if (m <= 0) return;
     const int64_t n = J - 1 - ws_;  // positions with the main model's hidden states
-    MT_ASSERT(n >= 1 && hidden_.size(1) == n, "speculative decoding: ", hidden_.size(1), " hidden states for ", n,
-              " positions");
+    const int64_t from = o_.use_cache ? mtp_cache_.length : 0;  // positions the modules have cached
+    MT_ASSERT(n >= 1 && hidden_.size(1) == n && from < n, "speculative decoding: ", hidden_.size(1),
+              " hidden states for ", n, " positions, ", from, " of them in the modules' caches");
+    if (o_.use_cache && mtp_cache_.layers.empty()) mtp_cache_.layers.resize(mtp_.size());
     std::vector<int64_t> ext(ctx_.begin() + ws_, ctx_.end());
-    at::Tensor h = hidden_;
+    at::Tensor h = hidden_.narrow(1, from, n - from);
     std::vector<at::Tensor> q;
     for (int64_t k = 0; k < m; ++k) {
+      MtpModule& module = *mtp_[static_cast<size_t>(k)];
       // Module k + 1 reads, at position i, h^k_i and the token k + 1 after i.
-      const std::vector<int64_t> shifted(ext.begin() + k + 1, ext.begin() + k + 1 + n);
-      h = mtp_[static_cast<size_t>(k)]->forward(h, model_.embedding()->forward(row(shifted, device_)), nullptr,
-                                                nullptr);
-      const at::Tensor logits = model_.head()->logits(mtp_[static_cast<size_t>(k)]->head_norm(h.narrow(1, n - 1, 1)));
+      const std::vector<int64_t> shifted(ext.begin() + from + k + 1, ext.begin() + k + 1 + n);
+      const at::Tensor emb = model_.embedding()->forward(row(shifted, device_));
+      h = o_.use_cache ? module.forward(h, emb, mtp_cache_.layers[static_cast<size_t>(k)], from)
+                       : module.forward(h, emb, nullptr, nullptr);
+      const at::Tensor logits = model_.head()->logits(module.head_norm(h.narrow(1, n - from - 1, 1)));
       q.push_back(distributions(logits[0], ssize(out_) + k, "multi-token prediction module " + std::to_string(k) +
                                                                 "'s")[0]);
       drafts_.push_back(draw(q.back(), gen_));
       ext.push_back(drafts_.back());
     }
     q_ = at::stack(q);
+    if (o_.use_cache) {
+      // Module k's positions from n - k on read drafts. Modules not run this
+      // round (m < D: near max_tokens or the window's end) hold only `from`.
+      mtp_cache_.length = n;
+      mtp_cache_.truncate(m == ssize(mtp_) ? n - (m - 1) : from);
+    }
   }
 
   Transformer& model_;
@@ -174,6 +184,7 @@ class Decoder {
   at::Tensor q_;                 // [drafts, V'] the distributions they were drawn from
   int64_t ws_ = 0;               // the window's first token in ctx_
   KVCache cache_;                // the main model's keys at positions ws_.. (use_cache)
+  KVCache mtp_cache_;            // the MTP modules' keys there, one layer per module (use_cache)
   at::Tensor hidden_;            // [1, t, d] its last layer's output there
 };
 

@@ -4,10 +4,12 @@
 // mostly rejected) and ones trained on a cyclic sequence (drafts mostly
 // accepted), dense, MoE and MLA + MoE, past the context length T (cache
 // restarts) too, also on a model whose cached and uncached outputs differ
-// there; prints the acceptance and tokens/s against plain sampling.
-// Temperature 1: the first new tokens of many samples follow the model's own
-// distribution (chi-square against the exact one from its logits). And the
-// cache's truncation, and the refusals.
+// there; prints the acceptance and tokens/s against plain sampling, also for
+// a deeper model (8 layers, D = 1 and 2). Temperature 1: the first new tokens
+// of many samples follow the model's own distribution (chi-square against the
+// exact one from its logits), and within T the MTP modules on their caches
+// draft as over the whole window. And the caches' truncation (the main
+// model's, an MTP module's in pieces), and the refusals.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -77,11 +79,13 @@ double seconds_of(const std::function<void()>& f) {
   return best;
 }
 
+// max_tokens 56: past T = 32 the cached paths restart twice, the uncached
+// ones stop drafting; within T = 64 neither.
 void expect_same_as_greedy(Transformer& model, const std::string& what, double min_acceptance) {
   const std::vector<std::vector<int32_t>> prompts = {{1, 4, 7}, {10, 13}, {31, 1, 4, 7, 10}};
   SampleOptions o;
   o.temperature = 0;
-  o.max_tokens = 56;  // past T = 32: the cached paths restart twice, the uncached ones stop drafting
+  o.max_tokens = 56;
   std::vector<std::vector<int32_t>> plain, cached, spec, spec_cached;
   SpeculativeStats st, st_cached;
   o.use_cache = false;
@@ -140,6 +144,63 @@ INSTANTIATE_TEST_SUITE_P(Models, Speculative,
                          [](const auto& info) { return std::string(info.param.ffn == FfnKind::Dense ? "Dense" : "Moe") +
                                                        (info.param.attention == AttentionKind::Mla ? "Mla" : "Mha"); });
 
+// DeepSeek-V3's case: a deep main model and one-layer MTP modules, trained
+// until most drafts are kept (8 layers, d 64, T 64; D = 1 and 2). Greedy is
+// plain greedy's token for token; the tokens/s are printed (the machine is
+// shared: speed is measured, never asserted).
+TEST(SpeculativeSpeed, DeepModelOneLayerDrafts) {
+  at::set_num_threads(1);
+  for (int64_t depth : {1, 2}) {
+    at::manual_seed(13);
+    ModelConfig m = tiny(FfnKind::Dense);
+    m.model_dimension = 64;
+    m.layers_per_block = 8;
+    m.T = 64;
+    m.mlp_hidden = 0;
+    m.mtp_depth = depth;
+    LayerFactory f;
+    f.set_seed(7);
+    Transformer model(m, f);
+    train(model, 150);
+    expect_same_as_greedy(model, "8 layers, d 64, D = " + std::to_string(depth) + ", trained", 0.8);
+  }
+}
+
+// Within T (no restart, no slide) the cached and uncached paths see the same
+// windows, so the MTP modules on their caches must draft from the same q as
+// over the whole window: sampled at temperature 1 from one seed, both paths
+// keep the same tokens (their p and q differ by rounding only).
+TEST(SpeculativeSampling, ModuleCachesDraftAsTheWholeWindow) {
+  at::set_num_threads(1);
+  for (AttentionKind attention : {AttentionKind::Mha, AttentionKind::Mla}) {
+    ModelConfig m = tiny(FfnKind::Dense, attention);
+    m.init_std = 0.3;  // peaked distributions: some drafts kept, some not
+    LayerFactory f;
+    f.set_seed(3);
+    Transformer model(m, f);
+    SampleOptions o;
+    o.temperature = 1.0;
+    o.max_tokens = 27;  // prompts of up to 5: the context stays within T = 32
+    o.seed = 23;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int32_t i = 0; i < 12; ++i) prompts.push_back({i, (i * 7) % 48, (i * 13 + 5) % 48, 30, (i * 3) % 48});
+    SpeculativeStats whole, cached;
+    o.use_cache = false;
+    const auto a = generate_speculative(model, prompts, o, &whole);
+    o.use_cache = true;
+    const auto b = generate_speculative(model, prompts, o, &cached);
+    EXPECT_EQ(a, b) << (attention == AttentionKind::Mla ? "mla" : "mha");
+    EXPECT_EQ(whole.accepted, cached.accepted);
+    EXPECT_EQ(whole.drafted, cached.drafted);
+    // Both branches of the rule ran, and the modules drafted over many rounds.
+    EXPECT_GT(cached.accepted, cached.drafted / 20);
+    EXPECT_LT(cached.accepted, cached.drafted - cached.drafted / 20);
+    std::printf("%s, temperature 1, within T: acceptance %.3f (%lld of %lld) with the caches and without\n",
+                attention == AttentionKind::Mla ? "mla" : "mha", cached.acceptance(),
+                static_cast<long long>(cached.accepted), static_cast<long long>(cached.drafted));
+  }
+}
+
 // Past T the cached paths restart on the last T/2 tokens and the uncached ones
 // slide: on a model whose argmax hangs on the whole context (large weights),
 // where those two differ, speculative decoding follows each exactly.
@@ -185,6 +246,26 @@ TEST(KVCacheTruncate, ContinuesAsTheShorterCache) {
     const at::Tensor b = model.forward_layers(model.embed(then), nullptr, &fresh);
     EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-6)) << (a - b).abs().max().item<float>();
     EXPECT_THROW(cut.truncate(6), Error);
+  }
+}
+
+// An MTP module on a cache, fed positions 0..4 then 5..6, gives what it gives
+// over all 7 at once (MHA and MLA, whose cache holds the latent).
+TEST(MtpModuleCache, PiecesAsTheWhole) {
+  for (AttentionKind attention : {AttentionKind::Mha, AttentionKind::Mla}) {
+    LayerFactory f;
+    f.set_seed(4);
+    Transformer model(tiny(FfnKind::Dense, attention), f);
+    model.eval();
+    at::NoGradGuard no_grad;
+    MtpModule& module = *std::dynamic_pointer_cast<MtpModule>(model.named_modules("", /*include_self=*/false)["mtp.1"]);
+    const at::Tensor h = at::randn({1, 7, 32}), emb = at::randn({1, 7, 32});
+    const at::Tensor whole = module.forward(h, emb, nullptr, nullptr);
+    LayerCache cache;
+    const at::Tensor first = module.forward(h.narrow(1, 0, 5), emb.narrow(1, 0, 5), cache, 0);
+    const at::Tensor then = module.forward(h.narrow(1, 5, 2), emb.narrow(1, 5, 2), cache, 5);
+    const at::Tensor pieces = at::cat({first, then}, 1);
+    EXPECT_TRUE(at::allclose(pieces, whole, 1e-5, 1e-6)) << (pieces - whole).abs().max().item<float>();
   }
 }
 

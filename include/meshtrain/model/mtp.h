@@ -26,6 +26,7 @@
 namespace meshtrain {
 
 struct ForwardAux;
+struct LayerCache;
 class Block;
 
 // What depth k = 1..D reads at each position i, per depth [B, T] (index k - 1):
@@ -50,11 +51,18 @@ class MtpModule : public torch::nn::Module {
   MtpModule(const ModelConfig& cfg, LayerFactory& factory, int64_t j);
   // h_prev [B, T, d] (h^{k-1}), emb [B, T, d] (Emb(t_{i+k})) -> h^k.
   at::Tensor forward(const at::Tensor& h_prev, const at::Tensor& emb, ForwardAux* aux, const TokenLayout* layout);
+  // Decoding (self-speculative drafts, sampling/speculative.h): the same over
+  // positions offset.. of the window, whose keys the block appends to
+  // `cache` (holding positions 0..offset - 1); no graph, no aux losses.
+  at::Tensor forward(const at::Tensor& h_prev, const at::Tensor& emb, LayerCache& cache, int64_t offset);
   // The norm before the shared head.
   at::Tensor head_norm(const at::Tensor& h) { return head_norm_->forward(h); }
   Block& block() { return *block_; }
 
  private:
+  // eh_proj [enorm(emb); hnorm(h_prev)]: the block's input.
+  at::Tensor block_input(const at::Tensor& h_prev, const at::Tensor& emb);
+
   std::shared_ptr<RMSNorm> enorm_, hnorm_, head_norm_;
   std::shared_ptr<Linear> eh_proj_;
   std::shared_ptr<Block> block_;

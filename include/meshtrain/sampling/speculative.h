@@ -19,8 +19,8 @@
 // they stop short of each restart (and resume after it); without it they stop
 // once the context reaches T (each later step is a plain one).
 // With use_cache the main model keeps a KV cache that drops the rejected
-// drafts' positions; the MTP modules recompute over the window (one layer
-// each). Single stage only.
+// drafts' positions, and each MTP module one that drops the positions where
+// it read a draft; without it both run over the window. Single stage only.
 #include <cstdint>
 #include <vector>
 
