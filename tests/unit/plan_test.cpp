@@ -404,9 +404,12 @@ TEST(Plan, MultiTokenPredictionAddsItsModulesActivations) {
 }
 
 // The bytes allocated during the forward that are still alive when it
-// returns (the loss holds the graph), with the multi-token prediction
-// modules' losses when c has them.
-double kept_by_forward(const Config& c) {
+// returns (the loss holds the graph), and their peak, with the multi-token
+// prediction modules' losses when c has them.
+struct Kept {
+  double current = 0, peak = 0;
+};
+Kept kept_by_forward(const Config& c) {
   at::set_num_threads(1);  // allocations on this thread only
   LayerFactory plain;
   Transformer model(c.model, plain);
@@ -425,9 +428,9 @@ double kept_by_forward(const Config& c) {
       for (const at::Tensor& l : model.mtp_token_losses(h, mtp_targets(tokens, targets, c.model.mtp_depth, -1), &aux))
         loss = loss + l.mean();
   }
-  const double measured = static_cast<double>(tracker->current);
+  const Kept kept{static_cast<double>(tracker->current), static_cast<double>(tracker->peak)};
   loss.backward();
-  return measured;
+  return kept;
 }
 
 // The modules' activations against what their forward keeps: the dense MHA
@@ -439,7 +442,7 @@ TEST(Plan, MultiTokenPredictionActivationsMatchWhatForwardKeeps) {
       c.model.blocks = 2;
       c.data.micro_batch_size = 4;
       c.model.mtp_depth = depth;
-      const double measured = kept_by_forward(c);
+      const double measured = kept_by_forward(c).current;
       const double planned = plan_memory(c, PlanDevice::Cpu).worst().activations_none;
       std::printf("activations %-16s mtp_depth %lld planned %8.0f KiB, forward kept %8.0f KiB (ratio %.2f)\n",
                   name(c).c_str(), static_cast<long long>(depth), planned / 1024, measured / 1024, planned / measured);
@@ -463,30 +466,16 @@ TEST(Plan, ActivationEstimateMatchesWhatForwardKeeps) {
   for (Config c : configs) {
     c.model.blocks = 2;
     c.data.micro_batch_size = 4;
-    at::set_num_threads(1);  // allocations on this thread only
-    LayerFactory plain;
-    Transformer model(c.model, plain);
-    model.train();
-    const int64_t B = c.data.micro_batch_size, T = c.model.T;
-    const auto tokens = at::randint(c.model.vocab_size, {B, T}, at::kLong);
-    const auto targets = at::randint(c.model.vocab_size, {B, T}, at::kLong);
-    auto tracker = std::make_shared<CpuAllocations>();
-    at::Tensor loss;
-    {
-      c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, tracker);
-      ForwardAux aux;
-      loss = model.loss(tokens, targets, &aux);
-    }
-    const double measured = static_cast<double>(tracker->current);
+    const Kept kept = kept_by_forward(c);
+    const double measured = kept.current;
     const double planned = plan_memory(c, PlanDevice::Cpu).worst().activations_none;
     std::printf("activations %-16s planned %8.0f KiB, forward kept %8.0f KiB (ratio %.2f), peak %8.0f KiB\n",
-                name(c).c_str(), planned / 1024, measured / 1024, planned / measured, tracker->peak / 1024.0);
+                name(c).c_str(), planned / 1024, measured / 1024, planned / measured, kept.peak / 1024.0);
     // plan counts the MoE capacity slots (every expert's C rows per sequence,
     // filled or not: planned and kept grow alike with capacity_factor). Not
     // modelled: the routing's gather/scatter buffers (~4.5 d per token of an
     // MoE layer; MoE ratios 0.84-0.94) and MLA's over-count (1.08-1.13).
     EXPECT_NEAR(planned / measured, 1.0, 0.20) << name(c);
-    loss.backward();
   }
 }
 
