@@ -44,6 +44,7 @@ constexpr double kMhaKernels = 12, kGqaKernels = 12, kMlaKernels = 19, kMlaRopeK
 constexpr double kMlpKernels = 11, kGatedKernels = 8, kMoeKernels = 84, kSharedMlpKernels = 7, kSharedLinearKernels = 4;
 constexpr double kGatedExpertKernels = 16, kDropoutKernels = 5, kBiasKernels = 3, kNormBiasKernels = 2;
 constexpr double kMicrobatchKernels = 70;  // embedding, final norm, head, loss
+constexpr double kMtpKernels = 76;  // per MTP module beyond its layer: shifted tokens, norms, eh_proj, head, masked loss
 constexpr double kStepKernels = 21;        // gradient norm, clipping, AdamW
 // The forward's share of a layer's other-kernel bytes and kernels (full
 // recomputation runs it again); selective recomputation reruns the
@@ -173,8 +174,14 @@ MicrobatchWork stage_microbatch_work(const Config& cfg, const std::vector<int64_
   const double tokens = static_cast<double>(mbs * m.T / cfg.device.cp());
   const auto ckpt = cfg.activation_checkpointing;
   MicrobatchWork w;
-  for (int64_t i : layers) {
-    const LayerCost c = layer_cost(m, i, tp);
+  // The multi-token prediction modules (model/mtp.h) run on the last stage:
+  // each a layer of layer n_layers + j's kind, plus its replicated eh_proj
+  // [d, 2d] and one more pass of the head (below).
+  std::vector<int64_t> run = layers;
+  for (int64_t j = 0; last && j < m.mtp_depth; ++j) run.push_back(m.n_layers() + j);
+  for (int64_t i : run) {
+    LayerCost c = layer_cost(m, i, tp);
+    if (i >= m.n_layers()) c.gemm += 2 * d * d;
     const double bytes = tokens * e * (c.split + c.replicated / rep_div);
     const Work fwd{2 * tokens * c.gemm, tokens * c.attn_fwd, kForwardBytes * bytes, kForwardKernels * c.kernels};
     Work bwd{4 * tokens * c.gemm, tokens * c.attn_bwd, (1 - kForwardBytes) * bytes, (1 - kForwardKernels) * c.kernels};
@@ -190,10 +197,12 @@ MicrobatchWork stage_microbatch_work(const Config& cfg, const std::vector<int64_
   if (first) bytes += (kEmbeddingBytes + (m.dropout_rate > 0 ? kEmbeddingDropout : 0)) * d / rep_div;
   if (last) {
     const double vocab_local = std::ceil(static_cast<double>(m.vocab_size) / tp);
-    bytes += kHeadBytes * d / rep_div + kLossBytes * vocab_local;
-    head = d * vocab_local;
+    const double heads = 1 + static_cast<double>(m.mtp_depth);  // the model's and each MTP depth's
+    bytes += heads * (kHeadBytes * d / rep_div + kLossBytes * vocab_local);
+    head = heads * d * vocab_local;
   }
-  const double kernels = first || last ? kMicrobatchKernels : 0;
+  const double kernels =
+      (first || last ? kMicrobatchKernels : 0) + (last ? kMtpKernels * static_cast<double>(m.mtp_depth) : 0);
   w.forward += Work{2 * tokens * head, 0, tokens * e * bytes * kForwardBytes, kernels * kForwardKernels};
   w.backward += Work{4 * tokens * head, 0, tokens * e * bytes * (1 - kForwardBytes), kernels * (1 - kForwardKernels)};
   return w;

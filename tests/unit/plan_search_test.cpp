@@ -73,6 +73,7 @@ TEST(StepModel, OneRankMatchesTheMetaDevice) {
        load("configs/gpt2-124m.json", {"model_config.ffn=moe", "model_config.n_experts=8", "model_config.k=2",
                                        "model_config.mlp_hidden=768", "model_config.n_shared=1"})},
       {"jaxformer moe1B", load("configs/jaxformer/moe1B.json", {"device_config.n_device_axis=[1,1,1]"})},
+      {"gpt2 two MTP modules", load("configs/gpt2-124m.json", {"model_config.mtp_depth=2"})},
   };
   for (const auto& [name, cfg] : configs) {
     const MetaBenchResult m = run_meta_bench(cfg, runtime, MetaBenchOptions{});
