@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/model/moe.h"
@@ -75,15 +76,21 @@ std::vector<std::vector<double>> max_vio_of(const Config& c) {
   return rows;
 }
 
-// Trains c from scratch on one process with skewed routers; MaxVio per step and layer.
-std::vector<std::vector<double>> train_skewed(Config c) {
+// A Trainer that has trained c from scratch on one process with skewed routers.
+std::unique_ptr<Trainer> trained_skewed(const Config& c) {
   std::filesystem::remove_all(c.run_dir());  // metrics.jsonl of an earlier run of the test
   SessionOptions o;
   o.fresh = true;
   o.quiet = true;
-  Trainer t(c, test_runtime(), o);
-  skew_routers(t);
-  t.train();
+  auto t = std::make_unique<Trainer>(c, test_runtime(), o);
+  skew_routers(*t);
+  t->train();
+  return t;
+}
+
+// MaxVio per step and layer of trained_skewed(c).
+std::vector<std::vector<double>> train_skewed(const Config& c) {
+  trained_skewed(c);
   return max_vio_of(c);
 }
 
@@ -167,20 +174,14 @@ TEST(RouterBias, BalancesTheMultiTokenPredictionModulesRouter) {
   for (const int64_t steps : {1, 100}) {
     c.training_steps = steps;
     c.name = "rb-mtp-" + std::to_string(steps);
-    std::filesystem::remove_all(c.run_dir());
-    SessionOptions o;
-    o.fresh = true;
-    o.quiet = true;
-    Trainer t(c, test_runtime(), o);
-    skew_routers(t);
-    t.train();
+    const std::unique_ptr<Trainer> t = trained_skewed(c);
     const auto rows = max_vio_of(c);
     ASSERT_EQ(rows.size(), static_cast<size_t>(steps));
     ASSERT_EQ(rows.front().size(), 3u) << "MaxVio of the 2 layers and the module";
     EXPECT_DOUBLE_EQ(rows.front().back(), 1.0) << "the module's skewed router should start with all on 2 experts";
     if (steps == 1) {
       int found = 0;
-      for (auto& p : t.model().params) {
+      for (auto& p : t->model().params) {
         if (p.layout.global_name != "mtp.0.block.moe.score_bias") continue;
         ++found;
         const at::Tensor want = at::tensor({-kRate, -kRate, kRate, kRate}, p.tensor.options());
