@@ -67,6 +67,7 @@ TestHooks TestHooks::from_environment() {
   }
   h.launch_rank_ = launch_from_environment().rank;
   h.sigstop_at_step_ = env_int("MESHTRAIN_TEST_SIGSTOP_AT_STEP");
+  h.sigstop_hold_ = env_int("MESHTRAIN_TEST_SIGSTOP_HOLD") > 0;
   const auto slow = env_pair("MESHTRAIN_TEST_SLOW_RANK");
   h.slow_rank_ = static_cast<int>(slow.first);
   h.slow_ms_ = static_cast<int64_t>(slow.second);
@@ -81,6 +82,11 @@ void TestHooks::after_backward(int64_t step, ParallelModel& pm) const {
     // Its watchdog thread rewrites the heartbeat (with the flight summary) within a second.
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     std::raise(SIGSTOP);
+    // Without the hold, a stop that SIGCONT ends (a frozen moment) lets the
+    // rank go on. With it, the SIGCONT of mpirun's kill sequence must not let
+    // the rank into the op the others wait in: the flight records would then
+    // show no divergence.
+    while (sigstop_hold_) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (step == host_read_at_)
     for (auto& p : pm.params)

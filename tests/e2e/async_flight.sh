@@ -88,7 +88,7 @@ check "stop during a background save: no staging dir left" bash -c "! ls -d runs
 # 4. The flight recorder: rank 1 stops itself (SIGSTOP) after the backward
 #    pass of step 3; the watchdog ends the job naming rank 1 and the op rank
 #    0 waits in; rank 0's records are on disk; `meshtrain flight` compares.
-MESHTRAIN_TEST_SIGSTOP_AT_STEP=3 MESHTRAIN_TEST_STALL_RANKS=1 timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${T[@]}" \
+MESHTRAIN_TEST_SIGSTOP_AT_STEP=3 MESHTRAIN_TEST_SIGSTOP_HOLD=1 MESHTRAIN_TEST_STALL_RANKS=1 timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" train "${T[@]}" \
   --name hang --n_device_axis 2 1 1 --training_steps 100 --checkpoint_steps 1000 --set watchdog_seconds=6 --fresh \
   > hang.log 2>&1
 rc=$?
@@ -97,8 +97,8 @@ check "SIGSTOP mid-step: the watchdog names rank 1 and the op it never entered" 
   grep -Eq "flight recorder: rank 1 never entered [a-z_]+ op #[0-9]+ .*rank\(s\) 0 wait in [a-z_]+ op #[0-9]+ \([a-z_]+, step 3\)" hang.log
 check "SIGSTOP mid-step: rank 0 wrote its flight records" test -f runs/hang/flight/rank_00000.json
 "$BIN" flight runs/hang > flight.txt 2>&1
-# (mpirun ends a job by SIGCONT then SIGTERM: rank 1 may run on for a moment and
-# write its own file before it dies, so only rank 0's op is certain here.)
+# (mpirun ends a job by SIGCONT then SIGTERM: the hold keeps rank 1 out of the
+# op rank 0 waits in until it is killed, so that op stays the first diverging one.)
 check "meshtrain flight: the first diverging op, rank 0 still in it" \
   bash -c "grep -q 'first diverging op: #' flight.txt && grep -Eq '^  [a-z_]+ \(in it\): rank\(s\) 0$' flight.txt"
 "$BIN" flight runs/sync > flight_none.txt 2>&1

@@ -14,6 +14,10 @@
 //                                       backward pass of step K, mid-step, 2.5 s after
 //                                       their last op (so their heartbeat's flight
 //                                       summary is current; flight recorder tests)
+//   MESHTRAIN_TEST_SIGSTOP_HOLD=1       ...and once continued (mpirun ends a job with
+//                                       SIGCONT, then SIGTERM) they stay parked until
+//                                       killed, never reaching their next op: a node that
+//                                       does not come back
 //   MESHTRAIN_TEST_SLOW_RANK=r:ms       rank r sleeps ms before every step (straggler report)
 //   MESHTRAIN_TEST_CKPT_WRITE_DELAY=K:s the background write of checkpoint step K
 //                                       (async_checkpoint) sleeps s seconds before
@@ -54,6 +58,7 @@ class TestHooks {
   std::vector<int> stall_ranks_;
   int launch_rank_ = 0;  // this process's launcher rank (launch_env.h)
   int64_t sigstop_at_step_ = -1;
+  bool sigstop_hold_ = false;
   int slow_rank_ = -1;
   int64_t slow_ms_ = 0;
   int64_t host_read_at_ = -1, alloc_at_ = -1;
