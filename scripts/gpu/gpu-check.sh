@@ -24,33 +24,54 @@
 # `--bin PATH` skips the build and benchmarks a binary built elsewhere
 # (scripts/gpu/gpu-carry.sh --binary), its libraries found beside it and in the
 # PyTorch of PYTHON; the CUDA tests run when cuda_test is beside it.
+# `--time-limit S` ends every step by S seconds after the start (less
+# GPU_CHECK_RESERVE, default 20 s, kept for the summary): a step still running
+# then is ended with all it started ("timed out (time limit)"), the steps after
+# it are "not run (time limit)", and the summary and results folder are still
+# written -- for a machine lent for a fixed time. Each cuda_test run then gets at
+# most a third of S. `--logs FILE` packs the step logs, steps.tsv and
+# summary.json (no data, no traces) into one .tar.gz.
 # Usage: scripts/gpu/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]
+#                                 [--time-limit S] [--logs FILE]
 #        scripts/gpu/gpu-check.sh --preflight
 # Env: PYTHON (default python3), CUDA_HOME, BUILD_DIR (default build-gpu), BUILD_JOBS,
-#      CUDA_TEST_TIMEOUT (seconds per cuda_test run, default 600).
+#      CUDA_TEST_TIMEOUT (seconds per cuda_test run, default 600), GPU_CHECK_RESERVE.
 set -uo pipefail
+# Job control: each step runs as a process group of its own, which a time
+# limit ends whole (mpirun's ranks, torch.compile's workers).
+set -m
+START="$(date +%s)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT=""
 STEPS=20
 PREBUILT=""
 RESULTS_ROOT="$ROOT/bench/results"
 RUN_DATE="$(date +%F)"
+TIME_LIMIT=""
+LOGS=""
 while (($#)); do
   case "$1" in
     --steps) STEPS="${2:?--steps needs a number}"; shift 2 ;;
     --bin) PREBUILT="${2:?--bin needs the path of a meshtrain binary}"; shift 2 ;;
     --preflight) exec "$ROOT/scripts/gpu/gpu-preflight.sh" ;;
     --results-root) RESULTS_ROOT="${2:?--results-root needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --time-limit) TIME_LIMIT="${2:?--time-limit needs seconds}"; shift 2
+      if ! [[ "$TIME_LIMIT" =~ ^[0-9]+$ ]] || ((TIME_LIMIT <= ${GPU_CHECK_RESERVE:-20})); then
+        echo "gpu-check.sh: --time-limit '$TIME_LIMIT' must be whole seconds above GPU_CHECK_RESERVE (${GPU_CHECK_RESERVE:-20})" >&2
+        exit 2
+      fi ;;
+    --logs) LOGS="${2:?--logs needs a file name}"; shift 2 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option '$1'" >&2; exit 2 ;;
     *) [ -z "$OUT" ] || { echo "gpu-check.sh: one DIR only (got '$OUT' and '$1')" >&2; exit 2; }
        OUT="$1"; shift ;;
   esac
 done
-[ -n "$OUT" ] || { echo "usage: scripts/gpu/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR]" >&2; exit 2; }
+[ -n "$OUT" ] || { echo "usage: scripts/gpu/gpu-check.sh DIR [--steps N] [--bin PATH] [--results-root DIR] [--time-limit S] [--logs FILE]" >&2; exit 2; }
 mkdir -p "$OUT" || exit 2
 OUT="$(cd "$OUT" && pwd)"
 case "$RESULTS_ROOT" in /*) ;; *) RESULTS_ROOT="$PWD/$RESULTS_ROOT" ;; esac
+case "$LOGS" in /*|"") ;; *) LOGS="$PWD/$LOGS" ;; esac
 PY="${PYTHON:-python3}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 BIN="$BUILD/meshtrain"
@@ -73,18 +94,48 @@ cd "$ROOT" || exit 2
 STEP_ROWS="$OUT/steps.tsv"   # name, status, seconds, log
 : > "$STEP_ROWS"
 failures=0
-# step NAME CMD...: runs CMD with its output in DIR/NAME.log, records the outcome.
+# Seconds the steps may still run under --time-limit (the summary's reserve
+# kept back); nothing without one.
+time_left() {
+  [ -n "$TIME_LIMIT" ] && echo $((START + TIME_LIMIT - ${GPU_CHECK_RESERVE:-20} - $(date +%s)))
+}
+# step NAME CMD...: runs CMD (in a subshell, its own process group) with its
+# output in DIR/NAME.log, records the outcome; under --time-limit it is not
+# started without 5 s left, and ended (TERM, 10 s later KILL) when time is up.
 step() {
-  local name="$1" start rc
+  local name="$1" start rc left="" pid killer="" expired="$OUT/.expired_$1"
   shift
+  if [ -n "$TIME_LIMIT" ]; then
+    left="$(time_left)"
+    if ((left < 5)); then
+      failures=$((failures + 1))
+      printf '%s\tnot run (time limit)\t0\t\n' "$name" >> "$STEP_ROWS"
+      echo "== $name: not run (--time-limit $TIME_LIMIT spent)"
+      return 1
+    fi
+  fi
   start=$(date +%s)
-  echo "== $name"
-  "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name${left:+ (at most ${left}s)}"
+  rm -f "$expired"
+  "$@" > "$OUT/$name.log" 2>&1 < /dev/null &
+  pid=$!
+  if [ -n "$left" ]; then
+    (sleep "$left"; touch "$expired"; kill -TERM -- "-$pid"; sleep 10; kill -KILL -- "-$pid") > /dev/null 2>&1 &
+    killer=$!
+  fi
+  wait "$pid"
   rc=$?
+  if [ -n "$killer" ]; then kill -- "-$killer" 2>/dev/null; wait "$killer" 2>/dev/null; fi
   local secs=$(( $(date +%s) - start ))
   if [ "$rc" -eq 0 ]; then
     printf '%s\tok\t%s\t%s\n' "$name" "$secs" "$name.log" >> "$STEP_ROWS"
     echo "   ok (${secs}s)"
+  elif [ -f "$expired" ]; then
+    rm -f "$expired"
+    failures=$((failures + 1))
+    printf '%s\ttimed out (time limit)\t%s\t%s\n' "$name" "$secs" "$name.log" >> "$STEP_ROWS"
+    echo "   timed out (--time-limit $TIME_LIMIT, ${secs}s): last lines of $OUT/$name.log"
+    tail -n 15 "$OUT/$name.log" | sed 's/^/   | /'
   else
     failures=$((failures + 1))
     printf '%s\tFAILED (exit %s)\t%s\t%s\n' "$name" "$rc" "$secs" "$name.log" >> "$STEP_ROWS"
@@ -157,9 +208,11 @@ cuda_tests() {
 # its mpirun flags, a scratch folder per run, a timeout): the build's, or the
 # one beside --bin. A case skipped for want of a CUDA device fails here too.
 cuda_test_np() {  # N
-  local out rc
-  echo "$CUDA_TEST under mpirun -np $1 ($GPUS GPU(s) visible)"
-  out="$(MESHTRAIN_TEST_TMP="$OUT/tmp/cuda_test.np$1" timeout "${CUDA_TEST_TIMEOUT:-600}" \
+  local out rc cap="${CUDA_TEST_TIMEOUT:-600}"
+  [ -n "$TIME_LIMIT" ] && [ -z "${CUDA_TEST_TIMEOUT:-}" ] && cap=$((TIME_LIMIT / 3))
+  echo "$CUDA_TEST under mpirun -np $1 ($GPUS GPU(s) visible, at most ${cap}s)"
+  # --foreground: in the step's process group, which a time limit ends.
+  out="$(MESHTRAIN_TEST_TMP="$OUT/tmp/cuda_test.np$1" timeout --foreground "$cap" \
     mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader \
     --mca btl_vader_single_copy_mechanism none -np "$1" "$CUDA_TEST" 2>&1)"
   rc=$?
@@ -221,13 +274,17 @@ anchor() {  # CONFIG [--compile]
     --steps "${ANCHOR_STEPS:-$STEPS}" --warmup 3 "${@:2}"
 }
 
-# A binary built elsewhere: it loads PyTorch's CUDA libraries from PYTHON's
-# torch and the rest from beside itself; every library must resolve.
-prebuilt() {
+# A binary built elsewhere loads PyTorch's CUDA libraries from PYTHON's torch
+# and the rest from beside itself (exported here, before the steps' subshells).
+prebuilt_library_path() {
   local site
-  site="$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" || return 1
+  site="$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)" || return 0
   LD_LIBRARY_PATH="$(dirname "$BIN"):$site/torch/lib:$site/nvidia/nccl/lib:$site/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export LD_LIBRARY_PATH
+}
+# Every library of the binary must resolve.
+prebuilt() {
+  "$PY" -c 'import torch' || return 1
   echo "binary: $BIN"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   if [ -x "$CUDA_TEST" ]; then  # its own step says whether it runs; here only what it lacks
@@ -238,29 +295,32 @@ prebuilt() {
   ! ldd "$BIN" | grep 'not found'
 }
 
-# The measurements, once a binary is there.
+# The measurements, once a binary is there; what matters most first (the
+# eager anchors last), so a time limit cuts the least.
 measure() {
   step corpus corpus
   step bench_gpt2-124m bench gpt2-124m configs/gpt2-124m.json
   # The same steps captured once as a CUDA graph and replayed (train/step_graph.h).
   NO_PROFILE=1 step bench_gpt2-124m-graphs bench gpt2-124m-graphs configs/gpt2-124m.json \
     --set device_config.cuda_graphs=true
-  step anchor_eager_gpt2-124m anchor configs/gpt2-124m.json
   step anchor_compile_gpt2-124m anchor configs/gpt2-124m.json --compile
   step plan_moe1b-1gpu plan_fits configs/moe1b-1gpu.json
   step bench_moe1b-1gpu bench moe1b-1gpu configs/moe1b-1gpu.json
   NO_PROFILE=1 step bench_moe1b-1gpu-graphs bench moe1b-1gpu-graphs configs/moe1b-1gpu.json \
     --set device_config.cuda_graphs=true
   ANCHOR_STEPS=$(( STEPS < 10 ? STEPS : 10 ))
-  step anchor_eager_moe1b-1gpu anchor configs/moe1b-1gpu.json
   step anchor_compile_moe1b-1gpu anchor configs/moe1b-1gpu.json --compile
+  unset ANCHOR_STEPS
+  step anchor_eager_gpt2-124m anchor configs/gpt2-124m.json
+  ANCHOR_STEPS=$(( STEPS < 10 ? STEPS : 10 ))
+  step anchor_eager_moe1b-1gpu anchor configs/moe1b-1gpu.json
   unset ANCHOR_STEPS
 }
 
 step preflight "$ROOT/scripts/gpu/gpu-preflight.sh"
 step environment environment
 if [ -n "$PREBUILT" ]; then
-  # step runs the function in this shell: the LD_LIBRARY_PATH it exports stays.
+  prebuilt_library_path
   step prebuilt prebuilt
   if [ -x "$CUDA_TEST" ]; then
     step cuda_test_np1 cuda_test_np 1
@@ -292,6 +352,12 @@ summary_args=(--date "$RUN_DATE" --results-root "$RESULTS_ROOT")
 if ! "$PY" "$ROOT/scripts/gpu/gpu-summary.py" "$OUT" "${summary_args[@]}"; then
   failures=$((failures + 1))
   echo "gpu-check: scripts/gpu/gpu-summary.py failed (the results above may be incomplete)"
+fi
+if [ -n "$LOGS" ]; then
+  (cd "$OUT" && shopt -s nullglob && packed=(steps.tsv ./*.log) && { [ ! -f summary.json ] || packed+=(summary.json); } &&
+    tar -czf "$LOGS" "${packed[@]}") ||
+    { failures=$((failures + 1)); echo "gpu-check: could not pack the logs into $LOGS"; }
+  echo "logs: $LOGS"
 fi
 if ((failures)); then
   echo "gpu-check: $failures step(s) failed (logs in $OUT)"

@@ -10,7 +10,9 @@
 #    between its markers, and --check fails on a stale file, passes on a fresh one;
 #  - scripts/gpu/gpu-check.sh --bin with a faked binary, GPUs, mpirun and PyTorch
 #    writes the results folder and runs cuda_test beside the binary at -np 1
-#    and, with 2 GPUs, -np 2; without it, records that it did not;
+#    and, with 2 GPUs, -np 2; without it, records that it did not; under
+#    --time-limit a hung step is ended with its children and the results are
+#    still written; --logs packs the logs;
 #  - the repository's own docs/gpus.md is what perf-table.py gives from its
 #    bench/results: the committed table can never go stale.
 # The binary argument is not used.
@@ -210,7 +212,10 @@ cat > carry/meshtrain <<'EOF'
 case "$1" in
   prepare-data) while (($#)); do [ "$1" = --output ] && mkdir -p "$2" && echo '{}' > "$2/tokenizer.json"; shift; done ;;
   plan) [[ " $* " == *" --json "* ]] && echo '{"fits": true}' || echo "plan: fits" ;;
-  bench) if [[ " $* " == *" --device meta "* ]]; then
+  bench) if [[ -n "${FAKE_SLOW_CONFIG:-}" && " $* " == *"$FAKE_SLOW_CONFIG"* && " $* " != *" --device meta "* ]]; then
+           bash -c 'exec -a fake-slow-bench-child sleep 300'   # a child the time limit must end too
+         fi
+         if [[ " $* " == *" --device meta "* ]]; then
            echo '{"kernels": 367, "est_step_ms": 63.1, "est_tokens_per_sec": 519019.0, "assumed": {}}'
          else
            echo '{"device": "NVIDIA H100 80GB HBM3", "tokens_per_sec": 500000.0, "mfu": 0.4, "peak_memory_bytes": 1e9}'
@@ -252,6 +257,29 @@ chmod +x carry/cuda_test
 rc=$?
 check "gpu-check: cuda_test skipping for want of a GPU fails the step and the run (exit $rc)" \
   bash -c '[ "$1" -ne 0 ] && grep -qE "^cuda_test_np1 +FAILED" "$2" && ! grep -q "^cuda_test_np2" "$2"' _ "$rc" gc3.log
+
+# --time-limit: moe1B's bench hangs (a child sleeping 300 s); the step is ended
+# with its child when the limit (less the reserve) is up, the steps after it
+# are not run, the summary and results folder are still written; --logs packs
+# the logs.
+start=$(date +%s)
+"${FAKE_ENV[@]}" FAKE_GPUS=1 FAKE_SLOW_CONFIG=moe1b-1gpu.json GPU_CHECK_RESERVE=2 bash fake/scripts/gpu/gpu-check.sh gc4 \
+  --bin carry/meshtrain --steps 2 --results-root gc4-results --time-limit 16 --logs gc4-logs.tar.gz > gc4.log 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+check "--time-limit 16: done in time, non-zero (exit $rc, ${took}s)" bash -c '[ "$1" -ne 0 ] && [ "$2" -le 30 ]' _ "$rc" "$took"
+check "--time-limit: no child of the ended step left running" bash -c '! pgrep -f "fake-slow-bench-[c]hild"'
+G4="$(find gc4-results -mindepth 1 -maxdepth 1 -type d | head -n 1)"
+check "--time-limit: the hung step timed out, the later ones not run, the earlier ones ok" jtrue "$G4/summary.json" \
+  'st = {x["step"]: x["status"] for x in s["steps"]}; st["bench_gpt2-124m"] == "ok" and st["bench_moe1b-1gpu"] == "timed out (time limit)" and st["anchor_compile_moe1b-1gpu"] == "not run (time limit)" and st["anchor_eager_moe1b-1gpu"] == "not run (time limit)" and s["ok"] is False'
+check "--time-limit: GPT-2's ratio still kept" jtrue "$G4/summary.json" 's["configs"][0]["ratio_to_compile"] == 1.25'
+check "--time-limit: the table names the timed-out step" grep -qE "^bench_moe1b-1gpu +timed out \(time limit\)" gc4.log
+check "--logs: steps.tsv, summary.json and the step logs packed, no data or traces" bash -c \
+  'l="$(tar -tzf gc4-logs.tar.gz)" && grep -qx steps.tsv <<<"$l" && grep -qx summary.json <<<"$l" && grep -q "bench_gpt2-124m.log$" <<<"$l" && ! grep -q data/ <<<"$l"'
+"${FAKE_ENV[@]}" bash fake/scripts/gpu/gpu-check.sh gc5 --bin carry/meshtrain --time-limit 10 > gc5.log 2>&1
+rc=$?
+check "--time-limit at or under the reserve: refused, naming it (exit $rc)" \
+  bash -c '[ "$1" -eq 2 ] && grep -q -- "--time-limit .10. must be whole seconds above GPU_CHECK_RESERVE" gc5.log' _ "$rc"
 
 # --- the repository itself ---------------------------------------------------------
 out="$(python3 "$TABLE" --results-root "$SRC/bench/results" --check 2>&1)"
