@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -54,6 +55,16 @@ MetaBenchResult run_meta_bench(const Config& cfg_in, Runtime& runtime, const Met
     one_step(1);
     r.totals = observer.totals();
   }
+  // The host's own time to issue a step: on meta tensors every operator is
+  // dispatched, autograd and the allocator run, but no kernel computes.
+  std::vector<double> host_ms;
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    one_step(2 + i);
+    host_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(host_ms.begin(), host_ms.end());
+  r.host_ms_per_step = host_ms[1];
   r.opts = opts;
   r.cuda_graphs = cfg.device.cuda_graphs;
   r.tokens_per_step = cfg.data.train_batch_size * cfg.grad_step * cfg.data.T;
@@ -104,6 +115,8 @@ std::string to_string(const MetaBenchResult& r) {
   o << "  non-GEMM    " << t.other_bytes / 1e9 << " GB\n";
   o << "  kernels     " << t.kernels << "\n";
   o << "  host syncs  " << t.host_syncs << "\n";
+  o << std::setprecision(1) << "  host        " << r.host_ms_per_step << " ms to issue a step here ("
+    << std::setprecision(2) << r.host_ms_per_step * 1e3 / std::max<int64_t>(1, t.kernels) << " us a kernel)\n";
   o << std::setprecision(1);
   o << "  estimate    " << r.est_step_ms << " ms per step, " << std::setprecision(0) << r.est_tokens_per_sec
     << " tokens/s\n";
@@ -118,6 +131,7 @@ std::string to_json(const MetaBenchResult& r) {
   j["non_gemm_gb"] = r.totals.other_bytes / 1e9;
   j["kernels"] = r.totals.kernels;
   j["host_syncs"] = r.totals.host_syncs;
+  j["host_ms_per_step"] = r.host_ms_per_step;
   j["est_step_ms"] = r.est_step_ms;
   j["est_tokens_per_sec"] = r.est_tokens_per_sec;
   j["peak"] = r.opts.peak_name;

@@ -11,11 +11,14 @@ print(rows[-1][sys.argv[2]])" "$1" "$2"; }
 out=$("$BIN" bench --device meta --config "$SRC/configs/gpt2-124m.json" 2>&1)
 check "bench --device meta gpt2-124m exits 0" test $? -eq 0
 echo "$out" | grep -v '^\[' | sed 's/^/       # /'
-for k in gemm_tflop attention_tflop non_gemm_gb kernels host_syncs est_step_ms est_tokens_per_sec; do
+for k in gemm_tflop attention_tflop non_gemm_gb kernels host_syncs host_ms_per_step est_step_ms est_tokens_per_sec; do
   v=$(field "$out" $k)
   check "JSON has $k ($v)" python3 -c "import sys; float('$v')"
 done
 check "peak is H100" test "$(field "$out" peak)" = H100
+check "the host's time to issue a step measured ($(field "$out" host_ms_per_step) ms)" \
+  python3 -c "import sys; sys.exit(0 if $(field "$out" host_ms_per_step) > 0 else 1)"
+check "... and printed, per kernel too" grep -Eq '^  host +[0-9.]+ ms to issue a step here \([0-9.]+ us a kernel\)' <<<"$out"
 # GEMMs: 6 * params * tokens, within the head/embedding accounting (~24 TFLOP).
 check "gemm_tflop of GPT-2 124M is ~24" python3 -c "import sys; sys.exit(0 if 22 < $(field "$out" gemm_tflop) < 27 else 1)"
 # Causal attention, fwd + bwd (2 + 5 products of B*H*T*T*hd/2): 2.2 TFLOP.

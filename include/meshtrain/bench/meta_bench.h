@@ -52,13 +52,14 @@ struct MetaBenchResult {
   double est_tokens_per_sec = 0;
   MetaBenchOptions opts;
   bool cuda_graphs = false;  // the config's device_config.cuda_graphs
+  double host_ms_per_step = 0;  // the median of 3 unobserved steps' wall time (host work only)
   double kernel_gap_us() const { return cuda_graphs ? opts.graph_kernel_gap_us : opts.kernel_gap_us; }
 };
 
 MetaBenchResult run_meta_bench(const Config& cfg, Runtime& runtime, const MetaBenchOptions& opts);
 
 // The readable table (top operators by bytes, totals) and the one-line JSON:
-// {"gemm_tflop","fp8_gemm_tflop","attention_tflop","non_gemm_gb","kernels","host_syncs",
+// {"gemm_tflop","fp8_gemm_tflop","attention_tflop","non_gemm_gb","kernels","host_syncs","host_ms_per_step",
 //  "est_step_ms","est_tokens_per_sec","peak","assumed":{...the options}}.
 std::string to_string(const MetaBenchResult& r);
 std::string to_json(const MetaBenchResult& r);
