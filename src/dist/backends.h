@@ -53,6 +53,55 @@ inline int64_t row_bytes_for_all_to_all_v(const at::Tensor& t, const std::vector
 // fp32). Bools are reduced as int (no sum on bools).
 inline at::ScalarType reduction_dtype(at::ScalarType t) { return t == at::kBool ? at::kInt : t; }
 
+// The checks every backend makes of an op's arguments; errors name the
+// backend, the op and the rank.
+inline void check_tensor(const at::Tensor& t, bool on_its_device, const char* backend, const char* op, int rank,
+                         const char* serves) {
+  MT_CHECK(t.defined(), backend, " ", op, " on rank ", rank, ": undefined tensor");
+  MT_CHECK(on_its_device, backend, " ", op, " on rank ", rank, ": tensor is on ", t.device(), "; ", serves);
+}
+inline void check_peer(int peer, int size, const char* backend, const char* op, int rank, const char* what) {
+  MT_CHECK(peer >= 0 && peer < size, backend, " ", op, " on rank ", rank, ": ", what, " ", peer,
+           " is outside the group of size ", size);
+}
+
+// The tensor layouts both backends share; the wire calls are each backend's.
+// all_gather: the size blocks land in [size, *x], then merge along d.
+inline at::Tensor stacked_empty(const at::Tensor& x, int size) {
+  std::vector<int64_t> stacked{size};
+  stacked.insert(stacked.end(), x.sizes().begin(), x.sizes().end());
+  return at::empty(stacked, x.options());
+}
+inline at::Tensor merge_blocks(const at::Tensor& stacked, int64_t d) {
+  return stacked.movedim(0, d).flatten(d, d + 1).contiguous();
+}
+// reduce_scatter: backends scatter contiguous blocks in rank order, so the
+// chunk index of dim d goes first (in the reduction dtype); block r is then
+// exactly rank r's chunk.
+inline at::Tensor chunks_first(const at::Tensor& t, int64_t d, int size, const char* backend) {
+  MT_CHECK(t.size(d) % size == 0, backend, " reduce_scatter: dim ", d, " of shape ", t.sizes(),
+           " is not divisible by the group size ", size);
+  return t.to(reduction_dtype(t.scalar_type())).unflatten(d, {size, t.size(d) / size}).movedim(d, 0).contiguous();
+}
+// gather: the root's output, the size ranks' x one after another along dim 0.
+inline at::Tensor gathered_empty(const at::Tensor& x, int size) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] *= size;
+  return at::empty(shape, x.options());
+}
+// all_to_all: dim 0 in size equal blocks.
+inline void check_all_to_all(const at::Tensor& t, int size, const char* backend) {
+  MT_CHECK(t.dim() > 0 && t.size(0) % size == 0, backend, " all_to_all: dim 0 of shape ", t.sizes(),
+           " is not divisible by the group size ", size);
+}
+// all_to_all_v: the rows received from every peer, in rank order.
+inline at::Tensor received_empty(const at::Tensor& x, const std::vector<int64_t>& recv_rows) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = 0;
+  for (int64_t r : recv_rows) shape[0] += r;
+  return at::empty(shape, x.options());
+}
+
 // A private duplicate of MPI_COMM_WORLD (errors returned, not fatal), so our
 // traffic never matches messages of other libraries on the world communicator.
 std::unique_ptr<Communicator> mpi_world_communicator();

@@ -5,7 +5,6 @@
 // can run on a single-GPU machine (device_config.collectives "mpi").
 #include <torch/torch.h>
 
-#include <chrono>
 #include <utility>
 
 #include "backends.h"
@@ -67,10 +66,11 @@ class HostStagedCommunicator final : public Communicator {
   void send_recv(const at::Tensor& t, int dst, at::Tensor& r, int src, int send_tag, int recv_tag) override {
     at::Tensor h = on_gpu(r) ? pinned_like(r) : r;
     const at::Tensor sent = on_gpu(t) ? to_host(t) : t;
-    const auto t0 = std::chrono::steady_clock::now();
-    inner_->record_flight(flight_recorder(), flight_axis());
-    inner_->send_recv(sent, dst, h, src, send_tag, recv_tag);
-    add_seconds("send_recv", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    {
+      const Timed timer = timed("send_recv");
+      inner_->record_flight(flight_recorder(), flight_axis());
+      inner_->send_recv(sent, dst, h, src, send_tag, recv_tag);
+    }
     count("send", t.nbytes(), t.scalar_type());
     count("recv", r.nbytes(), r.scalar_type());
     if (on_gpu(r)) r.copy_(h);
@@ -117,7 +117,7 @@ class HostStagedCommunicator final : public Communicator {
   void counted(const char* op, F&& f) {
     const int64_t before = inner_->bytes_moved();
     const std::map<std::string, int64_t> dtypes = inner_->bytes_by_dtype();
-    const auto t0 = std::chrono::steady_clock::now();
+    const Timed timer = timed(op);
     // The inner communicator does the op: it records it, as this axis.
     inner_->record_flight(flight_recorder(), flight_axis());
     f();
@@ -126,7 +126,6 @@ class HostStagedCommunicator final : public Communicator {
       const auto it = dtypes.find(dtype);
       add_dtype_bytes(dtype, bytes - (it == dtypes.end() ? 0 : it->second));
     }
-    add_seconds(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 
   std::unique_ptr<Communicator> inner_;

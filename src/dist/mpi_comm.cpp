@@ -5,8 +5,6 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
-#include <chrono>
-
 #include <climits>
 #include <string>
 #include <vector>
@@ -157,27 +155,17 @@ class MpiCommunicator final : public Communicator {
     check_cpu(t, "all_gather");
     const int64_t d = norm_dim(t, dim, "all_gather");
     at::Tensor x = t.contiguous();
-    std::vector<int64_t> stacked{size_};
-    stacked.insert(stacked.end(), x.sizes().begin(), x.sizes().end());
-    at::Tensor out = at::empty(stacked, x.options());
+    at::Tensor out = stacked_empty(x, size_);
     const int n = to_count(x.nbytes(), "all_gather");
     ok(MPI_Allgather(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_gather");
     count("all_gather", out.nbytes(), out.scalar_type());
-    return merge_leading(out, d);
+    return merge_blocks(out, d);
   }
 
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) override {
     const FlightScope in_flight = flight("reduce_scatter", t);
     check_cpu(t, "reduce_scatter");
-    const int64_t d = norm_dim(t, dim, "reduce_scatter");
-    MT_CHECK(t.size(d) % size_ == 0, "mpi reduce_scatter: dim ", d, " of shape ", t.sizes(),
-             " is not divisible by the group size ", size_);
-    // MPI scatters contiguous blocks in rank order, so move the chunk index of
-    // `dim` to the front; each block is then exactly that rank's chunk.
-    at::Tensor x = t.to(reduction_dtype(t.scalar_type()))
-                       .unflatten(d, {size_, t.size(d) / size_})
-                       .movedim(d, 0)
-                       .contiguous();
+    at::Tensor x = chunks_first(t, norm_dim(t, dim, "reduce_scatter"), size_, "mpi");
     at::Tensor out = at::empty(x.sizes().slice(1), x.options());
     ok(MPI_Reduce_scatter_block(x.data_ptr(), out.data_ptr(), to_count(out.numel(), "reduce_scatter"),
                                 type_of(x, "reduce_scatter"), op_of(x, ReduceOp::Sum), comm_),
@@ -204,11 +192,7 @@ class MpiCommunicator final : public Communicator {
     at::Tensor x = t.contiguous();
     const int n = to_count(x.nbytes(), "gather");
     at::Tensor out;
-    if (rank_ == root) {
-      std::vector<int64_t> shape = x.sizes().vec();
-      shape[0] *= size_;
-      out = at::empty(shape, x.options());
-    }
+    if (rank_ == root) out = gathered_empty(x, size_);
     ok(MPI_Gather(x.data_ptr(), n, MPI_BYTE, rank_ == root ? out.data_ptr() : nullptr, n, MPI_BYTE, root, comm_),
        "gather");
     count("gather", rank_ == root ? static_cast<int64_t>(out.nbytes()) : static_cast<int64_t>(x.nbytes()),
@@ -266,15 +250,13 @@ class MpiCommunicator final : public Communicator {
   at::Tensor all_to_all(const at::Tensor& t) override {
     const FlightScope in_flight = flight("all_to_all", t);
     check_cpu(t, "all_to_all");
-    const auto t0 = std::chrono::steady_clock::now();
-    MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "mpi all_to_all: dim 0 of shape ", t.sizes(),
-             " is not divisible by the group size ", size_);
+    const Timed timer = timed("all_to_all");
+    check_all_to_all(t, size_, "mpi");
     at::Tensor x = t.contiguous();
     at::Tensor out = at::empty_like(x);
     const int n = to_count(x.nbytes() / size_, "all_to_all");
     ok(MPI_Alltoall(x.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "all_to_all");
     count("all_to_all", t.nbytes(), t.scalar_type());
-    add_seconds("all_to_all", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
 
@@ -282,13 +264,10 @@ class MpiCommunicator final : public Communicator {
                           const std::vector<int64_t>& recv_rows) override {
     const FlightScope in_flight = flight("all_to_all_v", t);
     check_cpu(t, "all_to_all_v");
-    const auto t0 = std::chrono::steady_clock::now();
+    const Timed timer = timed("all_to_all_v");
     const int64_t row = row_bytes_for_all_to_all_v(t, send_rows, recv_rows, rank_, size_, "mpi");
     at::Tensor x = t.contiguous();
-    std::vector<int64_t> out_shape = x.sizes().vec();
-    out_shape[0] = 0;
-    for (int64_t r : recv_rows) out_shape[0] += r;
-    at::Tensor out = at::empty(out_shape, x.options());
+    at::Tensor out = received_empty(x, recv_rows);
     // Byte counts and displacements: MPI's are int, so each is checked.
     std::vector<int> scount(size_), sdispl(size_), rcount(size_), rdispl(size_);
     int64_t so = 0, ro = 0;
@@ -304,7 +283,6 @@ class MpiCommunicator final : public Communicator {
                      rdispl.data(), MPI_BYTE, comm_),
        "all_to_all_v");
     count("all_to_all_v", t.nbytes(), t.scalar_type());
-    add_seconds("all_to_all_v", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
 
@@ -326,19 +304,11 @@ class MpiCommunicator final : public Communicator {
   }
 
   void check_cpu(const at::Tensor& t, const char* op) const {
-    MT_CHECK(t.defined(), "mpi ", op, " on rank ", rank_, ": undefined tensor");
-    MT_CHECK(t.device().is_cpu(), "mpi ", op, " on rank ", rank_, ": tensor is on ", t.device(),
-             "; the MPI backend serves CPU tensors (use the NCCL backend for CUDA)");
+    check_tensor(t, t.defined() && t.device().is_cpu(), "mpi", op, rank_,
+                 "the MPI backend serves CPU tensors (use the NCCL backend for CUDA)");
   }
-
   void check_peer(int peer, const char* op, const char* what) const {
-    MT_CHECK(peer >= 0 && peer < size_, "mpi ", op, " on rank ", rank_, ": ", what, " ", peer,
-             " is outside the group of size ", size_);
-  }
-
-  // [size, s0, .., s_d, ..] -> concatenation along d of the size blocks.
-  static at::Tensor merge_leading(const at::Tensor& stacked, int64_t d) {
-    return stacked.movedim(0, d).flatten(d, d + 1).contiguous();
+    meshtrain::check_peer(peer, size_, "mpi", op, rank_, what);
   }
 
   MPI_Comm comm_;

@@ -2,8 +2,6 @@
 // only when nccl.h was found; otherwise nccl_communicator() explains why not.
 #include <torch/torch.h>
 
-#include <chrono>
-
 #include "backends.h"
 #include "meshtrain/core/check.h"
 #include "meshtrain/dist/device.h"
@@ -89,25 +87,18 @@ class NcclCommunicator final : public Communicator {
     check_cuda(t, "all_gather");
     const int64_t d = norm_dim(t, dim, "all_gather");
     at::Tensor x = t.contiguous();
-    std::vector<int64_t> stacked{size_};
-    stacked.insert(stacked.end(), x.sizes().begin(), x.sizes().end());
-    at::Tensor out = at::empty(stacked, x.options());
+    at::Tensor out = stacked_empty(x, size_);
     ok(ncclAllGather(x.data_ptr(), out.data_ptr(), x.numel(), nccl_dtype(x.scalar_type(), "all_gather"), comm_,
                      stream(x)),
        "all_gather");
     count("all_gather", out.nbytes(), out.scalar_type());
-    return out.movedim(0, d).flatten(d, d + 1).contiguous();
+    return merge_blocks(out, d);
   }
 
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim) override {
     const FlightScope in_flight = flight("reduce_scatter", t);
     check_cuda(t, "reduce_scatter");
-    const int64_t d = norm_dim(t, dim, "reduce_scatter");
-    MT_CHECK(t.size(d) % size_ == 0, "nccl reduce_scatter: dim ", d, " of shape ", t.sizes(),
-             " is not divisible by the group size ", size_);
-    // NCCL scatters contiguous blocks in rank order: put the chunk index first.
-    at::Tensor x =
-        t.to(reduction_dtype(t.scalar_type())).unflatten(d, {size_, t.size(d) / size_}).movedim(d, 0).contiguous();
+    at::Tensor x = chunks_first(t, norm_dim(t, dim, "reduce_scatter"), size_, "nccl");
     at::Tensor out = at::empty(x.sizes().slice(1), x.options());
     ok(ncclReduceScatter(x.data_ptr(), out.data_ptr(), out.numel(), nccl_dtype(x.scalar_type(), "reduce_scatter"),
                          ncclSum, comm_, stream(x)),
@@ -143,9 +134,7 @@ class NcclCommunicator final : public Communicator {
       count("gather", x.nbytes(), x.scalar_type());
       return {};
     }
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape[0] *= size_;
-    at::Tensor out = at::empty(shape, x.options());
+    at::Tensor out = gathered_empty(x, size_);
     const int64_t chunk_bytes = static_cast<int64_t>(x.nbytes());
     auto* dst = static_cast<char*>(out.data_ptr());
     ok(ncclGroupStart(), "gather(group_start)");
@@ -200,9 +189,8 @@ class NcclCommunicator final : public Communicator {
   at::Tensor all_to_all(const at::Tensor& t) override {
     const FlightScope in_flight = flight("all_to_all", t);
     check_cuda(t, "all_to_all");
-    const auto t0 = std::chrono::steady_clock::now();
-    MT_CHECK(t.dim() > 0 && t.size(0) % size_ == 0, "nccl all_to_all: dim 0 of shape ", t.sizes(),
-             " is not divisible by the group size ", size_);
+    const Timed timer = timed("all_to_all");
+    check_all_to_all(t, size_, "nccl");
     at::Tensor x = t.contiguous();
     at::Tensor out = at::empty_like(x);
     const auto type = nccl_dtype(x.scalar_type(), "all_to_all");
@@ -218,7 +206,6 @@ class NcclCommunicator final : public Communicator {
     }
     ok(ncclGroupEnd(), "all_to_all(group_end)");
     count("all_to_all", t.nbytes(), t.scalar_type());
-    add_seconds("all_to_all", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
 
@@ -228,13 +215,10 @@ class NcclCommunicator final : public Communicator {
                           const std::vector<int64_t>& recv_rows) override {
     const FlightScope in_flight = flight("all_to_all_v", t);
     check_cuda(t, "all_to_all_v");
-    const auto t0 = std::chrono::steady_clock::now();
+    const Timed timer = timed("all_to_all_v");
     const int64_t row_bytes = row_bytes_for_all_to_all_v(t, send_rows, recv_rows, rank_, size_, "nccl");
     at::Tensor x = t.contiguous();
-    std::vector<int64_t> out_shape = x.sizes().vec();
-    out_shape[0] = 0;
-    for (int64_t r : recv_rows) out_shape[0] += r;
-    at::Tensor out = at::empty(out_shape, x.options());
+    at::Tensor out = received_empty(x, recv_rows);
     const auto type = nccl_dtype(x.scalar_type(), "all_to_all_v");
     const int64_t row = row_bytes / static_cast<int64_t>(x.element_size());  // elements per row
     auto* src = static_cast<char*>(x.data_ptr());
@@ -252,7 +236,6 @@ class NcclCommunicator final : public Communicator {
     }
     ok(ncclGroupEnd(), "all_to_all_v(group_end)");
     count("all_to_all_v", t.nbytes(), t.scalar_type());
-    add_seconds("all_to_all_v", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return out;
   }
 
@@ -273,14 +256,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   void check_cuda(const at::Tensor& t, const char* op) const {
-    MT_CHECK(t.defined(), "nccl ", op, " on rank ", rank_, ": undefined tensor");
-    MT_CHECK(t.device().is_cuda(), "nccl ", op, " on rank ", rank_, ": tensor is on ", t.device(),
-             "; the NCCL backend serves CUDA tensors (use cpu_world() for CPU tensors)");
+    check_tensor(t, t.defined() && t.device().is_cuda(), "nccl", op, rank_,
+                 "the NCCL backend serves CUDA tensors (use cpu_world() for CPU tensors)");
   }
-
   void check_peer(int peer, const char* op, const char* what) const {
-    MT_CHECK(peer >= 0 && peer < size_, "nccl ", op, " on rank ", rank_, ": ", what, " ", peer,
-             " is outside the group of size ", size_);
+    meshtrain::check_peer(peer, size_, "nccl", op, rank_, what);
   }
 
   // Work runs on torch's current stream so it orders with the kernels that

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -201,6 +202,37 @@ TEST_F(CommTest, ReduceScatterRejectsIndivisibleDim) {
   }
 }
 
+// The backends' shared checks: each message names the backend, the op, the
+// rank and the bad value.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_F(CommTest, BadArgumentsNameBackendOpRankAndValue) {
+  const std::string on_rank = " on rank " + std::to_string(rank());
+  at::Tensor t = at::ones({2, 2});
+  EXPECT_NE(error_of([&] { comm->send(t, size(), 0); })
+                .find("mpi send" + on_rank + ": dst " + std::to_string(size()) + " is outside the group of size"),
+            std::string::npos);
+  at::Tensor undefined;
+  EXPECT_NE(error_of([&] { comm->all_reduce(undefined); }).find("mpi all_reduce" + on_rank + ": undefined tensor"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { comm->broadcast(t, -1); }).find("mpi broadcast" + on_rank + ": root -1"),
+            std::string::npos);
+  if (size() == 1) return;  // every count divides by 1
+  at::Tensor odd = at::ones({size() + 1, 2});
+  EXPECT_NE(error_of([&] { comm->all_to_all(odd); }).find("mpi all_to_all: dim 0 of shape"), std::string::npos);
+  EXPECT_NE(error_of([&] { comm->reduce_scatter(odd.t(), 1); })
+                .find("mpi reduce_scatter: dim 1 of shape [2, " + std::to_string(size() + 1) +
+                      "] is not divisible by the group size " + std::to_string(size())),
+            std::string::npos);
+}
+
 TEST_F(CommTest, BadDimThrowsNamingTheOp) {
   at::Tensor t = at::ones({2, 2});
   try {
@@ -326,6 +358,9 @@ TEST_F(CommTest, AllToAll) {
   at::Tensor out = comm->all_to_all(t);
   EXPECT_TRUE(at::equal(out, at::tensor(expected, at::kLong).reshape({2 * p, 1}))) << out;
   EXPECT_EQ(comm->bytes_by_op().at("all_to_all"), static_cast<int64_t>(t.nbytes()));
+  // The all-to-alls time themselves (bench's all-to-all share).
+  ASSERT_EQ(comm->seconds_by_op().count("all_to_all"), 1U);
+  EXPECT_GT(comm->seconds_by_op().at("all_to_all"), 0.0);
 }
 
 // Uneven blocks: rank r sends (r + j) % 3 rows to rank j (zero rows too),
@@ -346,6 +381,8 @@ TEST_F(CommTest, AllToAllVUnevenRows) {
   const auto got_rows = static_cast<int64_t>(expected.size() / 3);
   EXPECT_TRUE(at::equal(out, at::tensor(expected, at::kLong).reshape({got_rows, 3}).to(at::kFloat))) << out;
   EXPECT_EQ(comm->bytes_by_op().at("all_to_all_v"), static_cast<int64_t>(t.nbytes()));
+  ASSERT_EQ(comm->seconds_by_op().count("all_to_all_v"), 1U);
+  EXPECT_GT(comm->seconds_by_op().at("all_to_all_v"), 0.0);
   // Counts that do not add up to the rows name the op and the rank.
   std::vector<int64_t> wrong = send;
   wrong[0] += 1;

@@ -16,6 +16,7 @@
 // and, the same bytes, by the payload's dtype (bytes_by_dtype).
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,6 +115,20 @@ class Communicator {
     if (bytes != 0) bytes_by_dtype_[dtype] += bytes;
   }
   void add_seconds(const char* op, double s) { seconds_by_op_[op] += s; }
+  // Adds the host seconds from here to the end of the scope to op's.
+  class Timed {
+   public:
+    Timed(Communicator* c, const char* op) : c_(c), op_(op), t0_(std::chrono::steady_clock::now()) {}
+    ~Timed() { c_->add_seconds(op_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count()); }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    Communicator* c_;
+    const char* op_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+  Timed timed(const char* op) { return Timed(this, op); }
 
  private:
   int64_t bytes_total_ = 0;
