@@ -123,7 +123,8 @@ step() {
     (sleep "$left"; touch "$expired"; kill -TERM -- "-$pid"; sleep 10; kill -KILL -- "-$pid") > /dev/null 2>&1 &
     killer=$!
   fi
-  wait "$pid"
+  # (The braces catch job control's "Terminated" notice.)
+  { wait "$pid"; } 2>/dev/null
   rc=$?
   if [ -n "$killer" ]; then kill -- "-$killer" 2>/dev/null; wait "$killer" 2>/dev/null; fi
   local secs=$(( $(date +%s) - start ))

@@ -274,6 +274,7 @@ check "--time-limit: the hung step timed out, the later ones not run, the earlie
   'st = {x["step"]: x["status"] for x in s["steps"]}; st["bench_gpt2-124m"] == "ok" and st["bench_moe1b-1gpu"] == "timed out (time limit)" and st["anchor_compile_moe1b-1gpu"] == "not run (time limit)" and st["anchor_eager_moe1b-1gpu"] == "not run (time limit)" and s["ok"] is False'
 check "--time-limit: GPT-2's ratio still kept" jtrue "$G4/summary.json" 's["configs"][0]["ratio_to_compile"] == 1.25'
 check "--time-limit: the table names the timed-out step" grep -qE "^bench_moe1b-1gpu +timed out \(time limit\)" gc4.log
+check "--time-limit: no job-control notice in the output" bash -c '! grep -q "Terminated" gc4.log'
 check "--logs: steps.tsv, summary.json and the step logs packed, no data or traces" bash -c \
   'l="$(tar -tzf gc4-logs.tar.gz)" && grep -qx steps.tsv <<<"$l" && grep -qx summary.json <<<"$l" && grep -q "bench_gpt2-124m.log$" <<<"$l" && ! grep -q data/ <<<"$l"'
 "${FAKE_ENV[@]}" bash fake/scripts/gpu/gpu-check.sh gc5 --bin carry/meshtrain --time-limit 10 > gc5.log 2>&1
