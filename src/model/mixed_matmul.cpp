@@ -200,7 +200,7 @@ at::Tensor param_weight_grad(const at::Tensor& param, const at::Tensor& dy, cons
   // The parameter's post-accumulate hook (the dp buckets' readiness) still
   // runs once this pass when the product was added here: libtorch's engine
   // runs it when the parameter's AccumulateGrad node runs, even for no
-  // gradient (step_test holds it to that).
+  // gradient (weight_grad_test holds it to that).
   return wgrad_gemm(dy, x, param.scalar_type(), batched,
                     grad_accumulates_in_gemm(param, dy) ? param.grad() : at::Tensor());
 }
