@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "meshtrain/ops/fp8.h"
+#include "seeded_randn.h"
 
 namespace meshtrain {
 namespace {
@@ -182,10 +183,7 @@ TEST(Fp8Format, SaturatingCastClampsWhatThePlainCastLoses) {
 
 // ---- scales per tensor, row, tile and block --------------------------------
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
-}
+using test_util::randn;
 
 // rows x cols with rows of very different magnitudes (2^0 .. 2^-(span-1))
 // and columns too, as activations with outlier channels have.

@@ -10,14 +10,12 @@
 #include "meshtrain/model/layers.h"
 #include "meshtrain/model/mixed_precision.h"
 #include "meshtrain/ops/gelu_gemm.h"
+#include "seeded_randn.h"
 
 namespace meshtrain {
 namespace {
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed, at::ScalarType dt = at::kFloat) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dt);
-}
+using test_util::randn;
 
 at::Tensor leaf(std::vector<int64_t> shape, uint64_t seed) { return randn(std::move(shape), seed).requires_grad_(); }
 

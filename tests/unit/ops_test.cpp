@@ -13,14 +13,12 @@
 #include "ops/launch_plan.h"
 #include "ops/row_math.h"
 #include "ops/strided.h"
+#include "seeded_randn.h"
 
 namespace meshtrain {
 namespace {
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed, at::ScalarType dt = at::kFloat) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dt);
-}
+using test_util::randn;
 
 // Rotation in plain aten, positions along seq_dim: x*cos + rotate_half(x)*sin.
 at::Tensor aten_rope(const at::Tensor& x, int64_t offset, int64_t seq_dim, double theta) {

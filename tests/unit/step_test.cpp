@@ -26,14 +26,12 @@
 #include "meshtrain/ops/fused.h"
 #include "meshtrain/ops/gelu_gemm.h"
 #include "meshtrain/train/step.h"
+#include "seeded_randn.h"
 
 namespace meshtrain {
 namespace {
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
-}
+using test_util::randn;
 
 // The step's statistics are copied when the step ends (start_read), not
 // when they are read after the next step is enqueued: read() returns the

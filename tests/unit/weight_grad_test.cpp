@@ -18,14 +18,12 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/perf/meta_kernels.h"
 #include "meshtrain/perf/op_observer.h"
+#include "seeded_randn.h"
 
 namespace meshtrain {
 namespace {
 
-at::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
-}
+using test_util::randn;
 
 // The experts' GEMM with the fp32 master weight: the values and both
 // gradients of plain autograd through a cast (fp32: the same numbers; bf16:
